@@ -1,0 +1,245 @@
+//! The error a handler returns, and how it maps onto the WIT `handler-error`.
+
+use core::fmt;
+
+use crate::bindings::dtq::handler::types::{HandlerError, HostError};
+
+/// A shorthand for `Result<T, dtq_guest::Error>`.
+///
+/// ```no_run
+/// fn parse_amount(text: &str) -> dtq_guest::Result<u64> {
+///     Ok(text.parse::<u64>()?)
+/// }
+/// ```
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Why a handler call failed, and whether the host should try again.
+///
+/// A *retryable* error makes the host retry the task with backoff until its
+/// attempts run out (then it is dead-lettered); a *fatal* error fails the task
+/// at once. Retrying is the safe default: `?` on any [`std::error::Error`]
+/// gives a retryable error whose message is the error and its sources. Mark
+/// an error fatal when running the task again can only fail the same way, for
+/// example on input that does not validate: [`Error::fatal`], the
+/// [`fatal!`](crate::fatal!) macro or [`ResultExt::fatal`].
+///
+/// Like `anyhow::Error`, this type does not itself implement
+/// [`std::error::Error`]; that is what lets every such error convert into it.
+///
+/// ```no_run
+/// use dtq_guest::{Error, Result};
+///
+/// fn check_quantity(quantity: i64) -> Result<u64> {
+///     if quantity <= 0 {
+///         return Err(Error::fatal(format!("quantity must be positive, got {quantity}")));
+///     }
+///     Ok(quantity as u64)
+/// }
+/// ```
+pub struct Error {
+    fatal: bool,
+    message: String,
+}
+
+impl Error {
+    /// A permanent failure: the host marks the task FAILED without retrying.
+    ///
+    /// ```no_run
+    /// let err = dtq_guest::Error::fatal("unknown currency XYZ");
+    /// assert!(err.is_fatal());
+    /// ```
+    pub fn fatal(message: impl fmt::Display) -> Self {
+        Error {
+            fatal: true,
+            message: message.to_string(),
+        }
+    }
+
+    /// A transient failure: the host retries the task with backoff.
+    ///
+    /// ```no_run
+    /// let err = dtq_guest::Error::retryable("payment gateway busy");
+    /// assert!(!err.is_fatal());
+    /// ```
+    pub fn retryable(message: impl fmt::Display) -> Self {
+        Error {
+            fatal: false,
+            message: message.to_string(),
+        }
+    }
+
+    /// Whether the host will fail the task without retrying it.
+    ///
+    /// ```no_run
+    /// assert!(dtq_guest::Error::fatal("bad input").is_fatal());
+    /// ```
+    pub fn is_fatal(&self) -> bool {
+        self.fatal
+    }
+
+    /// The message the host records for the task.
+    ///
+    /// ```no_run
+    /// assert_eq!(dtq_guest::Error::retryable("busy").message(), "busy");
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same error, made fatal.
+    ///
+    /// ```no_run
+    /// let err = dtq_guest::Error::retryable("no such customer").into_fatal();
+    /// assert!(err.is_fatal());
+    /// ```
+    pub fn into_fatal(mut self) -> Self {
+        self.fatal = true;
+        self
+    }
+
+    /// The same error with `context` in front of its message: `context: message`.
+    ///
+    /// ```no_run
+    /// let err = dtq_guest::Error::retryable("timed out").context("charging card");
+    /// assert_eq!(err.message(), "charging card: timed out");
+    /// ```
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    /// Map a refusal of a host import: a request that can never succeed
+    /// (a bad key, a value too large, a call over the task's limit) is fatal;
+    /// Redis being unreachable or holding a value of another type is retryable.
+    pub(crate) fn from_host(op: &str, err: HostError) -> Self {
+        match err {
+            HostError::InvalidKey(key) => Error::fatal(format!("{op}: invalid key {key:?}")),
+            HostError::ValueTooLarge(size) => {
+                Error::fatal(format!("{op}: value of {size} bytes is larger than the host allows"))
+            }
+            HostError::CallLimitExceeded(limit) => Error::fatal(format!(
+                "{op}: the task made more than the {limit} host calls it is allowed"
+            )),
+            HostError::WrongType(detail) => {
+                Error::retryable(format!("{op}: value has the wrong type: {detail}"))
+            }
+            HostError::Unavailable(detail) => {
+                Error::retryable(format!("{op}: storage unavailable: {detail}"))
+            }
+        }
+    }
+}
+
+impl<E: std::error::Error> From<E> for Error {
+    /// A retryable error whose message is `err` followed by its sources.
+    fn from(err: E) -> Self {
+        let mut message = err.to_string();
+        let mut source = err.source();
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Error::retryable(message)
+    }
+}
+
+impl From<Error> for HandlerError {
+    fn from(err: Error) -> Self {
+        if err.fatal {
+            HandlerError::Fatal(err.message)
+        } else {
+            HandlerError::Retryable(err.message)
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.fatal { "fatal" } else { "retryable" };
+        write!(f, "{kind} error: {}", self.message)
+    }
+}
+
+/// Adjust the error of a `Result` on its way out of a handler.
+///
+/// Implemented for every `Result<T, E>` whose error converts into [`Error`]:
+/// any [`std::error::Error`], and [`Error`] itself.
+///
+/// ```no_run
+/// use dtq_guest::{ResultExt, Result};
+///
+/// fn parse_line(line: &str) -> Result<u32> {
+///     // Malformed input stays malformed: no point retrying.
+///     line.trim().parse::<u32>().context("parsing quantity").fatal()
+/// }
+/// ```
+pub trait ResultExt<T> {
+    /// Make the error, if any, fatal.
+    ///
+    /// ```no_run
+    /// use dtq_guest::ResultExt;
+    /// let n: dtq_guest::Result<u8> = "300".parse::<u8>().fatal();
+    /// assert!(n.unwrap_err().is_fatal());
+    /// ```
+    fn fatal(self) -> Result<T>;
+
+    /// Put `context` in front of the error's message, if any.
+    ///
+    /// ```no_run
+    /// use dtq_guest::ResultExt;
+    /// let n = "x".parse::<u8>().context("reading count");
+    /// assert!(n.unwrap_err().message().starts_with("reading count: "));
+    /// ```
+    fn context(self, context: impl fmt::Display) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> ResultExt<T> for core::result::Result<T, E> {
+    fn fatal(self) -> Result<T> {
+        self.map_err(|err| err.into().into_fatal())
+    }
+
+    fn context(self, context: impl fmt::Display) -> Result<T> {
+        self.map_err(|err| err.into().context(context))
+    }
+}
+
+/// Return early from a handler with a fatal [`Error`] built like `format!`.
+///
+/// ```no_run
+/// fn check(quantity: i64) -> dtq_guest::Result<()> {
+///     if quantity < 0 {
+///         dtq_guest::fatal!("quantity must not be negative, got {quantity}");
+///     }
+///     Ok(())
+/// }
+/// ```
+#[macro_export]
+macro_rules! fatal {
+    ($($arg:tt)+) => {
+        return ::core::result::Result::Err($crate::Error::fatal(::std::format!($($arg)+)))
+    };
+}
+
+/// Return early from a handler with a retryable [`Error`] built like `format!`.
+///
+/// ```no_run
+/// fn check(gateway_busy: bool) -> dtq_guest::Result<()> {
+///     if gateway_busy {
+///         dtq_guest::retry!("payment gateway busy, trying later");
+///     }
+///     Ok(())
+/// }
+/// ```
+#[macro_export]
+macro_rules! retry {
+    ($($arg:tt)+) => {
+        return ::core::result::Result::Err($crate::Error::retryable(::std::format!($($arg)+)))
+    };
+}

@@ -1,0 +1,209 @@
+//! Write dtq task handlers in Rust: one function from a typed payload to a
+//! typed result, built as a WebAssembly component for `wasm32-wasip2`.
+//!
+//! A handler is a function `fn(Context, P) -> Result<R>`, where the payload
+//! `P` is any [`serde::de::DeserializeOwned`] type (or [`RawJson`]) and the
+//! result `R` any [`serde::Serialize`] type (or [`RawJson`]).
+//! [`handler!`] exports it as the component's `handle` function; the crate's
+//! `Cargo.toml` needs `crate-type = ["cdylib"]`, and
+//! `cargo build --release --target wasm32-wasip2` makes the `.wasm` a host
+//! worker runs. Inside the sandbox a handler reaches only what this crate
+//! offers: [`idempotent_operation`], a namespaced slice of Redis in [`kv`] and
+//! the task's [`log`].
+//!
+//! How a call ends decides what the host does with the task:
+//!
+//! * `Ok(result)` → SUCCEEDED with `result` as JSON.
+//! * a retryable [`Error`] (what `?` gives for any error), a panic or a trap
+//!   → retried with backoff until the attempts run out, then dead-lettered.
+//! * a fatal [`Error`] ([`fatal!`], [`Error::fatal`], a payload that does not
+//!   parse as `P`) → FAILED at once.
+//!
+//! # Example
+//!
+//! Charge an order and email a receipt at most once, however often the task
+//! is redelivered:
+//!
+//! ```no_run
+//! use dtq_guest::{Context, Result, idempotent_operation, kv};
+//! use serde_json::{Value, json};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order { order_id: String, amount_cents: u64 }
+//!
+//! fn send_receipt(_ctx: Context, order: Order) -> Result<Value> {
+//!     let id = &order.order_id;
+//!     let (executed, _) = idempotent_operation(format!("receipt:{id}"), 86_400, || {
+//!         kv::incr(format!("charges:{id}"))?;
+//!         let email = json!({"order_id": id, "amount_cents": order.amount_cents});
+//!         kv::set(format!("emails:{id}"), email.to_string())
+//!     })?;
+//!     Ok(if executed { json!({"charged": true, "order_id": id}) } else { json!({"deduped": true}) })
+//! }
+//!
+//! dtq_guest::handler!(send_receipt);
+//! # fn main() {}
+//! ```
+//!
+//! # Namespaces
+//!
+//! The host puts every [`kv`] key and idempotency claim of a handler under
+//! `dtq:guest:<namespace>:`. The namespace is the task name, unless the
+//! handler names one with `handler!(f, namespace = "...")` — for example to
+//! let two task types share counters. See [`handler!`].
+//!
+//! # Building natively
+//!
+//! The bindings compile on any target so that `cargo check` and doc tests
+//! work on the build machine, but the host imports exist only inside a dtq
+//! worker: calling [`kv`], [`log`] or [`idempotent_operation`] outside one
+//! panics.
+
+#![deny(missing_docs)]
+
+mod context;
+mod error;
+pub mod idempotency;
+mod json;
+pub mod kv;
+pub mod log;
+
+pub use context::Context;
+pub use error::{Error, Result, ResultExt};
+pub use idempotency::{idempotent_operation, stored_result};
+pub use json::{FromJson, IntoJson, RawJson};
+
+/// The bindings of the `dtq:handler` WIT world. Not a stable API: handlers use
+/// the rest of this crate, and [`handler!`] wires them to these.
+#[doc(hidden)]
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "handler",
+        path: "../wit",
+        pub_export_macro: true,
+        export_macro_name: "export",
+        default_bindings_module: "dtq_guest::bindings",
+    });
+}
+
+/// Export a handler function as the component's `handle`.
+///
+/// The function has the shape `fn(Context, P) -> Result<R>` with
+/// `P: FromJson` (any `DeserializeOwned` type, or [`RawJson`]) and
+/// `R: IntoJson` (any `Serialize` type, or [`RawJson`]). Use the macro once
+/// per component, at the crate's top level.
+///
+/// ```no_run
+/// use dtq_guest::{Context, Result};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Greet { name: String }
+///
+/// fn greet(_ctx: Context, payload: Greet) -> Result<String> {
+///     Ok(format!("hello, {}", payload.name))
+/// }
+///
+/// dtq_guest::handler!(greet);
+/// # fn main() {}
+/// ```
+///
+/// # Choosing the namespace
+///
+/// `handler!(f, namespace = "billing")` puts the handler's [`kv`] keys and
+/// idempotency claims under `dtq:guest:billing:` instead of under its task
+/// name, so that handlers deployed under different task names can share
+/// state. The namespace must be 1 to 64 ASCII letters, digits, `-`, `_` or
+/// `.` (checked at compile time).
+///
+/// The macro embeds the namespace, as UTF-8 bytes, in a custom section named
+/// `dtq-namespace` of the handler's core module; the host reads that section
+/// when it loads the component. Which namespaces a deployment may claim is
+/// the host operator's decision.
+///
+/// ```no_run
+/// use dtq_guest::{Context, Result, kv};
+///
+/// fn refund(_ctx: Context, order_id: String) -> Result<i64> {
+///     kv::incr_by(format!("charges:{order_id}"), -1)
+/// }
+///
+/// dtq_guest::handler!(refund, namespace = "billing");
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! handler {
+    ($handler:expr $(,)?) => {
+        const _: () = {
+            struct DtqHandler;
+
+            impl $crate::bindings::Guest for DtqHandler {
+                fn handle(
+                    ctx: $crate::bindings::TaskContext,
+                    payload: ::std::string::String,
+                ) -> ::core::result::Result<::std::string::String, $crate::bindings::HandlerError>
+                {
+                    $crate::__private::run(ctx, payload, $handler)
+                }
+            }
+
+            $crate::bindings::export!(DtqHandler with_types_in $crate::bindings);
+        };
+    };
+    ($handler:expr, namespace = $namespace:literal $(,)?) => {
+        $crate::handler!($handler);
+
+        const _: () = {
+            #[cfg_attr(target_family = "wasm", unsafe(link_section = "dtq-namespace"))]
+            #[used]
+            static DTQ_NAMESPACE: [u8; $namespace.len()] =
+                $crate::__private::namespace_section::<{ $namespace.len() }>($namespace);
+        };
+    };
+}
+
+/// What [`handler!`] expands to; not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    use crate::bindings::{HandlerError, TaskContext};
+    use crate::{Context, FromJson, IntoJson, Result};
+
+    /// Run one call: parse the payload, call the handler, write the result.
+    pub fn run<P, R, F>(
+        ctx: TaskContext,
+        payload: String,
+        handler: F,
+    ) -> core::result::Result<String, HandlerError>
+    where
+        P: FromJson,
+        R: IntoJson,
+        F: FnOnce(Context, P) -> Result<R>,
+    {
+        let payload = P::from_json(payload)?;
+        let result = handler(Context::from(ctx), payload)?;
+        Ok(result.into_json()?)
+    }
+
+    /// The bytes of the `dtq-namespace` custom section for `namespace`;
+    /// evaluated at compile time, so an invalid namespace fails the build.
+    pub const fn namespace_section<const N: usize>(namespace: &str) -> [u8; N] {
+        let bytes = namespace.as_bytes();
+        assert!(
+            !bytes.is_empty() && bytes.len() <= 64,
+            "a dtq namespace must be 1 to 64 bytes long"
+        );
+        assert!(bytes.len() == N, "namespace length mismatch");
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            let b = bytes[i];
+            assert!(
+                b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.',
+                "a dtq namespace may hold only ASCII letters, digits, '-', '_' and '.'"
+            );
+            out[i] = b;
+            i += 1;
+        }
+        out
+    }
+}

@@ -1,0 +1,175 @@
+//! Configuration: one struct, from command-line flags and `DTQ_*`
+//! environment variables. Each default is in the flag's help.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::ingest::IngestSettings;
+use crate::store::StoreSettings;
+
+/// Everything a `dtq` server process (API, worker, or both) is configured by.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Redis (or Redis Cluster node) URL.
+    #[arg(long = "redis", env = "DTQ_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    pub redis_url: String,
+
+    /// Directory of handler modules: `<task>.wasm` handles tasks named `<task>`.
+    #[arg(long = "handlers", env = "DTQ_HANDLERS", default_value = "handlers")]
+    pub handlers: PathBuf,
+
+    /// Address the HTTP API listens on.
+    #[arg(long, env = "DTQ_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Queues this worker consumes, comma-separated. The API accepts
+    /// submissions to any valid queue name.
+    #[arg(long, env = "DTQ_QUEUES", value_delimiter = ',', default_value = "default")]
+    pub queues: Vec<String>,
+
+    /// Tasks this worker runs at once.
+    #[arg(long, env = "DTQ_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+
+    /// Ready plus delayed tasks a queue may hold before submissions get 429
+    /// QUEUE_FULL; 0 is unlimited.
+    #[arg(long, env = "DTQ_MAX_QUEUE_DEPTH", default_value_t = 100_000)]
+    pub max_queue_depth: u64,
+
+    /// A running task's message may be reclaimed by another worker after it
+    /// has been idle this long (ms); live workers refresh theirs every third
+    /// of it, so only dead workers' tasks are reclaimed.
+    #[arg(long, env = "DTQ_VISIBILITY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub visibility_timeout_ms: u64,
+
+    /// Bearer token of the admin routes (DLQ requeue). Without it they are
+    /// disabled (403).
+    #[arg(long, env = "DTQ_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// TTL of idempotency records (s): the duplicate-submission window.
+    #[arg(long, env = "DTQ_IDEM_TTL_S", default_value_t = 86_400)]
+    pub idem_ttl_s: u64,
+
+    /// How long terminal task records are kept (s).
+    #[arg(long, env = "DTQ_TASK_RETENTION_S", default_value_t = 7 * 86_400)]
+    pub task_retention_s: u64,
+
+    /// Attempts of a task whose submission does not set `max_attempts`.
+    #[arg(long, env = "DTQ_MAX_ATTEMPTS", default_value_t = 3)]
+    pub max_attempts: u32,
+
+    /// First retry delay (ms); it doubles each attempt, with jitter.
+    #[arg(long, env = "DTQ_RETRY_BASE_MS", default_value_t = 1_000)]
+    pub retry_base_ms: u64,
+
+    /// Longest retry delay (ms).
+    #[arg(long, env = "DTQ_RETRY_MAX_MS", default_value_t = 300_000)]
+    pub retry_max_ms: u64,
+
+    /// Deadline of one attempt (ms), unless the submission sets a shorter
+    /// `timeout_ms`.
+    #[arg(long, env = "DTQ_TASK_TIMEOUT_MS", default_value_t = 30_000)]
+    pub task_timeout_ms: u64,
+
+    /// Largest payload and result, bytes.
+    #[arg(long, env = "DTQ_MAX_PAYLOAD_BYTES", default_value_t = 1 << 20)]
+    pub max_payload_bytes: usize,
+
+    /// Linear memory one handler call may use, MiB.
+    #[arg(long, env = "DTQ_MEMORY_MIB", default_value_t = 64)]
+    pub memory_mib: usize,
+
+    /// Fuel (roughly, wasm instructions) per call; unset is unlimited (the
+    /// deadline still applies).
+    #[arg(long, env = "DTQ_FUEL")]
+    pub fuel: Option<u64>,
+
+    /// Where compiled handler modules are cached. Default:
+    /// `$XDG_CACHE_HOME/dtq` or `~/.cache/dtq`.
+    #[arg(long, env = "DTQ_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// On SIGTERM/SIGINT, how long running tasks may take to finish (ms)
+    /// before the process exits and leaves them to be reclaimed.
+    #[arg(long, env = "DTQ_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
+    pub shutdown_grace_ms: u64,
+}
+
+impl Config {
+    /// The store's settings.
+    pub fn store_settings(&self) -> StoreSettings {
+        StoreSettings {
+            idem_ttl_s: self.idem_ttl_s,
+            task_retention_s: self.task_retention_s,
+            ..StoreSettings::default()
+        }
+    }
+
+    /// The submission path's settings.
+    pub fn ingest_settings(&self) -> IngestSettings {
+        IngestSettings {
+            max_payload_bytes: self.max_payload_bytes,
+            max_queue_depth: self.max_queue_depth,
+            default_max_attempts: self.max_attempts,
+            max_timeout_ms: self.task_timeout_ms,
+        }
+    }
+
+    /// The visibility timeout.
+    pub fn visibility_timeout(&self) -> Duration {
+        Duration::from_millis(self.visibility_timeout_ms)
+    }
+
+    /// The cache directory, resolved.
+    pub fn resolved_cache_dir(&self) -> Option<PathBuf> {
+        self.cache_dir.clone().or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|dir| dir.join("dtq"))
+        })
+    }
+
+    /// Check the values clap cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.concurrency == 0 {
+            return Err("--concurrency must be at least 1".into());
+        }
+        if self.queues.is_empty() {
+            return Err("--queues names no queue".into());
+        }
+        for q in &self.queues {
+            crate::ingest::validate_queue_name(q).map_err(|e| format!("--queues: {e}"))?;
+        }
+        if self.visibility_timeout_ms < 100 {
+            return Err("--visibility-timeout-ms must be at least 100".into());
+        }
+        if !(1..=crate::ingest::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {
+            return Err("--max-attempts must be 1 to 100".into());
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Parse a configuration from flags alone (plus `DTQ_*` variables), as
+    /// the server subcommands do; for embedding and tests.
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            config: Config,
+        }
+        let args = std::iter::once(std::ffi::OsString::from("dtq")).chain(args.into_iter().map(Into::into));
+        Ok(Only::try_parse_from(args)?.config)
+    }
+}

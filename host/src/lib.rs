@@ -1,0 +1,29 @@
+//! dtq: a distributed task queue on Redis whose handlers run as WebAssembly
+//! components.
+//!
+//! Handler authors build a function against the `dtq:handler` WIT contract to
+//! `wasm32-wasip2`; a fleet of `dtq` processes accepts submissions over HTTP
+//! and runs each task in a fresh, resource-limited wasmtime sandbox. The host
+//! does everything that must be trusted: submission idempotency, retries with
+//! backoff, dead-lettering, cancel, expiry, and the ordered completion writes
+//! before the ACK.
+//!
+//! # Layout
+//!
+//! - [`config`]: the one configuration struct (flags and `DTQ_*` variables).
+//! - [`store`]: the Redis key layout, the Lua scripts, and typed calls.
+//! - [`ingest`]: the submission path: validation, fingerprint, one script.
+//! - [`api`]: the HTTP API (axum): routes, the error body, admin auth.
+//! - [`worker`]: fetch loop, executor, completion, reclaim, delayed mover,
+//!   cancel listener.
+//! - [`sandbox`]: the wasmtime engine, module cache, per-call store and
+//!   limits, and the host imports a handler can reach.
+
+pub mod api;
+pub mod config;
+pub mod ingest;
+pub mod sandbox;
+pub mod store;
+pub mod worker;
+
+pub use config::Config;

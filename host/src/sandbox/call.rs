@@ -1,0 +1,267 @@
+//! One handler call: a fresh store and instance, run under the limits, torn
+//! down afterwards.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::imports::HostCtx;
+use super::imports::bindings::{self, HandlerError, HandlerPre};
+use super::limits::{Limit, Limits, StoreLimiter};
+use super::log::{StreamKind, TaskLog};
+use super::outcome::{Interrupt, Outcome, Trap, classify};
+
+/// A request to run one task's handler once.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The task name; selects the handler.
+    pub task: String,
+    /// What the handler is told about the task.
+    pub ctx: TaskContext,
+    /// The JSON payload.
+    pub payload: String,
+    /// This task's own deadline, if it has one; capped at
+    /// [`Limits::deadline`].
+    pub deadline: Option<Duration>,
+}
+
+/// What the host tells a handler about the call it is running (the WIT
+/// `task-context`; `deadline-ms` is filled in by the sandbox).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskContext {
+    /// The task's id, stable across retries.
+    pub task_id: String,
+    /// The queue the task was submitted to.
+    pub queue: String,
+    /// The task name.
+    pub task_name: String,
+    /// This attempt, starting at 1.
+    pub attempt: u32,
+    /// Attempts the task has in all.
+    pub max_attempts: u32,
+    /// The submission's idempotency key, if it had one.
+    pub idempotency_key: Option<String>,
+}
+
+/// Cancels a call from outside: the call returns
+/// [`Trap::Cancelled`] within about one epoch tick, whether the guest is
+/// running wasm or waiting in a host import.
+///
+/// Clones share one flag. Cancelling before the call starts makes it return
+/// at once without instantiating anything.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: AtomicBool,
+    notify: Notify,
+}
+
+impl CancelHandle {
+    /// A handle that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cancel every call using this handle (or a clone of it).
+    pub fn cancel(&self) {
+        self.0.cancelled.store(true, Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the handle is cancelled.
+    pub async fn cancelled(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            // Register before checking the flag, so a `cancel` between the
+            // check and the await is not missed.
+            notified.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The data of one call's store.
+pub(crate) struct TaskState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: StoreLimiter,
+    pub(crate) host: HostCtx,
+    deadline_at: Instant,
+    cancel: CancelHandle,
+}
+
+impl WasiView for TaskState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A loaded handler, ready to instantiate.
+pub(crate) struct LoadedHandler {
+    pub(crate) pre: HandlerPre<TaskState>,
+    pub(crate) namespace: Arc<str>,
+}
+
+/// What [`run`] needs from the sandbox.
+pub(crate) struct CallEnv<'a> {
+    pub(crate) engine: &'a wasmtime::Engine,
+    pub(crate) limits: &'a Limits,
+    pub(crate) redis: &'a redis::aio::ConnectionManager,
+}
+
+/// The outcome, log and host-call count of one call.
+pub(crate) struct RunResult {
+    pub(crate) outcome: Outcome,
+    pub(crate) log: String,
+    pub(crate) host_calls: u64,
+}
+
+/// A WASI context with nothing in it: no preopened directories, no
+/// environment, no arguments, empty stdin, no network; stdout and stderr go
+/// to the task log.
+fn locked_down_wasi(log: &TaskLog) -> WasiCtx {
+    WasiCtxBuilder::new()
+        .stdout(log.stream(StreamKind::Stdout))
+        .stderr(log.stream(StreamKind::Stderr))
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .socket_addr_check(|_, _| Box::pin(async { false }))
+        .build()
+}
+
+/// Run `handler` once in a fresh store.
+pub(crate) async fn run(
+    env: CallEnv<'_>,
+    handler: &LoadedHandler,
+    call: &Call,
+    budget: Duration,
+    cancel: &CancelHandle,
+) -> RunResult {
+    let limits = env.limits;
+    let log = TaskLog::new(limits.max_log_bytes);
+    let deadline_at = Instant::now() + budget;
+    let state = TaskState {
+        wasi: locked_down_wasi(&log),
+        table: ResourceTable::new(),
+        limiter: StoreLimiter::new(limits),
+        host: HostCtx {
+            redis: env.redis.clone(),
+            namespace: handler.namespace.clone(),
+            log: log.clone(),
+            host_calls: 0,
+            max_host_calls: limits.max_host_calls,
+            max_key_bytes: limits.max_key_bytes,
+            max_value_bytes: limits.max_value_bytes,
+        },
+        deadline_at,
+        cancel: cancel.clone(),
+    };
+
+    let mut store = Store::new(env.engine, state);
+    store.limiter(|state| &mut state.limiter);
+    if let Some(fuel) = limits.fuel {
+        if let Err(e) = store.set_fuel(fuel) {
+            return RunResult {
+                outcome: Outcome::Trapped(Trap::Other(e.to_string())),
+                log: log.finish(),
+                host_calls: 0,
+            };
+        }
+    }
+    // Checked on every epoch tick while wasm runs: stop on cancel or
+    // deadline, otherwise yield to the executor so that the `select!` below
+    // (and other tasks on this thread) get a turn.
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        let state = ctx.data();
+        if state.cancel.is_cancelled() {
+            Err(wasmtime::Error::new(Interrupt::Cancelled))
+        } else if Instant::now() >= state.deadline_at {
+            Err(wasmtime::Error::new(Interrupt::Deadline))
+        } else {
+            Ok(UpdateDeadline::Yield(1))
+        }
+    });
+
+    let wit_ctx = bindings::TaskContext {
+        task_id: call.ctx.task_id.clone(),
+        queue: call.ctx.queue.clone(),
+        task_name: call.ctx.task_name.clone(),
+        attempt: call.ctx.attempt,
+        max_attempts: call.ctx.max_attempts,
+        idempotency_key: call.ctx.idempotency_key.clone(),
+        deadline_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
+    };
+    let guest = async {
+        let instance = handler.pre.instantiate_async(&mut store).await?;
+        instance
+            .call_handle(&mut store, &wit_ctx, &call.payload)
+            .await
+    };
+    // The epoch callback only runs while wasm runs; a guest suspended in an
+    // async host import (a Redis call, a WASI sleep) is interrupted here by
+    // dropping its future.
+    let result = tokio::select! {
+        biased;
+        () = cancel.cancelled() => Err(wasmtime::Error::new(Interrupt::Cancelled)),
+        () = tokio::time::sleep_until(deadline_at.into()) => Err(wasmtime::Error::new(Interrupt::Deadline)),
+        result = guest => result,
+    };
+
+    let outcome = match result {
+        Ok(Ok(value)) if value.len() > limits.max_result_bytes => {
+            Outcome::Trapped(Trap::LimitExceeded(Limit::Result))
+        }
+        Ok(Ok(value)) => Outcome::Success(value),
+        Ok(Err(HandlerError::Retryable(msg))) => {
+            Outcome::Retryable(truncate(msg, limits.max_result_bytes))
+        }
+        Ok(Err(HandlerError::Fatal(msg))) => Outcome::Fatal(truncate(msg, limits.max_result_bytes)),
+        Err(err) => {
+            let trap = classify(&err, &log);
+            if let Trap::Other(_) = &trap {
+                tracing::debug!(error = ?err, "unclassified guest trap");
+            }
+            Outcome::Trapped(trap)
+        }
+    };
+    RunResult {
+        outcome,
+        log: log.finish(),
+        host_calls: store.data().host.host_calls,
+    }
+}
+
+/// Cut `msg` to at most `max` bytes (on a character boundary) and say so.
+fn truncate(mut msg: String, max: usize) -> String {
+    if msg.len() <= max {
+        return msg;
+    }
+    let mut end = max;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    msg.truncate(end);
+    msg.push_str(" [truncated]");
+    msg
+}

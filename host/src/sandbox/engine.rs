@@ -1,0 +1,92 @@
+//! The one wasmtime [`Engine`] of a sandbox and the thread that drives its
+//! epoch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use super::{SandboxConfig, SandboxError};
+
+/// Host stack reserved beyond the guest's wasm stack on each async fiber, for
+/// the host frames (imports, WASI, libcalls) that run on it.
+const HOST_STACK_MARGIN: usize = 1 << 20;
+
+/// Build the engine: component model, epoch interruption, optional fuel,
+/// Cranelift optimising for speed, and a pooling allocator whose slots are
+/// sized from the limits.
+pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
+    let limits = &config.limits;
+    let calls = config.max_concurrent_calls.max(1);
+    let per_call = |n: usize| -> u32 { u32::try_from(n).unwrap_or(u32::MAX) };
+
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(calls)
+        .total_core_instances(calls.saturating_mul(per_call(limits.instances)))
+        .total_memories(calls.saturating_mul(per_call(limits.memories)))
+        .total_tables(calls.saturating_mul(per_call(limits.tables)))
+        .total_stacks(calls)
+        .max_core_instances_per_component(per_call(limits.instances))
+        .max_memories_per_component(per_call(limits.memories))
+        .max_tables_per_component(per_call(limits.tables))
+        .max_memories_per_module(per_call(limits.memories))
+        .max_tables_per_module(per_call(limits.tables))
+        .max_memory_size(limits.memory_bytes)
+        .table_elements(limits.table_elements);
+
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .epoch_interruption(true)
+        .consume_fuel(limits.fuel.is_some())
+        .cranelift_opt_level(OptLevel::Speed)
+        .max_wasm_stack(limits.stack_bytes)
+        .async_stack_size(limits.stack_bytes + HOST_STACK_MARGIN)
+        .memory_init_cow(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+
+    Engine::new(&cfg).map_err(|e| SandboxError::Engine(super::outcome::error_chain(&e)))
+}
+
+/// Advances the engine's epoch every tick until dropped.
+///
+/// Running wasm checks the epoch at function entries and loop back-edges;
+/// each tick makes every running store run its epoch callback, which is
+/// where deadlines and cancellation are enforced (see `call.rs`).
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    pub(crate) fn start(engine: Engine, tick: Duration) -> Result<Self, SandboxError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("dtq-epoch".to_string())
+            .spawn({
+                let stop = stop.clone();
+                move || {
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::park_timeout(tick);
+                        engine.increment_epoch();
+                    }
+                }
+            })
+            .map_err(|e| SandboxError::Engine(format!("cannot start the epoch thread: {e}")))?;
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}

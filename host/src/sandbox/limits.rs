@@ -1,0 +1,257 @@
+//! The per-call limits and the [`ResourceLimiter`] that enforces the memory
+//! and table caps inside a store.
+
+use std::fmt;
+use std::time::Duration;
+
+use wasmtime::ResourceLimiter;
+
+/// Every cap a handler call runs under.
+///
+/// One value applies to every handler of a [`Sandbox`](super::Sandbox); the
+/// defaults are sized for JSON-in, JSON-out task handlers. Each field says
+/// what it stops. Exceeding a cap never harms the host or other calls: the
+/// call ends with [`Trap::LimitExceeded`](super::Trap::LimitExceeded) (or the
+/// specific trap named below), and the next call starts from a fresh
+/// instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time one call may take, instantiation included. Default
+    /// 30 s.
+    ///
+    /// Stops a handler that loops forever or waits forever on a host import.
+    /// Enforced twice: by epoch interruption inside running wasm (the epoch
+    /// ticker advances every [`SandboxConfig::epoch_tick`](super::SandboxConfig::epoch_tick),
+    /// so a loop is stopped within about one tick of the deadline) and by a
+    /// timer around the whole call, which also interrupts a guest suspended
+    /// in an async host import. A task may ask for less
+    /// ([`Call::deadline`](super::Call::deadline)), never for more.
+    pub deadline: Duration,
+
+    /// Linear memory one instance may hold, summed over all its memories.
+    /// Default 64 MiB.
+    ///
+    /// Stops a guest from exhausting host memory (an allocation bomb). Growth
+    /// past the cap is refused by a [`ResourceLimiter`] with an error of our
+    /// own, so the call ends with [`Trap::OutOfMemory`](super::Trap::OutOfMemory)
+    /// instead of the guest allocator's confusing `unreachable`. It also sizes
+    /// every slot of the pooling allocator.
+    pub memory_bytes: usize,
+
+    /// Elements one table may hold. Default 20 000.
+    ///
+    /// Stops unbounded `table.grow`; also sizes the pool's table slots.
+    pub table_elements: usize,
+
+    /// Core module instances one component may create. Default 32.
+    ///
+    /// Checked when a module is loaded (the pooling allocator rejects a
+    /// component that needs more) and again when it is instantiated.
+    pub instances: usize,
+
+    /// Linear memories one component may define. Default 4.
+    pub memories: usize,
+
+    /// Tables one component may define. Default 8.
+    pub tables: usize,
+
+    /// Native stack the guest's wasm frames may use. Default 512 KiB.
+    ///
+    /// Stops unbounded recursion from overflowing the host thread's stack;
+    /// the call ends with [`Trap::StackOverflow`](super::Trap::StackOverflow).
+    pub stack_bytes: usize,
+
+    /// Fuel (roughly: wasm instructions) one call may burn. Default `None`:
+    /// no fuel metering.
+    ///
+    /// The deadline already stops runaway loops and costs almost nothing;
+    /// fuel instruments every block of guest code (up to 2-3x slower) but
+    /// gives a *deterministic* bound: the same call with the same input
+    /// always stops at the same point. Use it only when that matters.
+    /// Changing it changes the engine configuration, so cached artifacts of
+    /// the other setting are rejected and rebuilt.
+    pub fuel: Option<u64>,
+
+    /// Bytes of the JSON payload handed to the guest. Default 1 MiB.
+    ///
+    /// Checked before anything is instantiated; a bigger payload is never
+    /// copied into a guest.
+    pub max_payload_bytes: usize,
+
+    /// Bytes of the `ok` result a guest may return. Default 1 MiB.
+    ///
+    /// Stops a guest from filling the task record in Redis. Error messages
+    /// of `retryable` and `fatal` are truncated to this size instead.
+    pub max_result_bytes: usize,
+
+    /// Bytes of task log kept per call: `log` import lines plus everything
+    /// written to stdout and stderr. Default 64 KiB.
+    ///
+    /// Stops log flooding. Output past the cap is dropped and a marker line
+    /// says how much; it is not a failure.
+    pub max_log_bytes: usize,
+
+    /// Host import calls (kv, idempotency, log) one call may make. Default
+    /// 10 000.
+    ///
+    /// Stops a guest from turning the worker into a Redis load generator.
+    /// The call past the cap traps: [`Limit::HostCalls`].
+    pub max_host_calls: u64,
+
+    /// Bytes of a key a guest names. Default 512.
+    ///
+    /// A longer or empty key gets the WIT error `invalid-key`.
+    pub max_key_bytes: usize,
+
+    /// Bytes of a value a guest stores. Default 1 MiB.
+    ///
+    /// Stops a guest from filling Redis; a bigger value gets the WIT error
+    /// `value-too-large`.
+    pub max_value_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(30),
+            memory_bytes: 64 << 20,
+            table_elements: 20_000,
+            instances: 32,
+            memories: 4,
+            tables: 8,
+            stack_bytes: 512 << 10,
+            fuel: None,
+            max_payload_bytes: 1 << 20,
+            max_result_bytes: 1 << 20,
+            max_log_bytes: 64 << 10,
+            max_host_calls: 10_000,
+            max_key_bytes: 512,
+            max_value_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Which limit a call exceeded; carried by
+/// [`Trap::LimitExceeded`](super::Trap::LimitExceeded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// The payload was larger than [`Limits::max_payload_bytes`].
+    Payload,
+    /// The `ok` result was larger than [`Limits::max_result_bytes`].
+    Result,
+    /// More host imports were called than [`Limits::max_host_calls`].
+    HostCalls,
+    /// The call burnt all of [`Limits::fuel`].
+    Fuel,
+    /// A table grew past [`Limits::table_elements`].
+    TableElements,
+    /// Every slot of the instance pool was busy (more concurrent calls than
+    /// [`SandboxConfig::max_concurrent_calls`](super::SandboxConfig::max_concurrent_calls)).
+    Concurrency,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Limit::Payload => "payload size",
+            Limit::Result => "result size",
+            Limit::HostCalls => "host calls",
+            Limit::Fuel => "fuel",
+            Limit::TableElements => "table elements",
+            Limit::Concurrency => "concurrent calls",
+        })
+    }
+}
+
+/// The error a host-side check traps a guest with when it crosses a limit.
+///
+/// Raised inside wasmtime (limiter, host imports) and recovered by downcast
+/// when the call's error is classified, so a limit is never confused with a
+/// guest bug.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LimitTrap {
+    /// Linear memory growth past [`Limits::memory_bytes`].
+    #[error("linear memory limit of {limit} bytes exceeded (asked for {desired} bytes)")]
+    Memory { limit: usize, desired: usize },
+    /// Any other limit.
+    #[error("{0} limit exceeded")]
+    Exceeded(Limit),
+}
+
+/// Enforces [`Limits::memory_bytes`], [`Limits::table_elements`] and the
+/// per-component counts inside one store.
+#[derive(Debug)]
+pub(crate) struct StoreLimiter {
+    memory_limit: usize,
+    memory_used: usize,
+    table_elements: usize,
+    instances: usize,
+    memories: usize,
+    tables: usize,
+}
+
+impl StoreLimiter {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        StoreLimiter {
+            memory_limit: limits.memory_bytes,
+            memory_used: 0,
+            table_elements: limits.table_elements,
+            instances: limits.instances,
+            memories: limits.memories,
+            tables: limits.tables,
+        }
+    }
+}
+
+impl ResourceLimiter for StoreLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Accounted over all memories of the store: a component with several
+        // memories shares one budget.
+        let total = self
+            .memory_used
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_limit {
+            // An error, not `Ok(false)`: `memory.grow` returning -1 makes a
+            // Rust guest abort with `unreachable`, which would read as a
+            // guest panic. Trapping with our own error names the cause.
+            return Err(wasmtime::Error::new(LimitTrap::Memory {
+                limit: self.memory_limit,
+                desired: total,
+            }));
+        }
+        self.memory_used = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.table_elements {
+            return Err(wasmtime::Error::new(LimitTrap::Exceeded(
+                Limit::TableElements,
+            )));
+        }
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        self.instances
+    }
+
+    fn memories(&self) -> usize {
+        self.memories
+    }
+
+    fn tables(&self) -> usize {
+        self.tables
+    }
+}

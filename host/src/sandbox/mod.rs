@@ -1,0 +1,474 @@
+//! The sandbox: runs task handlers, WebAssembly components built against
+//! `wit/` (world `dtq:handler/handler`), in fresh, resource-limited
+//! instances.
+//!
+//! # Lifecycle
+//!
+//! - **Once per process** ([`Sandbox::new`]): one wasmtime [`Engine`]
+//!   (component model, async, pooling allocator sized from
+//!   [`SandboxConfig`], epoch interruption, Cranelift at `speed`), the
+//!   thread that advances its epoch every [`SandboxConfig::epoch_tick`], and
+//!   one `Linker` holding WASI p2 and our imports.
+//! - **Once per handler** ([`Sandbox::load`], [`Sandbox::load_dir`]): the
+//!   module is compiled, or deserialized from the artifact cache
+//!   (`cache.rs`), its namespace is decided (`namespace.rs`), and it is
+//!   pre-instantiated (`InstancePre`): imports resolved and type-checked
+//!   once.
+//! - **Once per call** ([`Sandbox::call`]): a new `Store` and a new
+//!   instance from a pool slot; nothing survives to the next call. Memory is
+//!   reset copy-on-write from the module image, so instantiation costs
+//!   microseconds.
+//!
+//! # Threat model
+//!
+//! A handler is untrusted code. Inside the sandbox it can reach only what the
+//! WIT imports give it; each limit below stops one way of hurting the host,
+//! Redis or other tasks (defaults in [`Limits`]):
+//!
+//! | threat | stopped by | outcome |
+//! |---|---|---|
+//! | infinite loop, slow code | [`Limits::deadline`]: epoch callback (in wasm) and a timer (in host imports) | [`Trap::DeadlineExceeded`] |
+//! | allocation bomb | [`Limits::memory_bytes`] via a `ResourceLimiter` with our own error, pool slot size | [`Trap::OutOfMemory`] |
+//! | `table.grow` bomb | [`Limits::table_elements`] | [`Limit::TableElements`] |
+//! | unbounded recursion | [`Limits::stack_bytes`] (wasmtime's stack limit) | [`Trap::StackOverflow`] |
+//! | instruction budget (deterministic) | [`Limits::fuel`], off by default | [`Limit::Fuel`] |
+//! | huge payload / result | [`Limits::max_payload_bytes`] (checked before instantiating) / [`Limits::max_result_bytes`] | [`Limit::Payload`] / [`Limit::Result`] |
+//! | log flooding | [`Limits::max_log_bytes`] | truncated with a marker, not a failure |
+//! | Redis flooding | [`Limits::max_host_calls`], [`Limits::max_key_bytes`], [`Limits::max_value_bytes`] | [`Limit::HostCalls`] trap; `invalid-key` / `value-too-large` WIT errors |
+//! | reaching other keys | every key is a suffix of `dtq:guest:<namespace>:` | — |
+//! | files, environment, network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
+//! | a task that must stop now | [`CancelHandle`] (epoch callback + the same `select!`) | [`Trap::Cancelled`] |
+//!
+//! Epochs cannot be avoided by wasm code, but (see wasmtime's `Config`
+//! docs, "Limitations with malicious guests") a bulk instruction such as
+//! `memory.copy` checks the epoch only once; bounding linear memory bounds
+//! that instruction's length too. Fuel is deterministic where epochs are
+//! not, at a run-time cost of up to 2-3x; it is off unless configured.
+//!
+//! # Layout
+//!
+//! - `engine.rs`: the engine configuration and the epoch ticker.
+//! - `cache.rs`: the on-disk artifact cache.
+//! - `namespace.rs`: namespaces and guest key names.
+//! - `limits.rs`: [`Limits`] and the store's resource limiter.
+//! - `imports.rs`: the WIT bindings and the host side of `kv`,
+//!   `idempotency` and `log`.
+//! - `log.rs`: the capped task log and the stdout/stderr streams feeding it.
+//! - `call.rs`: one call, its store, deadline and cancellation.
+//! - `outcome.rs`: [`Outcome`], [`Trap`] and the classification of errors.
+
+mod cache;
+mod call;
+mod engine;
+mod imports;
+mod limits;
+mod log;
+mod namespace;
+mod outcome;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tracing::Instrument as _;
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+pub use call::{Call, CancelHandle, TaskContext};
+pub use imports::{CLAIMED, RESULT_PREFIX};
+pub use limits::{Limit, Limits};
+pub use namespace::{GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
+pub use outcome::{CallReport, Outcome, Trap};
+
+use cache::ArtifactCache;
+use call::{CallEnv, LoadedHandler, TaskState};
+use engine::EpochTicker;
+use imports::HostCtx;
+use imports::bindings::{Handler, HandlerPre};
+use outcome::error_chain;
+
+/// How a [`Sandbox`] is set up.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// The limits every call runs under.
+    pub limits: Limits,
+    /// Where compiled artifacts are cached; `None` disables the cache (every
+    /// load compiles). [`SandboxConfig::default_cache_dir`] gives the usual
+    /// place.
+    pub cache_dir: Option<PathBuf>,
+    /// How often the epoch advances. Default 10 ms.
+    ///
+    /// Deadline and cancellation are noticed within about one tick of
+    /// running wasm; a shorter tick reacts faster and costs a little more.
+    pub epoch_tick: Duration,
+    /// Calls that may run at once. Default 64.
+    ///
+    /// Sizes the pooling allocator (its slots are reserved up front); more
+    /// concurrent calls wait for a free slot.
+    pub max_concurrent_calls: u32,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            limits: Limits::default(),
+            cache_dir: None,
+            epoch_tick: Duration::from_millis(10),
+            max_concurrent_calls: 64,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The conventional artifact cache directory: `$DTQ_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/dtq`, else `$HOME/.cache/dtq`; `None` if none of
+    /// those is set.
+    pub fn default_cache_dir() -> Option<PathBuf> {
+        let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(dir) = env("DTQ_CACHE_DIR") {
+            return Some(PathBuf::from(dir));
+        }
+        if let Some(dir) = env("XDG_CACHE_HOME") {
+            return Some(PathBuf::from(dir).join("dtq"));
+        }
+        env("HOME").map(|home| PathBuf::from(home).join(".cache").join("dtq"))
+    }
+}
+
+/// Why the sandbox could not be set up or a handler could not be loaded.
+///
+/// A failing *call* is not an error: it is an [`Outcome`].
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The engine (or its epoch thread) could not be created.
+    #[error("cannot set up the wasm engine: {0}")]
+    Engine(String),
+    /// A file or directory could not be read or created.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The task name cannot name a handler.
+    #[error("invalid task name {0:?}")]
+    InvalidTaskName(String),
+    /// The bytes are not a valid component, or it does not fit the limits
+    /// (e.g. more memories than [`Limits::memories`]).
+    #[error("invalid component: {0}")]
+    InvalidModule(String),
+    /// The component does not fit the `handler` world: it imports something
+    /// the host does not provide, or does not export `handle`.
+    #[error("component does not fit the handler world: {0}")]
+    Link(String),
+    /// The handler's namespace is not acceptable.
+    #[error("invalid namespace {namespace:?}: {reason}")]
+    InvalidNamespace {
+        /// The namespace asked for.
+        namespace: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// Loading one handler failed.
+    #[error("cannot load handler {task:?}: {source}")]
+    Handler {
+        /// The task name.
+        task: String,
+        /// Why.
+        #[source]
+        source: Box<SandboxError>,
+    },
+}
+
+/// What [`Sandbox::load`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadReport {
+    /// The task name.
+    pub task: String,
+    /// The handler's kv/idempotency namespace.
+    pub namespace: String,
+    /// SHA-256 of the module, lowercase hex.
+    pub sha256: String,
+    /// Whether the compiled artifact came from the cache.
+    pub from_cache: bool,
+    /// Time spent compiling (`None` when loaded from the cache).
+    pub compile_time: Option<Duration>,
+    /// Total time of the load: parse, compile or deserialize, pre-instantiate.
+    pub load_time: Duration,
+}
+
+/// Runs task handlers in fresh, limited instances. Cheap to clone; all
+/// clones share one engine, one handler table and one epoch thread, which
+/// stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<TaskState>,
+    limits: Limits,
+    cache: ArtifactCache,
+    redis: redis::aio::ConnectionManager,
+    handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
+    slots: tokio::sync::Semaphore,
+    _ticker: EpochTicker,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("limits", &self.inner.limits)
+            .field("handlers", &self.handlers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Create the engine, the linker and the epoch thread.
+    ///
+    /// `redis` is the connection every guest's `kv` and `idempotency` calls
+    /// go through; it is cloned per call and reconnects by itself.
+    pub fn new(
+        config: SandboxConfig,
+        redis: redis::aio::ConnectionManager,
+    ) -> Result<Sandbox, SandboxError> {
+        let engine = engine::build(&config)?;
+        let mut linker = Linker::<TaskState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
+        Handler::add_to_linker::<TaskState, HasSelf<HostCtx>>(&mut linker, |state| {
+            &mut state.host
+        })
+        .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
+        let cache = ArtifactCache::new(config.cache_dir.clone(), &engine)?;
+        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
+        let slots = usize::try_from(config.max_concurrent_calls.max(1)).unwrap_or(usize::MAX);
+        Ok(Sandbox {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                limits: config.limits,
+                cache,
+                redis,
+                handlers: RwLock::new(HashMap::new()),
+                slots: tokio::sync::Semaphore::new(slots),
+                _ticker: ticker,
+            }),
+        })
+    }
+
+    /// The limits calls run under.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Load every `<task>.wasm` in `dir` (not recursively); returns the task
+    /// names loaded, sorted.
+    ///
+    /// Stops at the first module that fails, naming it; the ones loaded
+    /// before stay loaded.
+    pub fn load_dir(&self, dir: &Path) -> Result<Vec<String>, SandboxError> {
+        let io = |source| SandboxError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            if path.extension().is_some_and(|ext| ext == "wasm") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut loaded = Vec::with_capacity(files.len());
+        for path in files {
+            let Some(task) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            let wasm = std::fs::read(&path).map_err(|source| SandboxError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            self.load(task, &wasm)?;
+            loaded.push(task.to_string());
+        }
+        Ok(loaded)
+    }
+
+    /// Load (or replace) the handler of `task` from a component's bytes.
+    ///
+    /// Compiles it (or takes it from the artifact cache), decides its
+    /// namespace and pre-instantiates it. Blocking and CPU-heavy when it
+    /// compiles: call it from a blocking context.
+    pub fn load(&self, task: &str, wasm: &[u8]) -> Result<LoadReport, SandboxError> {
+        self.load_inner(task, wasm)
+            .map_err(|source| SandboxError::Handler {
+                task: task.to_string(),
+                source: Box::new(source),
+            })
+    }
+
+    fn load_inner(&self, task: &str, wasm: &[u8]) -> Result<LoadReport, SandboxError> {
+        let started = Instant::now();
+        if task.is_empty() || task.chars().any(|c| c.is_control()) {
+            return Err(SandboxError::InvalidTaskName(task.to_string()));
+        }
+        let namespace = namespace::namespace_of(task, wasm)?;
+        let sha256 = cache::sha256_hex(wasm);
+        let compiled = self
+            .inner
+            .cache
+            .load_or_compile(&self.inner.engine, wasm, &sha256)?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&compiled.component)
+            .and_then(HandlerPre::new)
+            .map_err(|e| SandboxError::Link(error_chain(&e)))?;
+        let handler = Arc::new(LoadedHandler {
+            pre,
+            namespace: namespace.as_str().into(),
+        });
+        self.inner
+            .handlers
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(task.to_string(), handler);
+        let report = LoadReport {
+            task: task.to_string(),
+            namespace,
+            sha256,
+            from_cache: compiled.from_cache,
+            compile_time: compiled.compile_time,
+            load_time: started.elapsed(),
+        };
+        tracing::info!(
+            task,
+            namespace = %report.namespace,
+            from_cache = report.from_cache,
+            load_ms = report.load_time.as_secs_f64() * 1e3,
+            "handler loaded"
+        );
+        Ok(report)
+    }
+
+    /// Remove the handler of `task`; returns whether there was one. Calls
+    /// already running keep their instance until they finish.
+    pub fn unload(&self, task: &str) -> bool {
+        self.inner
+            .handlers
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(task)
+            .is_some()
+    }
+
+    /// Whether a handler is loaded for `task`.
+    pub fn has_handler(&self, task: &str) -> bool {
+        self.handler(task).is_some()
+    }
+
+    /// The task names with a loaded handler, sorted.
+    pub fn handlers(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .inner
+            .handlers
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Where the artifact cache keeps (or would keep) this engine's compiled
+    /// form of `wasm`; `None` without a cache directory.
+    pub fn artifact_path(&self, wasm: &[u8]) -> Option<PathBuf> {
+        self.inner.cache.path_for(&cache::sha256_hex(wasm))
+    }
+
+    fn handler(&self, task: &str) -> Option<Arc<LoadedHandler>> {
+        self.inner
+            .handlers
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(task)
+            .cloned()
+    }
+
+    /// Run the handler of `call.task` once, in a fresh instance, under the
+    /// limits. Never fails: everything that can go wrong is an [`Outcome`].
+    pub async fn call(&self, call: Call, cancel: &CancelHandle) -> CallReport {
+        let span = tracing::debug_span!(
+            "sandbox_call",
+            task_id = %call.ctx.task_id,
+            queue = %call.ctx.queue,
+            task = %call.task,
+        );
+        self.call_inner(call, cancel).instrument(span).await
+    }
+
+    async fn call_inner(&self, call: Call, cancel: &CancelHandle) -> CallReport {
+        let started = Instant::now();
+        let limits = &self.inner.limits;
+        let report = |outcome: Outcome, log: String, host_calls: u64| {
+            tracing::debug!(
+                outcome = %outcome,
+                host_calls,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "handler call finished"
+            );
+            CallReport {
+                outcome,
+                log,
+                host_calls,
+                elapsed: started.elapsed(),
+            }
+        };
+
+        let Some(handler) = self.handler(&call.task) else {
+            return report(
+                Outcome::Trapped(Trap::UnknownHandler(call.task.clone())),
+                String::new(),
+                0,
+            );
+        };
+        if call.payload.len() > limits.max_payload_bytes {
+            return report(
+                Outcome::Trapped(Trap::LimitExceeded(Limit::Payload)),
+                String::new(),
+                0,
+            );
+        }
+        let cancelled = || report(Outcome::Trapped(Trap::Cancelled), String::new(), 0);
+        if cancel.is_cancelled() {
+            return cancelled();
+        }
+        let _slot = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return cancelled(),
+            permit = self.inner.slots.acquire() => match permit {
+                Ok(permit) => permit,
+                // The semaphore is never closed.
+                Err(_) => return report(Outcome::Trapped(Trap::LimitExceeded(Limit::Concurrency)), String::new(), 0),
+            },
+        };
+
+        let budget = call
+            .deadline
+            .map_or(limits.deadline, |d| d.min(limits.deadline));
+        let env = CallEnv {
+            engine: &self.inner.engine,
+            limits,
+            redis: &self.inner.redis,
+        };
+        let result = call::run(env, &handler, &call, budget, cancel).await;
+        report(result.outcome, result.log, result.host_calls)
+    }
+}

@@ -1,0 +1,196 @@
+//! What a call ended with, and how a wasmtime error is classified into it.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::limits::{Limit, LimitTrap};
+use super::log::TaskLog;
+
+/// Everything a call produced.
+#[derive(Debug, Clone)]
+pub struct CallReport {
+    /// How the call ended.
+    pub outcome: Outcome,
+    /// The task log: `log` import lines, stdout and stderr, capped at
+    /// [`Limits::max_log_bytes`](super::Limits::max_log_bytes).
+    pub log: String,
+    /// Host imports the guest called.
+    pub host_calls: u64,
+    /// Wall-clock time of the call, waiting for a pool slot included.
+    pub elapsed: Duration,
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler returned `ok` with this JSON text.
+    Success(String),
+    /// The handler returned `retryable`: try again later.
+    Retryable(String),
+    /// The handler returned `fatal`: do not try again.
+    Fatal(String),
+    /// The call did not return normally.
+    Trapped(Trap),
+}
+
+impl Outcome {
+    /// Whether the task should be tried again (while attempts remain).
+    ///
+    /// `Retryable` is, `Success` and `Fatal` are not. A trap is retried
+    /// unless retrying cannot help or was not wanted:
+    /// [`Trap::Cancelled`] (someone asked it to stop),
+    /// [`Trap::UnknownHandler`] (no module for the task on this worker; the
+    /// task fails fast instead of burning attempts) and
+    /// [`Limit::Payload`] (the same payload will be too big again). Every
+    /// other trap, including deadline, out of memory and guest panics, may be
+    /// transient (a slow dependency, a bug hit by one input, a worker under
+    /// load), and the attempt count bounds the cost of retrying the ones
+    /// that are not.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Outcome::Success(_) | Outcome::Fatal(_) => false,
+            Outcome::Retryable(_) => true,
+            Outcome::Trapped(trap) => !matches!(
+                trap,
+                Trap::Cancelled | Trap::UnknownHandler(_) | Trap::LimitExceeded(Limit::Payload)
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Success(_) => f.write_str("success"),
+            Outcome::Retryable(msg) => write!(f, "retryable error: {msg}"),
+            Outcome::Fatal(msg) => write!(f, "fatal error: {msg}"),
+            Outcome::Trapped(trap) => write!(f, "trapped: {trap}"),
+        }
+    }
+}
+
+/// Why a call did not return normally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trap {
+    /// The call ran past its deadline.
+    DeadlineExceeded,
+    /// The guest asked for more linear memory than
+    /// [`Limits::memory_bytes`](super::Limits::memory_bytes).
+    OutOfMemory,
+    /// The guest's wasm stack overflowed
+    /// ([`Limits::stack_bytes`](super::Limits::stack_bytes)).
+    StackOverflow,
+    /// The guest aborted (`unreachable`), e.g. a Rust panic; the panic
+    /// message from its stderr when it printed one.
+    GuestPanic(String),
+    /// The call crossed a limit.
+    LimitExceeded(Limit),
+    /// The call was cancelled through its [`CancelHandle`](super::CancelHandle).
+    Cancelled,
+    /// No handler is loaded for this task name.
+    UnknownHandler(String),
+    /// Any other trap (an out-of-bounds access, a division by zero…) or a
+    /// host failure.
+    Other(String),
+}
+
+impl fmt::Display for Trap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Trap::DeadlineExceeded => f.write_str("deadline exceeded"),
+            Trap::OutOfMemory => f.write_str("out of memory"),
+            Trap::StackOverflow => f.write_str("stack overflow"),
+            Trap::GuestPanic(msg) => write!(f, "guest panicked: {msg}"),
+            Trap::LimitExceeded(limit) => write!(f, "{limit} limit exceeded"),
+            Trap::Cancelled => f.write_str("cancelled"),
+            Trap::UnknownHandler(task) => write!(f, "no handler for task {task:?}"),
+            Trap::Other(msg) => write!(f, "{msg}"),
+        }
+    }
+}
+
+/// Why the host interrupted a running guest from the epoch callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Interrupt {
+    #[error("call deadline exceeded")]
+    Deadline,
+    #[error("call cancelled")]
+    Cancelled,
+}
+
+/// Turn the error a call failed with into a [`Trap`].
+///
+/// The host's own errors are recognised by type (downcast), never by
+/// message; only wasmtime's trap codes are matched on.
+pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
+    if let Some(interrupt) = err.downcast_ref::<Interrupt>() {
+        return match interrupt {
+            Interrupt::Deadline => Trap::DeadlineExceeded,
+            Interrupt::Cancelled => Trap::Cancelled,
+        };
+    }
+    if let Some(limit) = err.downcast_ref::<LimitTrap>() {
+        return match limit {
+            LimitTrap::Memory { .. } => Trap::OutOfMemory,
+            LimitTrap::Exceeded(limit) => Trap::LimitExceeded(*limit),
+        };
+    }
+    if err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some() {
+        return Trap::LimitExceeded(Limit::Concurrency);
+    }
+    if let Some(trap) = err.downcast_ref::<wasmtime::Trap>() {
+        return match trap {
+            wasmtime::Trap::StackOverflow => Trap::StackOverflow,
+            wasmtime::Trap::OutOfFuel => Trap::LimitExceeded(Limit::Fuel),
+            wasmtime::Trap::Interrupt => Trap::DeadlineExceeded,
+            wasmtime::Trap::UnreachableCodeReached => {
+                Trap::GuestPanic(log.panic_message().unwrap_or_else(|| trap.to_string()))
+            }
+            other => Trap::Other(other.to_string()),
+        };
+    }
+    Trap::Other(error_chain(err))
+}
+
+/// `outer: inner: root` for an error and its causes.
+pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause.to_string());
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryability() {
+        assert!(Outcome::Retryable("x".into()).is_retryable());
+        assert!(!Outcome::Fatal("x".into()).is_retryable());
+        assert!(!Outcome::Success("{}".into()).is_retryable());
+        assert!(Outcome::Trapped(Trap::DeadlineExceeded).is_retryable());
+        assert!(Outcome::Trapped(Trap::LimitExceeded(Limit::Result)).is_retryable());
+        assert!(!Outcome::Trapped(Trap::Cancelled).is_retryable());
+        assert!(!Outcome::Trapped(Trap::UnknownHandler("t".into())).is_retryable());
+        assert!(!Outcome::Trapped(Trap::LimitExceeded(Limit::Payload)).is_retryable());
+    }
+
+    #[test]
+    fn classifies_host_errors_by_type() {
+        let log = TaskLog::new(64);
+        let err = wasmtime::Error::new(Interrupt::Cancelled).context("while calling");
+        assert_eq!(classify(&err, &log), Trap::Cancelled);
+        let err = wasmtime::Error::new(LimitTrap::Memory {
+            limit: 1,
+            desired: 2,
+        });
+        assert_eq!(classify(&err, &log), Trap::OutOfMemory);
+        let err = wasmtime::Error::new(wasmtime::Trap::StackOverflow);
+        assert_eq!(classify(&err, &log), Trap::StackOverflow);
+    }
+}

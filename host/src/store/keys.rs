@@ -1,0 +1,102 @@
+//! The Redis key layout, in one place.
+//!
+//! Every key of one queue carries the hash tag `{<queue>}`, so all the keys a
+//! script touches live in one Redis Cluster slot and queues spread across
+//! slots by name.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
+//! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal |
+//! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`) |
+//! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
+//! | `dtq:dlq:{q}` | sorted set | dead-lettered task ids, by time (ms) |
+//! | `dtq:events:{q}` | stream (capped) | lifecycle events |
+//! | [`QUEUES`] | set | names of queues that have seen a submission |
+//! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
+
+/// The consumer group every worker of every queue reads with.
+pub const GROUP: &str = "dtq-workers";
+
+/// A set of every queue name that has received a submission, for listing.
+/// It is the one key without a queue's hash tag; no script touches it.
+pub const QUEUES: &str = "dtq:queues";
+
+/// The pub/sub channel on which cancel requests of running tasks reach the
+/// workers. Messages are `<queue>\n<task id>`.
+pub const CANCEL_CHANNEL: &str = "dtq:cancel";
+
+/// The names of one queue's keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueKeys {
+    queue: String,
+    /// The ready stream, read by workers through [`GROUP`].
+    pub stream: String,
+    /// Scheduled tasks and retries waiting for their due time.
+    pub delayed: String,
+    /// Dead-lettered task ids.
+    pub dlq: String,
+    /// The capped lifecycle event stream.
+    pub events: String,
+    task_prefix: String,
+    idem_prefix: String,
+}
+
+impl QueueKeys {
+    /// The keys of `queue`. The name must already be validated (see
+    /// [`crate::ingest::validate_queue_name`]): it may not contain braces.
+    pub fn new(queue: &str) -> Self {
+        QueueKeys {
+            queue: queue.to_owned(),
+            stream: format!("dtq:stream:{{{queue}}}"),
+            delayed: format!("dtq:delayed:{{{queue}}}"),
+            dlq: format!("dtq:dlq:{{{queue}}}"),
+            events: format!("dtq:events:{{{queue}}}"),
+            task_prefix: format!("dtq:task:{{{queue}}}:"),
+            idem_prefix: format!("dtq:idempotency:{{{queue}}}:"),
+        }
+    }
+
+    /// The queue's name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The hash of task `id`.
+    pub fn task(&self, id: &str) -> String {
+        format!("{}{id}", self.task_prefix)
+    }
+
+    /// The prefix of every task hash of this queue.
+    pub fn task_prefix(&self) -> &str {
+        &self.task_prefix
+    }
+
+    /// The idempotency record of `key`, or of no key: scripts take the record
+    /// in KEYS even for keyless tasks (and ignore it), so the prefix stands in.
+    pub fn idempotency(&self, key: Option<&str>) -> String {
+        format!("{}{}", self.idem_prefix, key.unwrap_or(""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_queue_shares_its_hash_tag() {
+        let k = QueueKeys::new("emails");
+        for key in [
+            k.stream.clone(),
+            k.delayed.clone(),
+            k.dlq.clone(),
+            k.events.clone(),
+            k.task("t1"),
+            k.idempotency(Some("abc")),
+        ] {
+            assert!(key.contains("{emails}"), "{key} lacks the hash tag");
+        }
+        assert_eq!(k.task("t1"), "dtq:task:{emails}:t1");
+        assert_eq!(k.idempotency(Some("k")), "dtq:idempotency:{emails}:k");
+    }
+}

@@ -1,0 +1,32 @@
+--[[
+  Shared fragment: move an idempotency record to a new state.
+
+  The record is JSON {task_id, state, updated_at, fingerprint}. It is written
+  with SET ... XX KEEPTTL: never created here, and its expiry is kept. A
+  record that names another task (the key was re-acquired after a stale
+  record) is left alone.
+
+  Returns 1 when the record was rewritten, 0 otherwise.
+]]
+local function setIdemState(idemKey, taskId, state, now)
+  local raw = redis.call("GET", idemKey)
+  if not raw then
+    return 0
+  end
+  local rec = cjson.decode(raw)
+  if rec["task_id"] ~= taskId then
+    return 0
+  end
+  rec["state"] = state
+  rec["updated_at"] = tonumber(now)
+  redis.call("SET", idemKey, cjson.encode(rec), "XX", "KEEPTTL")
+  return 1
+end
+
+--[[
+  Shared fragment: append a lifecycle event to the capped events stream.
+]]
+local function addEvent(eventsKey, maxLen, taskId, status, attempt, now)
+  redis.call("XADD", eventsKey, "MAXLEN", "~", maxLen, "*",
+    "task_id", taskId, "status", status, "attempt", attempt, "at", now)
+end

@@ -1,0 +1,92 @@
+--[[
+  Submit a task: replay check, stale-record repair, queue-depth check,
+  idempotency claim, task hash and enqueue, in one atomic step.
+
+  Because the whole check-and-claim is one script, a record cannot vanish
+  between the claim and the read (the "expiry race" of a two-round-trip
+  design): the script either sees the record or it does not.
+
+  Input:
+    KEYS[1] idempotency record  dtq:idempotency:{q}:<key> (ignored unless ARGV[3] == "1")
+    KEYS[2] new task hash       dtq:task:{q}:<id>
+    KEYS[3] ready stream        dtq:stream:{q}
+    KEYS[4] delayed set         dtq:delayed:{q}
+    KEYS[5] events stream       dtq:events:{q}
+
+    ARGV[1]  task id
+    ARGV[2]  now (ms since epoch)
+    ARGV[3]  "1" when the submission carries an idempotency key, else "0"
+    ARGV[4]  payload fingerprint (sha256 of task name and canonical payload)
+    ARGV[5]  idempotency TTL (s)
+    ARGV[6]  max queue depth (ready + delayed); 0 means unlimited
+    ARGV[7]  run at (ms since epoch); > now means the task is scheduled
+    ARGV[8]  events stream max length
+    ARGV[9]  prefix of task hashes of this queue, dtq:task:{q}:
+    ARGV[10..] task hash fields as name, value pairs (status is set here)
+
+  Output (array, first element the code):
+    {1, id, status}                CREATED
+    {2, id, task hash as list}     REPLAY (record completed or failed)
+    {-1, id}                       IN_PROGRESS (record processing)
+    {-2, id}                       KEY_MISMATCH (record of another payload)
+    {-3, depth}                    QUEUE_FULL
+
+  Reads one key not in KEYS: the recorded task's hash, ARGV[9] .. task_id,
+  to tell a live record from a stale one. It shares the queue's hash tag, so
+  it lives in the same cluster slot as every other key here.
+
+  Events: QUEUED or SCHEDULED on the events stream.
+]]
+local idemKey, taskKey, streamKey, delayedKey, eventsKey =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[4]
+local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local eventsMaxLen, taskPrefix = ARGV[8], ARGV[9]
+
+-- Replay check: read-only, and before the depth check, so a full queue never
+-- blocks a replay.
+if hasKey then
+  local raw = redis.call("GET", idemKey)
+  if raw then
+    local rec = cjson.decode(raw)
+    local recordedKey = taskPrefix .. rec["task_id"]
+    if redis.call("EXISTS", recordedKey) == 1 then
+      if rec["fingerprint"] ~= fingerprint then
+        return {-2, rec["task_id"]}
+      end
+      if rec["state"] == "processing" then
+        return {-1, rec["task_id"]}
+      end
+      return {2, rec["task_id"], redis.call("HGETALL", recordedKey)}
+    end
+    -- Stale record: its task hash expired. The resubmission is new work.
+    redis.call("DEL", idemKey)
+  end
+end
+
+if maxDepth > 0 then
+  local depth = redis.call("XLEN", streamKey) + redis.call("ZCARD", delayedKey)
+  if depth >= maxDepth then
+    return {-3, depth}
+  end
+end
+
+if hasKey then
+  local rec = cjson.encode({
+    task_id = taskId, state = "processing",
+    updated_at = tonumber(now), fingerprint = fingerprint })
+  redis.call("SET", idemKey, rec, "NX", "EX", idemTtl)
+end
+
+local status = "QUEUED"
+if runAt > tonumber(now) then
+  status = "SCHEDULED"
+end
+redis.call("HSET", taskKey, "status", status, unpack(ARGV, 10))
+if status == "SCHEDULED" then
+  redis.call("ZADD", delayedKey, runAt, taskId)
+else
+  redis.call("XADD", streamKey, "*", "id", taskId)
+end
+addEvent(eventsKey, eventsMaxLen, taskId, status, 0, now)
+return {1, taskId, status}

@@ -1,0 +1,844 @@
+//! Redis storage: the key layout ([`keys`]), the Lua scripts (`lua/`) and the
+//! typed calls the API and the workers make through them.
+//!
+//! Every state change of a task is one script, so no reader ever sees a task
+//! half-submitted or half-completed. [`Store`] counts the round trips it makes
+//! ([`Store::round_trips`]), which the benchmarks report per task.
+
+mod keys;
+mod scripts;
+mod task;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, Value};
+
+pub use keys::{CANCEL_CHANNEL, GROUP, QUEUES, QueueKeys};
+pub use scripts::Code;
+pub use task::{TaskRecord, TaskStatus};
+
+use scripts::Scripts;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis could not be reached or answered with an error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script answered with something its header does not list.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+    /// A task hash that cannot be parsed.
+    #[error("corrupt task record: {0}")]
+    Corrupt(String),
+}
+
+impl From<redis::ParsingError> for StoreError {
+    fn from(e: redis::ParsingError) -> Self {
+        StoreError::Protocol(e.to_string())
+    }
+}
+
+/// Settings of the store that scripts need.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSettings {
+    /// TTL of idempotency records (s).
+    pub idem_ttl_s: u64,
+    /// TTL of terminal task hashes (s), after which a record that points at
+    /// them is stale.
+    pub task_retention_s: u64,
+    /// Approximate cap of each queue's events stream.
+    pub events_max_len: u64,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings { idem_ttl_s: 86_400, task_retention_s: 7 * 86_400, events_max_len: 10_000 }
+    }
+}
+
+/// A task to create, as validated by [`crate::ingest`].
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// A fresh task id.
+    pub id: String,
+    /// The queue.
+    pub queue: String,
+    /// The task name.
+    pub task: String,
+    /// The payload, JSON text.
+    pub payload: String,
+    /// sha256 of task name and canonical payload, to detect key reuse.
+    pub fingerprint: String,
+    /// The submission's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Deadline of one attempt (ms), if set.
+    pub timeout_ms: Option<u64>,
+    /// Submission time (ms since epoch).
+    pub now: u64,
+    /// Due time (ms since epoch); later than `now` schedules the task.
+    pub run_at: u64,
+    /// Expiry (ms since epoch) if not started by then.
+    pub expires_at: Option<u64>,
+}
+
+/// What a submission did.
+#[derive(Debug, Clone)]
+pub enum SubmitOutcome {
+    /// A new task.
+    Created {
+        /// QUEUED or SCHEDULED.
+        status: TaskStatus,
+    },
+    /// The key's task is terminal: the stored task, no new one.
+    Replay(TaskRecord),
+    /// The key's task is still in flight.
+    InProgress {
+        /// The in-flight task.
+        task_id: String,
+    },
+    /// The key was used for another payload or task name.
+    KeyMismatch {
+        /// The key's task.
+        task_id: String,
+    },
+    /// The queue is at its depth limit.
+    QueueFull {
+        /// Ready plus delayed tasks.
+        depth: u64,
+    },
+}
+
+/// A stream message: which task it delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stream entry id (needed to ACK).
+    pub msg_id: String,
+    /// The task id it carries.
+    pub task_id: String,
+}
+
+/// What `start` decided for one delivery.
+#[derive(Debug, Clone)]
+pub enum StartDecision {
+    /// Run it: the task, now RUNNING with its attempt counted.
+    Run(TaskRecord),
+    /// Terminal or gone; acknowledged already.
+    Skip(String),
+    /// Not started before its expiry; complete it as expired.
+    Expired(TaskRecord),
+    /// Its worker died with no attempts left; dead-letter it.
+    Exhausted(TaskRecord),
+}
+
+/// How an attempt ended, as the completion script takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// The handler returned a result.
+    Success,
+    /// A permanent failure.
+    Fatal,
+    /// A transient failure: retry while attempts remain, else dead-letter.
+    Retry,
+    /// Interrupted by a cancel.
+    Cancelled,
+    /// Not started before its expiry.
+    Expired,
+}
+
+impl CompletionKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            CompletionKind::Success => "success",
+            CompletionKind::Fatal => "fatal",
+            CompletionKind::Retry => "retry",
+            CompletionKind::Cancelled => "cancelled",
+            CompletionKind::Expired => "expired",
+        }
+    }
+}
+
+/// One completion to write.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The task's queue.
+    pub queue: String,
+    /// The task.
+    pub task_id: String,
+    /// Its stream message ("" for a task not in the stream).
+    pub msg_id: String,
+    /// The task's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// How the attempt ended.
+    pub kind: CompletionKind,
+    /// The result (JSON) for success, else the error message.
+    pub detail: String,
+    /// The attempt's captured log.
+    pub log: String,
+    /// The attempt this completes (0 for expiry, which has none).
+    pub attempt: u32,
+    /// When a retry is due (ms since epoch).
+    pub retry_at: u64,
+    /// Now (ms since epoch).
+    pub now: u64,
+}
+
+/// What a completion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompleteOutcome {
+    /// Written; the task's new status.
+    Done(TaskStatus),
+    /// The task was no longer this attempt's (reclaimed, or completed
+    /// already); nothing written. Carries the status found.
+    Stale(String),
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The task was waiting and is now CANCELLED.
+    Cancelled,
+    /// The task is running; its worker was asked to interrupt it.
+    Requested,
+    /// The task is already terminal.
+    Terminal(TaskStatus),
+    /// No such task.
+    NotFound,
+}
+
+/// Counts of one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// Tasks in the ready stream not yet delivered to a worker.
+    pub ready: u64,
+    /// Delivered and not acknowledged: running, or held by a dead worker.
+    pub running: u64,
+    /// Scheduled tasks and retries.
+    pub delayed: u64,
+    /// Dead-lettered tasks.
+    pub dead_lettered: u64,
+}
+
+/// The Redis side of dtq. Cheap to clone: clones share one multiplexed
+/// connection, which reconnects by itself.
+#[derive(Clone)]
+pub struct Store {
+    client: redis::Client,
+    conn: ConnectionManager,
+    scripts: Arc<Scripts>,
+    settings: StoreSettings,
+    round_trips: Arc<AtomicU64>,
+    /// Queues this process already added to [`QUEUES`]: the set is written
+    /// once per queue and process, not once per submission.
+    registered: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Store {
+    /// Connect to `url` and load the scripts.
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Store, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        let conn = client.get_connection_manager_with_config(config).await?;
+        let store = Store {
+            client,
+            conn,
+            scripts: Arc::new(Scripts::new()),
+            settings,
+            round_trips: Arc::new(AtomicU64::new(0)),
+            registered: Arc::new(Mutex::new(HashSet::new())),
+        };
+        store.load_scripts().await?;
+        Ok(store)
+    }
+
+    /// The settings the store was made with.
+    pub fn settings(&self) -> StoreSettings {
+        self.settings
+    }
+
+    /// The shared connection (for the sandbox's host imports).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// A new dedicated connection whose replies may take up to `timeout`: for
+    /// blocking reads, which would stall every other command on the shared
+    /// multiplexed connection.
+    pub async fn dedicated_connection(
+        &self,
+        timeout: Duration,
+    ) -> Result<ConnectionManager, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(timeout));
+        Ok(self.client.get_connection_manager_with_config(config).await?)
+    }
+
+    /// The client (for pub/sub).
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// Round trips to Redis made through this store (and its clones) so far.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for script in self.scripts.all() {
+            pipe.load_script(script).ignore();
+        }
+        self.trip();
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
+    /// Create the consumer group of `queue` (and its stream) if missing.
+    pub async fn ensure_group(&self, queue: &str) -> Result<(), StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let created: Result<(), _> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Submit a task: one script, one round trip (plus, once per queue and
+    /// process, the queue's entry in [`QUEUES`]).
+    pub async fn submit(&self, new: &NewTask, max_depth: u64) -> Result<SubmitOutcome, StoreError> {
+        let keys = QueueKeys::new(&new.queue);
+        self.register_queue(&new.queue).await?;
+        let mut inv = self.scripts.ingest.prepare_invoke();
+        inv.key(keys.idempotency(new.idempotency_key.as_deref()))
+            .key(keys.task(&new.id))
+            .key(&keys.stream)
+            .key(&keys.delayed)
+            .key(&keys.events)
+            .arg(&new.id)
+            .arg(new.now)
+            .arg(flag(new.idempotency_key.is_some()))
+            .arg(&new.fingerprint)
+            .arg(self.settings.idem_ttl_s)
+            .arg(max_depth)
+            .arg(new.run_at)
+            .arg(self.settings.events_max_len)
+            .arg(keys.task_prefix());
+        let mut field = |name: &str, value: String| {
+            inv.arg(name).arg(value);
+        };
+        field("id", new.id.clone());
+        field("queue", new.queue.clone());
+        field("task", new.task.clone());
+        field("payload", new.payload.clone());
+        field("fingerprint", new.fingerprint.clone());
+        field("attempts", "0".into());
+        field("max_attempts", new.max_attempts.to_string());
+        field("created_at", new.now.to_string());
+        field("updated_at", new.now.to_string());
+        if new.run_at > new.now {
+            field("run_at", new.run_at.to_string());
+        }
+        if let Some(key) = &new.idempotency_key {
+            field("idempotency_key", key.clone());
+        }
+        if let Some(t) = new.timeout_ms {
+            field("timeout_ms", t.to_string());
+        }
+        if let Some(at) = new.expires_at {
+            field("expires_at", at.to_string());
+        }
+        self.trip();
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut reply = reply.into_iter();
+        let code = code_of(reply.next())?;
+        let second = reply.next();
+        Ok(match code {
+            Code::Ok => {
+                let status: String = from_value(reply.next())?;
+                SubmitOutcome::Created { status: status.parse()? }
+            }
+            Code::Replay => SubmitOutcome::Replay(TaskRecord::from_flat(from_value(reply.next())?)?),
+            Code::InProgress => SubmitOutcome::InProgress { task_id: from_value(second)? },
+            Code::KeyMismatch => SubmitOutcome::KeyMismatch { task_id: from_value(second)? },
+            Code::QueueFull => SubmitOutcome::QueueFull { depth: from_value(second)? },
+            other => return Err(unexpected("ingest", other)),
+        })
+    }
+
+    async fn register_queue(&self, queue: &str) -> Result<(), StoreError> {
+        let known = lock(&self.registered).contains(queue);
+        if !known {
+            self.trip();
+            redis::cmd("SADD")
+                .arg(QUEUES)
+                .arg(queue)
+                .query_async::<()>(&mut self.conn.clone())
+                .await?;
+            lock(&self.registered).insert(queue.to_owned());
+        }
+        Ok(())
+    }
+
+    /// The task `id` of `queue`, if its hash exists.
+    pub async fn task(&self, queue: &str, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys.task(id))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        TaskRecord::from_fields(fields).map(Some)
+    }
+
+    /// Read up to `count` new messages of `queue` for `consumer`, blocking up
+    /// to `block` when there are none. `conn` must be a dedicated connection
+    /// (see [`Store::dedicated_connection`]).
+    pub async fn read(
+        &self,
+        conn: &mut ConnectionManager,
+        queue: &str,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&keys.stream)
+            .arg(">")
+            .query_async(conn)
+            .await?;
+        let mut out = Vec::new();
+        // Reply: nil, or [[stream, [[id, [field, value, ...]], ...]]] (RESP2)
+        // or a map of stream to entries (RESP3).
+        let streams: Vec<(String, Value)> = match reply {
+            Value::Nil => return Ok(out),
+            Value::Map(pairs) => pairs
+                .into_iter()
+                .map(|(k, v)| Ok((from_value(Some(k))?, v)))
+                .collect::<Result<_, StoreError>>()?,
+            other => from_value(Some(other))?,
+        };
+        for (_, entries) in streams {
+            parse_entries(entries, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Claim up to `count` messages of `queue` idle for at least `min_idle`
+    /// (their worker died) for `consumer`.
+    pub async fn reclaim(
+        &self,
+        queue: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let reply: Vec<Value> = redis::cmd("XAUTOCLAIM")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut out = Vec::new();
+        if let Some(entries) = reply.into_iter().nth(1) {
+            parse_entries(entries, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Start a batch of deliveries of `queue` (one round trip for the batch).
+    pub async fn start(
+        &self,
+        queue: &str,
+        consumer: &str,
+        deliveries: &[Delivery],
+        now: u64,
+    ) -> Result<Vec<StartDecision>, StoreError> {
+        if deliveries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.start.prepare_invoke();
+        inv.key(&keys.stream).key(&keys.events);
+        for d in deliveries {
+            inv.key(keys.task(&d.task_id));
+        }
+        inv.arg(GROUP).arg(now).arg(consumer).arg(self.settings.events_max_len);
+        for d in deliveries {
+            inv.arg(&d.msg_id);
+        }
+        self.trip();
+        let reply: Vec<Vec<Value>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        reply
+            .into_iter()
+            .map(|entry| {
+                let mut entry = entry.into_iter();
+                let code = code_of(entry.next())?;
+                let rest = entry.next();
+                Ok(match code {
+                    Code::Skipped => StartDecision::Skip(from_value(rest)?),
+                    Code::Ok => StartDecision::Run(TaskRecord::from_flat(from_value(rest)?)?),
+                    Code::Expired => StartDecision::Expired(TaskRecord::from_flat(from_value(rest)?)?),
+                    Code::Exhausted => {
+                        StartDecision::Exhausted(TaskRecord::from_flat(from_value(rest)?)?)
+                    }
+                    other => return Err(unexpected("start", other)),
+                })
+            })
+            .collect()
+    }
+
+    /// Write a batch of completions, pipelined: one round trip for the batch.
+    /// Each completion is its own script call, atomic on its own.
+    pub async fn complete(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<CompleteOutcome>, StoreError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let invocations: Vec<_> = completions.iter().map(|c| self.completion_call(c)).collect();
+        let mut pipe = redis::pipe();
+        for inv in &invocations {
+            pipe.invoke_script(inv);
+        }
+        self.trip();
+        let replies: Vec<Vec<Value>> = match pipe.query_async(&mut self.conn.clone()).await {
+            Ok(replies) => replies,
+            // The scripts were flushed (a restart or failover): load them and
+            // try once more. A pipeline of EVALSHA fails call by call, so
+            // nothing was written.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load_scripts().await?;
+                self.trip();
+                pipe.query_async(&mut self.conn.clone()).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        replies
+            .into_iter()
+            .map(|reply| {
+                let mut reply = reply.into_iter();
+                let code = code_of(reply.next())?;
+                let status: String = from_value(reply.next())?;
+                match code {
+                    Code::Ok => Ok(CompleteOutcome::Done(status.parse()?)),
+                    Code::Stale => Ok(CompleteOutcome::Stale(status)),
+                    other => Err(unexpected("complete", other)),
+                }
+            })
+            .collect()
+    }
+
+    fn completion_call<'a>(&'a self, c: &Completion) -> redis::ScriptInvocation<'a> {
+        let keys = QueueKeys::new(&c.queue);
+        let mut inv = self.scripts.complete.prepare_invoke();
+        inv.key(keys.task(&c.task_id))
+            .key(&keys.stream)
+            .key(&keys.delayed)
+            .key(&keys.dlq)
+            .key(&keys.events)
+            .key(keys.idempotency(c.idempotency_key.as_deref()))
+            .arg(&c.task_id)
+            .arg(&c.msg_id)
+            .arg(GROUP)
+            .arg(c.kind.as_str())
+            .arg(&c.detail)
+            .arg(&c.log)
+            .arg(c.now)
+            .arg(flag(c.idempotency_key.is_some()))
+            .arg(if c.kind == CompletionKind::Expired { String::new() } else { c.attempt.to_string() })
+            .arg(c.retry_at)
+            .arg(self.settings.task_retention_s)
+            .arg(self.settings.events_max_len);
+        inv
+    }
+
+    /// Move up to `limit` due tasks of `queue` from the delayed set to the
+    /// stream. Returns how many moved and the due time of the next waiting
+    /// task, if any.
+    pub async fn promote_due(
+        &self,
+        queue: &str,
+        now: u64,
+        limit: usize,
+    ) -> Result<(u64, Option<u64>), StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let due: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&keys.delayed)
+            .arg("-inf")
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit + 1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let ready: Vec<&String> =
+            due.iter().filter(|(_, at)| *at as u64 <= now).map(|(id, _)| id).take(limit).collect();
+        let next = due.iter().map(|(_, at)| *at as u64).find(|at| *at > now);
+        if ready.is_empty() {
+            return Ok((0, next));
+        }
+        let mut inv = self.scripts.promote.prepare_invoke();
+        inv.key(&keys.delayed).key(&keys.stream).key(&keys.events);
+        for id in &ready {
+            inv.key(keys.task(id));
+        }
+        inv.arg(now).arg(self.settings.events_max_len).arg("");
+        for id in &ready {
+            inv.arg(id.as_str());
+        }
+        self.trip();
+        let moved: u64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        // More may be due than `limit`; the caller comes back at once.
+        let next = if ready.len() == limit { Some(now) } else { next };
+        Ok((moved, next))
+    }
+
+    /// Refresh the idle time of a worker's running messages of `queue` and
+    /// return those whose task was asked to cancel.
+    pub async fn heartbeat(
+        &self,
+        queue: &str,
+        consumer: &str,
+        running: &[Delivery],
+    ) -> Result<Vec<String>, StoreError> {
+        if running.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.heartbeat.prepare_invoke();
+        inv.key(&keys.stream);
+        for d in running {
+            inv.key(keys.task(&d.task_id));
+        }
+        inv.arg(GROUP).arg(consumer);
+        for d in running {
+            inv.arg(&d.msg_id);
+        }
+        self.trip();
+        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+    }
+
+    /// Cancel task `id` of `queue`.
+    pub async fn cancel(&self, queue: &str, id: &str, now: u64) -> Result<CancelOutcome, StoreError> {
+        let Some(task) = self.task(queue, id).await? else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.cancel.prepare_invoke();
+        inv.key(keys.task(id))
+            .key(&keys.delayed)
+            .key(&keys.events)
+            .key(keys.idempotency(task.idempotency_key.as_deref()))
+            .arg(id)
+            .arg(now)
+            .arg(flag(task.idempotency_key.is_some()))
+            .arg(self.settings.task_retention_s)
+            .arg(self.settings.events_max_len)
+            .arg(CANCEL_CHANNEL)
+            .arg(format!("{queue}\n{id}"));
+        self.trip();
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut reply = reply.into_iter();
+        let code = code_of(reply.next())?;
+        Ok(match code {
+            Code::Ok => CancelOutcome::Cancelled,
+            Code::CancelRequested => CancelOutcome::Requested,
+            Code::Terminal => CancelOutcome::Terminal(from_value::<String>(reply.next())?.parse()?),
+            Code::NotFound => CancelOutcome::NotFound,
+            other => return Err(unexpected("cancel", other)),
+        })
+    }
+
+    /// Requeue dead-lettered task `id` of `queue`. Returns `Err(status)`
+    /// (the task's status, `None` if it does not exist) when it is not in
+    /// the DLQ.
+    pub async fn requeue(
+        &self,
+        queue: &str,
+        id: &str,
+        now: u64,
+    ) -> Result<Result<(), Option<TaskStatus>>, StoreError> {
+        let Some(task) = self.task(queue, id).await? else {
+            return Ok(Err(None));
+        };
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.requeue.prepare_invoke();
+        inv.key(keys.task(id))
+            .key(&keys.dlq)
+            .key(&keys.stream)
+            .key(&keys.events)
+            .key(keys.idempotency(task.idempotency_key.as_deref()))
+            .arg(id)
+            .arg(now)
+            .arg(flag(task.idempotency_key.is_some()))
+            .arg(self.settings.idem_ttl_s)
+            .arg(self.settings.events_max_len);
+        self.trip();
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut reply = reply.into_iter();
+        match code_of(reply.next())? {
+            Code::Ok => Ok(Ok(())),
+            Code::NotInDlq => {
+                let status: String = from_value(reply.next())?;
+                Ok(Err(if status.is_empty() { None } else { Some(status.parse()?) }))
+            }
+            other => Err(unexpected("requeue", other)),
+        }
+    }
+
+    /// Dead-lettered tasks of `queue`, oldest first, at most `limit`.
+    pub async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        self.trip();
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.dlq)
+            .arg(0)
+            .arg(limit.saturating_sub(1) as i64)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.hgetall(keys.task(id));
+        }
+        self.trip();
+        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        hashes
+            .into_iter()
+            .filter(|h| !h.is_empty())
+            .map(TaskRecord::from_fields)
+            .collect()
+    }
+
+    /// Counts of `queue`.
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut pipe = redis::pipe();
+        pipe.xlen(&keys.stream)
+            .zcard(&keys.delayed)
+            .zcard(&keys.dlq)
+            .cmd("XPENDING")
+            .arg(&keys.stream)
+            .arg(GROUP);
+        self.trip();
+        let reply: (u64, u64, u64, Value) = match pipe.query_async(&mut self.conn.clone()).await {
+            Ok(reply) => reply,
+            // No group yet: no worker ever read this queue.
+            Err(e) if e.code() == Some("NOGROUP") => {
+                let mut pipe = redis::pipe();
+                pipe.xlen(&keys.stream).zcard(&keys.delayed).zcard(&keys.dlq);
+                self.trip();
+                let (a, b, c): (u64, u64, u64) = pipe.query_async(&mut self.conn.clone()).await?;
+                (a, b, c, Value::Nil)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let (len, delayed, dead_lettered, pending) = reply;
+        let running = match pending {
+            Value::Array(items) => items.into_iter().next().map(|v| from_value(Some(v))).transpose()?,
+            _ => None,
+        }
+        .unwrap_or(0);
+        Ok(QueueStats {
+            queue: queue.to_owned(),
+            ready: len.saturating_sub(running),
+            running,
+            delayed,
+            dead_lettered,
+        })
+    }
+
+    /// Every queue that has received a submission, sorted.
+    pub async fn queues(&self) -> Result<Vec<String>, StoreError> {
+        self.trip();
+        let mut queues: Vec<String> =
+            redis::cmd("SMEMBERS").arg(QUEUES).query_async(&mut self.conn.clone()).await?;
+        queues.sort();
+        Ok(queues)
+    }
+}
+
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn from_value<T: FromRedisValue>(v: Option<Value>) -> Result<T, StoreError> {
+    let v = v.ok_or_else(|| StoreError::Protocol("reply is shorter than expected".into()))?;
+    Ok(redis::from_redis_value(v)?)
+}
+
+fn code_of(v: Option<Value>) -> Result<Code, StoreError> {
+    let n: i64 = from_value(v)?;
+    Code::from_i64(n).ok_or_else(|| StoreError::Protocol(format!("unknown script code {n}")))
+}
+
+fn unexpected(script: &str, code: Code) -> StoreError {
+    StoreError::Protocol(format!("{script} returned {code:?}, which it never should"))
+}
+
+/// Parse `[[id, [field, value, ...]], ...]` into deliveries. Entries whose
+/// body was deleted (nil) carry no task and are skipped.
+fn parse_entries(entries: Value, out: &mut Vec<Delivery>) -> Result<(), StoreError> {
+    let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
+    for (msg_id, body) in entries {
+        let body = body.unwrap_or_default();
+        let task_id = body.chunks(2).find(|kv| kv[0] == "id" && kv.len() == 2).map(|kv| kv[1].clone());
+        if let Some(task_id) = task_id {
+            out.push(Delivery { msg_id, task_id });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! The completer: writes completions in batches.
+//!
+//! Executors hand their completion over a channel and wait for it to be
+//! written before they release their slot and drop their heartbeat. The
+//! completer takes whatever has queued up (up to [`MAX_BATCH`]) and writes it
+//! as one pipeline: one round trip for the batch, each completion still its
+//! own atomic script. Under load, batches grow by themselves; when idle, a
+//! completion is written at once.
+//!
+//! A failed write is retried with backoff until it succeeds: a completion is
+//! never dropped while the process lives. If the process dies first, the
+//! message stays pending and the task is reclaimed and run again.
+
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use crate::config::Config;
+use crate::store::{CompleteOutcome, Completion, Store};
+
+/// Most completions written in one round trip.
+const MAX_BATCH: usize = 128;
+
+/// A completion and who waits for it.
+pub(super) struct Pending {
+    pub(super) completion: Completion,
+    pub(super) done: oneshot::Sender<CompleteOutcome>,
+}
+
+/// The completer loop; ends when every sender is gone and the channel drained.
+pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let completions: Vec<Completion> = batch.iter().map(|p| p.completion.clone()).collect();
+        let mut failures = 0u32;
+        let outcomes = loop {
+            match store.complete(&completions).await {
+                Ok(outcomes) => break outcomes,
+                Err(e) => {
+                    failures += 1;
+                    let wait = Duration::from_millis((50u64 << failures.min(7)).min(5_000));
+                    warn!(error = %e, batch = completions.len(), ?wait, "completion write failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        for (pending, outcome) in batch.drain(..).zip(outcomes) {
+            if let CompleteOutcome::Stale(status) = &outcome {
+                debug!(task_id = %pending.completion.task_id, %status,
+                    "completion was stale: the task was reclaimed or completed elsewhere");
+            }
+            let _ = pending.done.send(outcome);
+        }
+    }
+}
+
+/// The delay before retry number `attempt` (1-based: the attempt that just
+/// failed): exponential from `retry_base_ms`, capped at `retry_max_ms`, with
+/// "equal jitter" (half fixed, half random) so that tasks failing together
+/// do not retry together.
+pub fn backoff_ms(config: &Config, attempt: u32) -> u64 {
+    let exp = config
+        .retry_base_ms
+        .saturating_mul(1u64 << attempt.saturating_sub(1).min(30))
+        .min(config.retry_max_ms);
+    let half = exp / 2;
+    half + rand::rng().random_range(0..=half)
+}

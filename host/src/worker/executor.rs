@@ -1,0 +1,143 @@
+//! One task through the sandbox, and its outcome mapped to a completion.
+//!
+//! | sandbox outcome | completion | status |
+//! |---|---|---|
+//! | `Success` | success | SUCCEEDED |
+//! | `Fatal`, or a trap retrying cannot help ([`Outcome::is_retryable`]) | fatal | FAILED |
+//! | `Retryable`, deadline, other traps | retry | RETRYING, or DEAD_LETTERED when attempts are spent |
+//! | `Trapped(Cancelled)` | cancelled | CANCELLED |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::completion::{Pending, backoff_ms};
+use super::{RunningTask, Shared};
+use crate::ingest::now_ms;
+use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
+use crate::store::{Completion, CompletionKind, Delivery, TaskRecord};
+
+/// Run `task` on its own tokio task, holding `permit` until it is completed.
+pub(super) fn spawn(shared: &Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+    let span = info_span!("task", task_id = %task.id, queue = %task.queue, task = %task.task, attempt = task.attempts);
+    shared.tracker.spawn(execute(shared.clone(), delivery, task, permit).instrument(span));
+}
+
+async fn execute(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+    let cancel = CancelHandle::new();
+    shared.lock_running().insert(
+        task.id.clone(),
+        RunningTask { queue: task.queue.clone(), msg_id: delivery.msg_id.clone(), cancel: cancel.clone() },
+    );
+    // A cancel requested between `start` and this registration would be
+    // missed by the listener; the record tells.
+    if task.cancel_requested {
+        cancel.cancel();
+    }
+    let call = Call {
+        task: task.task.clone(),
+        ctx: TaskContext {
+            task_id: task.id.clone(),
+            queue: task.queue.clone(),
+            task_name: task.task.clone(),
+            attempt: task.attempts,
+            max_attempts: task.max_attempts,
+            idempotency_key: task.idempotency_key.clone(),
+        },
+        payload: task.payload.clone(),
+        deadline: task.timeout_ms.map(Duration::from_millis),
+    };
+    let report = tokio::select! {
+        report = shared.sandbox.call(call, &cancel) => report,
+        () = shared.abandon.cancelled() => {
+            cancel.cancel();
+            shared.lock_running().remove(&task.id);
+            warn!("abandoned at shutdown; the message will be reclaimed");
+            return;
+        }
+    };
+    let (kind, detail) = classify(report.outcome);
+    match kind {
+        CompletionKind::Success => debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded"),
+        _ => warn!(outcome = ?kind, error = %detail, "attempt failed"),
+    }
+    let now = now_ms();
+    let completion = Completion {
+        queue: task.queue.clone(),
+        task_id: task.id.clone(),
+        msg_id: delivery.msg_id,
+        idempotency_key: task.idempotency_key.clone(),
+        kind,
+        detail,
+        log: report.log,
+        attempt: task.attempts,
+        retry_at: now + backoff_ms(&shared.config, task.attempts),
+        now,
+    };
+    complete(&shared, completion).await;
+    shared.lock_running().remove(&task.id);
+    drop(permit);
+}
+
+/// Map a sandbox outcome to what the completion script takes.
+fn classify(outcome: Outcome) -> (CompletionKind, String) {
+    let retryable = outcome.is_retryable();
+    match outcome {
+        Outcome::Success(result) => (CompletionKind::Success, result),
+        Outcome::Retryable(msg) => (CompletionKind::Retry, msg),
+        Outcome::Fatal(msg) => (CompletionKind::Fatal, msg),
+        Outcome::Trapped(Trap::Cancelled) => (CompletionKind::Cancelled, "cancelled while running".into()),
+        Outcome::Trapped(trap) if retryable => (CompletionKind::Retry, trap.to_string()),
+        Outcome::Trapped(trap) => (CompletionKind::Fatal, trap.to_string()),
+    }
+}
+
+/// Hand a completion to the completer and wait until it is written.
+async fn complete(shared: &Shared, completion: Completion) {
+    let (done, written) = tokio::sync::oneshot::channel();
+    if shared.completions.send(Pending { completion, done }).await.is_err() {
+        warn!("completer gone; the message will be reclaimed");
+        return;
+    }
+    let _ = written.await;
+}
+
+/// Complete a task that was not started before its expiry.
+pub(super) async fn expire(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+    let now = now_ms();
+    let completion = Completion {
+        queue: task.queue,
+        task_id: task.id,
+        msg_id: delivery.msg_id,
+        idempotency_key: task.idempotency_key,
+        kind: CompletionKind::Expired,
+        detail: "expired before it started".into(),
+        log: String::new(),
+        attempt: 0,
+        retry_at: now,
+        now,
+    };
+    complete(&shared, completion).await;
+    drop(permit);
+}
+
+/// Dead-letter a task whose worker died during its last attempt.
+pub(super) async fn exhaust(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+    let now = now_ms();
+    let completion = Completion {
+        queue: task.queue,
+        task_id: task.id,
+        msg_id: delivery.msg_id,
+        idempotency_key: task.idempotency_key,
+        kind: CompletionKind::Retry,
+        detail: format!("worker lost during attempt {} of {}", task.attempts, task.max_attempts),
+        log: task.log.unwrap_or_default(),
+        attempt: task.attempts,
+        retry_at: now,
+        now,
+    };
+    complete(&shared, completion).await;
+    drop(permit);
+}

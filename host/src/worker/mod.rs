@@ -1,0 +1,268 @@
+//! The worker: reads tasks from the queues' streams, runs each through the
+//! sandbox, and completes it.
+//!
+//! A worker is a set of loops sharing one [`Shared`] state, each in its own
+//! file:
+//!
+//! - the fetch loop (here): per queue, XREADGROUP of only as many messages as
+//!   there are free execution slots, then one `start` script for the batch;
+//! - [`executor`]: one task through the sandbox, its outcome mapped to a
+//!   completion;
+//! - [`completion`]: writes completions in batches (one pipelined round trip
+//!   per batch; each completion one atomic script);
+//! - [`reclaim`]: heartbeats that keep a live worker's messages its own, and
+//!   XAUTOCLAIM of the messages dead workers left pending;
+//! - [`delayed`]: moves due scheduled tasks and retries to the stream;
+//! - [`cancel`]: listens for cancel requests and interrupts running calls.
+//!
+//! [`run`] takes its shutdown signal as a future: when it resolves the worker
+//! stops fetching, lets running tasks finish for the grace period, and
+//! abandons the rest (their messages stay pending, to be reclaimed).
+
+mod cancel;
+mod completion;
+mod delayed;
+mod executor;
+mod reclaim;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::sandbox::{CancelHandle, Sandbox};
+use crate::store::{Delivery, StartDecision, Store, StoreError};
+
+pub use completion::backoff_ms;
+
+/// Most messages one XREADGROUP asks for, however many slots are free.
+const MAX_BATCH: usize = 64;
+
+/// How long one blocking read waits for new messages. Shutdown waits for the
+/// read in flight rather than dropping it (a dropped read could leave
+/// delivered messages unprocessed until reclaimed), so this bounds how long
+/// the fetch loop takes to notice a shutdown.
+const READ_BLOCK: Duration = Duration::from_millis(500);
+
+/// A task this worker is running.
+struct RunningTask {
+    queue: String,
+    msg_id: String,
+    cancel: CancelHandle,
+}
+
+/// State every loop of one worker shares.
+struct Shared {
+    store: Store,
+    sandbox: Sandbox,
+    config: Config,
+    /// This worker's consumer name in every queue's group.
+    consumer: String,
+    /// One permit per execution slot. The fetch and reclaim loops take
+    /// permits before they read, so a worker never holds more messages than
+    /// it can run.
+    slots: Arc<Semaphore>,
+    /// Running tasks by id: the heartbeat refreshes their messages and a
+    /// cancel request finds their handle here.
+    running: Mutex<HashMap<String, RunningTask>>,
+    completions: mpsc::Sender<completion::Pending>,
+    /// Every spawned executor, so shutdown can wait for them.
+    tracker: TaskTracker,
+    /// Cancelled when the grace period is over: executors still running
+    /// return without completing, leaving their messages to be reclaimed.
+    abandon: CancellationToken,
+}
+
+impl Shared {
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTask>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start a batch of deliveries of `queue` and dispatch each decision; one
+    /// permit per delivery.
+    async fn dispatch(
+        self: &Arc<Self>,
+        queue: &str,
+        deliveries: Vec<Delivery>,
+        mut permits: Vec<OwnedSemaphorePermit>,
+    ) {
+        let now = crate::ingest::now_ms();
+        let decisions = match self.store.start(queue, &self.consumer, &deliveries, now).await {
+            Ok(decisions) => decisions,
+            Err(e) => {
+                // The messages stay pending on this consumer; they are
+                // reclaimed after the visibility timeout.
+                warn!(queue, error = %e, count = deliveries.len(), "start failed");
+                return;
+            }
+        };
+        for (delivery, decision) in deliveries.into_iter().zip(decisions) {
+            let Some(permit) = permits.pop() else { break };
+            match decision {
+                StartDecision::Run(task) => executor::spawn(self, delivery, task, permit),
+                StartDecision::Skip(status) => {
+                    tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
+                }
+                StartDecision::Expired(task) => {
+                    self.tracker.spawn(executor::expire(self.clone(), delivery, task, permit));
+                }
+                StartDecision::Exhausted(task) => {
+                    self.tracker.spawn(executor::exhaust(self.clone(), delivery, task, permit));
+                }
+            }
+        }
+    }
+
+    /// Take one slot (waiting for it) and as many more as are free, up to
+    /// `max`; `None` once `stop` is cancelled.
+    async fn take_slots(&self, max: usize, stop: &CancellationToken) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            permit = self.slots.clone().acquire_owned() => permit.ok()?,
+            () = stop.cancelled() => return None,
+        };
+        let mut permits = vec![first];
+        while permits.len() < max {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        Some(permits)
+    }
+}
+
+/// Why a worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Redis failed while setting up.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Run a worker until `shutdown` resolves, then shut down gracefully.
+pub async fn run(
+    store: Store,
+    sandbox: Sandbox,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    config.validate().map_err(WorkerError::Config)?;
+    for queue in &config.queues {
+        store.ensure_group(queue).await?;
+    }
+    let (tx, rx) = mpsc::channel(config.concurrency.max(1) * 4);
+    let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
+    let shared = Arc::new(Shared {
+        slots: Arc::new(Semaphore::new(config.concurrency)),
+        store,
+        sandbox,
+        consumer,
+        running: Mutex::new(HashMap::new()),
+        completions: tx,
+        tracker: TaskTracker::new(),
+        abandon: CancellationToken::new(),
+        config,
+    });
+    info!(consumer = %shared.consumer, queues = ?shared.config.queues,
+        concurrency = shared.config.concurrency, "worker started");
+
+    let stop = CancellationToken::new();
+    let completer = tokio::spawn(completion::run(shared.store.clone(), rx));
+    let mut loops = Vec::new();
+    for queue in shared.config.queues.clone() {
+        loops.push(tokio::spawn(fetch_loop(shared.clone(), queue.clone(), stop.clone())));
+        loops.push(tokio::spawn(delayed::run(shared.clone(), queue, stop.clone())));
+    }
+    loops.push(tokio::spawn(reclaim::run(shared.clone(), stop.clone())));
+    loops.push(tokio::spawn(cancel::listen(shared.clone(), stop.clone())));
+
+    shutdown.await;
+    info!(consumer = %shared.consumer, "shutting down: no new tasks");
+    stop.cancel();
+    for l in loops {
+        let _ = l.await;
+    }
+    shared.tracker.close();
+    let grace = Duration::from_millis(shared.config.shutdown_grace_ms);
+    if tokio::time::timeout(grace, shared.tracker.wait()).await.is_err() {
+        let left = shared.lock_running().len();
+        warn!(left, "grace period over: abandoning running tasks to be reclaimed");
+        shared.abandon.cancel();
+        shared.tracker.wait().await;
+    }
+    // Every executor is done and every completion sent; the completer drains
+    // the channel and ends when the last sender (in `shared`) is dropped.
+    drop(shared);
+    let _ = completer.await;
+    info!("worker stopped");
+    Ok(())
+}
+
+/// Read new messages of `queue` while slots are free, until `stop`.
+async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken) {
+    let mut conn = None;
+    let mut backoff = Backoff::default();
+    while let Some(permits) = shared.take_slots(MAX_BATCH, &stop).await {
+        let conn = match &mut conn {
+            Some(conn) => conn,
+            None => match shared.store.dedicated_connection(READ_BLOCK + Duration::from_secs(5)).await {
+                Ok(c) => conn.insert(c),
+                Err(e) => {
+                    warn!(queue, error = %e, "cannot connect for reading; retrying");
+                    drop(permits);
+                    backoff.wait(&stop).await;
+                    continue;
+                }
+            },
+        };
+        let read = shared
+            .store
+            .read(conn, &queue, &shared.consumer, permits.len(), READ_BLOCK)
+            .await;
+        match read {
+            Ok(deliveries) if deliveries.is_empty() => backoff.reset(),
+            Ok(deliveries) => {
+                backoff.reset();
+                shared.dispatch(&queue, deliveries, permits).await;
+            }
+            Err(e) => {
+                if e.to_string().contains("NOGROUP") {
+                    let _ = shared.store.ensure_group(&queue).await;
+                }
+                warn!(queue, error = %e, "read failed; retrying");
+                drop(permits);
+                backoff.wait(&stop).await;
+            }
+        }
+    }
+}
+
+/// Exponential backoff for reconnecting loops: 50 ms doubling to 5 s.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    async fn wait(&mut self, stop: &CancellationToken) {
+        let ms = (50u64 << self.failures.min(7)).min(5_000);
+        self.failures += 1;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+}
