@@ -16,14 +16,25 @@ use std::process::Command;
 const TARGET: &str = "wasm32-wasip2";
 
 /// Example handlers in `../examples`, by task name (= crate name = file stem).
-const EXAMPLES: &[&str] = &["counter", "send_receipt", "echo", "flaky", "sleep", "order_total"];
+const EXAMPLES: &[&str] = &[
+    "counter",
+    "send_receipt",
+    "echo",
+    "flaky",
+    "sleep",
+    "order_total",
+];
 
 /// Test guests in `guests/`.
 const TEST_GUESTS: &[&str] = &["adversarial", "namespaced"];
 
 fn main() {
-    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let root = manifest_dir.parent().expect("tests/ has a parent").to_path_buf();
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf();
     let examples = root.join("examples");
     let guests = manifest_dir.join("guests");
 
@@ -45,9 +56,14 @@ fn main() {
 /// holding its components, after checking that each of `crates` is there.
 fn build_workspace(workspace: &Path, crates: &[&str]) -> PathBuf {
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // The target directory is named explicitly so that no cargo configuration
+    // of the machine's can move the components away from where they are looked
+    // for below.
+    let target_dir = workspace.join("target");
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
-        .args(["build", "--release", "--target", TARGET]);
+        .args(["build", "--release", "--target", TARGET, "--target-dir"])
+        .arg(&target_dir);
     scrub_env(&mut cmd);
 
     let output = cmd
@@ -62,7 +78,7 @@ fn build_workspace(workspace: &Path, crates: &[&str]) -> PathBuf {
         );
     }
 
-    let dir = workspace.join("target").join(TARGET).join("release");
+    let dir = target_dir.join(TARGET).join("release");
     for name in crates {
         let wasm = dir.join(format!("{name}.wasm"));
         if !wasm.is_file() {
@@ -112,9 +128,15 @@ fn scrub_env(cmd: &mut Command) {
     }
     for (name, _) in env::vars_os() {
         let Some(name) = name.to_str() else { continue };
-        let inherited = ["CARGO_PROFILE_", "CARGO_CFG_", "CARGO_FEATURE_", "CARGO_PKG_", "DEP_"]
-            .iter()
-            .any(|prefix| name.starts_with(prefix));
+        let inherited = [
+            "CARGO_PROFILE_",
+            "CARGO_CFG_",
+            "CARGO_FEATURE_",
+            "CARGO_PKG_",
+            "DEP_",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix));
         if inherited {
             cmd.env_remove(name);
         }
@@ -156,15 +178,31 @@ fn generate(examples_dir: &Path, guests_dir: &Path) -> String {
     );
     for name in EXAMPLES {
         let doc = format!("The `{name}` example handler component (`examples/{name}`).");
-        push_const(&mut src, &name.to_uppercase(), &doc, &examples_dir.join(format!("{name}.wasm")));
+        push_const(
+            &mut src,
+            &name.to_uppercase(),
+            &doc,
+            &examples_dir.join(format!("{name}.wasm")),
+        );
     }
     for name in TEST_GUESTS {
         let doc = format!("The `{name}` test guest component (`tests/guests/{name}`).");
-        push_const(&mut src, &name.to_uppercase(), &doc, &guests_dir.join(format!("{name}.wasm")));
+        push_const(
+            &mut src,
+            &name.to_uppercase(),
+            &doc,
+            &guests_dir.join(format!("{name}.wasm")),
+        );
     }
-    src.push_str("/// The task names of the example handlers; each is `EXAMPLES_DIR/<name>.wasm`.\n");
+    src.push_str(
+        "/// The task names of the example handlers; each is `EXAMPLES_DIR/<name>.wasm`.\n",
+    );
     let names: Vec<String> = EXAMPLES.iter().map(|name| format!("{name:?}")).collect();
-    let _ = writeln!(src, "pub const EXAMPLES: &[&str] = &[{}];", names.join(", "));
+    let _ = writeln!(
+        src,
+        "pub const EXAMPLES: &[&str] = &[{}];",
+        names.join(", ")
+    );
     src
 }
 
@@ -191,7 +229,8 @@ fn rerun_if_changed_crate(dir: &Path) {
 fn rerun_if_changed_workspace(dir: &Path) {
     rerun_if_changed(&dir.join("Cargo.toml"));
     rerun_if_changed(&dir.join("Cargo.lock"));
-    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    let entries =
+        fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
     let mut members: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|entry| entry.path()))
         .filter(|path| path.join("Cargo.toml").is_file())

@@ -4,7 +4,7 @@ use crate::bindings::dtq::handler::types::TaskContext;
 
 /// The task a handler call runs, as the host describes it.
 ///
-/// ```no_run
+/// ```
 /// use dtq_guest::{Context, Result};
 ///
 /// fn handle(ctx: Context, _payload: serde_json::Value) -> Result<String> {
@@ -33,11 +33,17 @@ impl Context {
     /// Whether a retryable error from this call dead-letters the task instead
     /// of scheduling another attempt.
     ///
-    /// ```no_run
-    /// # let ctx: dtq_guest::Context = todo!();
-    /// if ctx.is_last_attempt() {
-    ///     dtq_guest::log::warn("last attempt: a failure now dead-letters the task");
-    /// }
+    /// ```
+    /// let ctx = dtq_guest::Context {
+    ///     task_id: "0197c1d2".into(),
+    ///     queue: "billing".into(),
+    ///     task_name: "send_receipt".into(),
+    ///     attempt: 3,
+    ///     max_attempts: 3,
+    ///     idempotency_key: None,
+    ///     deadline_ms: 30_000,
+    /// };
+    /// assert!(ctx.is_last_attempt());
     /// ```
     pub fn is_last_attempt(&self) -> bool {
         self.attempt >= self.max_attempts

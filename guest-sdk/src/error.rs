@@ -6,10 +6,12 @@ use crate::bindings::dtq::handler::types::{HandlerError, HostError};
 
 /// A shorthand for `Result<T, dtq_guest::Error>`.
 ///
-/// ```no_run
+/// ```
 /// fn parse_amount(text: &str) -> dtq_guest::Result<u64> {
 ///     Ok(text.parse::<u64>()?)
 /// }
+/// assert_eq!(parse_amount("1999").unwrap(), 1999);
+/// assert!(!parse_amount("lots").unwrap_err().is_fatal());
 /// ```
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
@@ -26,7 +28,7 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 /// Like `anyhow::Error`, this type does not itself implement
 /// [`std::error::Error`]; that is what lets every such error convert into it.
 ///
-/// ```no_run
+/// ```
 /// use dtq_guest::{Error, Result};
 ///
 /// fn check_quantity(quantity: i64) -> Result<u64> {
@@ -35,6 +37,7 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 ///     }
 ///     Ok(quantity as u64)
 /// }
+/// assert!(check_quantity(-2).unwrap_err().is_fatal());
 /// ```
 pub struct Error {
     fatal: bool,
@@ -44,7 +47,7 @@ pub struct Error {
 impl Error {
     /// A permanent failure: the host marks the task FAILED without retrying.
     ///
-    /// ```no_run
+    /// ```
     /// let err = dtq_guest::Error::fatal("unknown currency XYZ");
     /// assert!(err.is_fatal());
     /// ```
@@ -57,7 +60,7 @@ impl Error {
 
     /// A transient failure: the host retries the task with backoff.
     ///
-    /// ```no_run
+    /// ```
     /// let err = dtq_guest::Error::retryable("payment gateway busy");
     /// assert!(!err.is_fatal());
     /// ```
@@ -70,7 +73,7 @@ impl Error {
 
     /// Whether the host will fail the task without retrying it.
     ///
-    /// ```no_run
+    /// ```
     /// assert!(dtq_guest::Error::fatal("bad input").is_fatal());
     /// ```
     pub fn is_fatal(&self) -> bool {
@@ -79,7 +82,7 @@ impl Error {
 
     /// The message the host records for the task.
     ///
-    /// ```no_run
+    /// ```
     /// assert_eq!(dtq_guest::Error::retryable("busy").message(), "busy");
     /// ```
     pub fn message(&self) -> &str {
@@ -88,7 +91,7 @@ impl Error {
 
     /// The same error, made fatal.
     ///
-    /// ```no_run
+    /// ```
     /// let err = dtq_guest::Error::retryable("no such customer").into_fatal();
     /// assert!(err.is_fatal());
     /// ```
@@ -99,7 +102,7 @@ impl Error {
 
     /// The same error with `context` in front of its message: `context: message`.
     ///
-    /// ```no_run
+    /// ```
     /// let err = dtq_guest::Error::retryable("timed out").context("charging card");
     /// assert_eq!(err.message(), "charging card: timed out");
     /// ```
@@ -114,9 +117,9 @@ impl Error {
     pub(crate) fn from_host(op: &str, err: HostError) -> Self {
         match err {
             HostError::InvalidKey(key) => Error::fatal(format!("{op}: invalid key {key:?}")),
-            HostError::ValueTooLarge(size) => {
-                Error::fatal(format!("{op}: value of {size} bytes is larger than the host allows"))
-            }
+            HostError::ValueTooLarge(size) => Error::fatal(format!(
+                "{op}: value of {size} bytes is larger than the host allows"
+            )),
             HostError::CallLimitExceeded(limit) => Error::fatal(format!(
                 "{op}: the task made more than the {limit} host calls it is allowed"
             )),
@@ -172,18 +175,21 @@ impl fmt::Debug for Error {
 /// Implemented for every `Result<T, E>` whose error converts into [`Error`]:
 /// any [`std::error::Error`], and [`Error`] itself.
 ///
-/// ```no_run
+/// ```
 /// use dtq_guest::{ResultExt, Result};
 ///
 /// fn parse_line(line: &str) -> Result<u32> {
 ///     // Malformed input stays malformed: no point retrying.
 ///     line.trim().parse::<u32>().context("parsing quantity").fatal()
 /// }
+/// let err = parse_line("three").unwrap_err();
+/// assert!(err.is_fatal());
+/// assert_eq!(err.message(), "parsing quantity: invalid digit found in string");
 /// ```
 pub trait ResultExt<T> {
     /// Make the error, if any, fatal.
     ///
-    /// ```no_run
+    /// ```
     /// use dtq_guest::ResultExt;
     /// let n: dtq_guest::Result<u8> = "300".parse::<u8>().fatal();
     /// assert!(n.unwrap_err().is_fatal());
@@ -192,7 +198,7 @@ pub trait ResultExt<T> {
 
     /// Put `context` in front of the error's message, if any.
     ///
-    /// ```no_run
+    /// ```
     /// use dtq_guest::ResultExt;
     /// let n = "x".parse::<u8>().context("reading count");
     /// assert!(n.unwrap_err().message().starts_with("reading count: "));
@@ -212,13 +218,16 @@ impl<T, E: Into<Error>> ResultExt<T> for core::result::Result<T, E> {
 
 /// Return early from a handler with a fatal [`Error`] built like `format!`.
 ///
-/// ```no_run
+/// ```
 /// fn check(quantity: i64) -> dtq_guest::Result<()> {
 ///     if quantity < 0 {
 ///         dtq_guest::fatal!("quantity must not be negative, got {quantity}");
 ///     }
 ///     Ok(())
 /// }
+/// let err = check(-1).unwrap_err();
+/// assert!(err.is_fatal());
+/// assert_eq!(err.message(), "quantity must not be negative, got -1");
 /// ```
 #[macro_export]
 macro_rules! fatal {
@@ -229,13 +238,14 @@ macro_rules! fatal {
 
 /// Return early from a handler with a retryable [`Error`] built like `format!`.
 ///
-/// ```no_run
+/// ```
 /// fn check(gateway_busy: bool) -> dtq_guest::Result<()> {
 ///     if gateway_busy {
 ///         dtq_guest::retry!("payment gateway busy, trying later");
 ///     }
 ///     Ok(())
 /// }
+/// assert!(!check(true).unwrap_err().is_fatal());
 /// ```
 #[macro_export]
 macro_rules! retry {

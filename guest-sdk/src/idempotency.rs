@@ -76,9 +76,15 @@ where
             Ok(()) => Err(err),
             Err(release_err) => {
                 let release_err = Error::from_host("idempotency release", release_err);
-                Err(err.context(format!(
-                    "(the claim on {key:?} was not released and holds until its TTL: {release_err})"
-                )))
+                let message = format!(
+                    "{err} (the claim on {key:?} was not released and holds until its TTL: \
+                     {release_err})"
+                );
+                Err(if err.is_fatal() {
+                    Error::fatal(message)
+                } else {
+                    Error::retryable(message)
+                })
             }
         },
     }

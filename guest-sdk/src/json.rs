@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// error: the same payload would fail again), and so is [`RawJson`], which
 /// skips parsing.
 ///
-/// ```no_run
+/// ```
 /// use dtq_guest::FromJson;
 ///
 /// #[derive(serde::Deserialize)]
@@ -23,7 +23,7 @@ use crate::{Error, Result};
 pub trait FromJson: Sized {
     /// Build the payload from the JSON text the task was submitted with.
     ///
-    /// ```no_run
+    /// ```
     /// use dtq_guest::FromJson;
     /// let n = u32::from_json("7".to_string()).unwrap();
     /// assert_eq!(n, 7);
@@ -36,7 +36,7 @@ pub trait FromJson: Sized {
 /// Every [`Serialize`] type is one (a serialization failure is a fatal
 /// error), and so is [`RawJson`], which is passed through as it is.
 ///
-/// ```no_run
+/// ```
 /// use dtq_guest::IntoJson;
 ///
 /// let text = serde_json::json!({"ok": true}).into_json().unwrap();
@@ -45,7 +45,7 @@ pub trait FromJson: Sized {
 pub trait IntoJson {
     /// The JSON text of the result.
     ///
-    /// ```no_run
+    /// ```
     /// use dtq_guest::IntoJson;
     /// assert_eq!(42u8.into_json().unwrap(), "42");
     /// ```
@@ -54,8 +54,9 @@ pub trait IntoJson {
 
 impl<T: DeserializeOwned> FromJson for T {
     fn from_json(json: String) -> Result<Self> {
-        serde_json::from_str(&json)
-            .map_err(|err| Error::fatal(format!("payload does not match the handler's type: {err}")))
+        serde_json::from_str(&json).map_err(|err| {
+            Error::fatal(format!("payload does not match the handler's type: {err}"))
+        })
     }
 }
 

@@ -131,6 +131,17 @@ pub mod bindings {
 /// dtq_guest::handler!(refund, namespace = "billing");
 /// # fn main() {}
 /// ```
+///
+/// A namespace that could be confused with a key prefix does not compile:
+///
+/// ```compile_fail
+/// fn noop(_ctx: dtq_guest::Context, _payload: ()) -> dtq_guest::Result<()> {
+///     Ok(())
+/// }
+///
+/// dtq_guest::handler!(noop, namespace = "billing:admin");
+/// # fn main() {}
+/// ```
 #[macro_export]
 macro_rules! handler {
     ($handler:expr $(,)?) => {
@@ -147,7 +158,7 @@ macro_rules! handler {
                 }
             }
 
-            $crate::bindings::export!(DtqHandler with_types_in $crate::bindings);
+    $crate::bindings::export!(DtqHandler with_types_in $crate::bindings);
         };
     };
     ($handler:expr, namespace = $namespace:literal $(,)?) => {
@@ -205,5 +216,112 @@ pub mod __private {
             i += 1;
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::__private::{namespace_section, run};
+    use super::bindings::{HandlerError, TaskContext};
+    use super::{Context, Error, RawJson, Result};
+
+    fn task_context(attempt: u32) -> TaskContext {
+        TaskContext {
+            task_id: "t-1".into(),
+            queue: "q".into(),
+            task_name: "demo".into(),
+            attempt,
+            max_attempts: 3,
+            idempotency_key: Some("k".into()),
+            deadline_ms: 1_000,
+        }
+    }
+
+    /// A call's outcome in a comparable form: the result text, or whether the
+    /// error is fatal and its message.
+    fn outcome(
+        out: core::result::Result<String, HandlerError>,
+    ) -> core::result::Result<String, (bool, String)> {
+        out.map_err(|err| match err {
+            HandlerError::Fatal(message) => (true, message),
+            HandlerError::Retryable(message) => (false, message),
+        })
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Add {
+        a: i64,
+        b: i64,
+    }
+
+    fn add(ctx: Context, payload: Add) -> Result<serde_json::Value> {
+        if payload.a < 0 {
+            crate::fatal!("a is negative");
+        }
+        if ctx.attempt < 2 {
+            return Err(Error::retryable("first attempt fails"));
+        }
+        Ok(serde_json::json!({"sum": payload.a + payload.b, "task": ctx.task_id}))
+    }
+
+    #[test]
+    fn run_writes_the_result_as_json() {
+        let out = outcome(run(task_context(2), r#"{"a": 2, "b": 3}"#.into(), add));
+        assert_eq!(out, Ok(r#"{"sum":5,"task":"t-1"}"#.to_string()));
+    }
+
+    #[test]
+    fn run_maps_errors_to_their_kind() {
+        let retry = outcome(run(task_context(1), r#"{"a": 2, "b": 3}"#.into(), add));
+        assert_eq!(retry, Err((false, "first attempt fails".into())));
+        let fatal = outcome(run(task_context(2), r#"{"a": -1, "b": 3}"#.into(), add));
+        assert_eq!(fatal, Err((true, "a is negative".into())));
+    }
+
+    #[test]
+    fn a_payload_that_does_not_parse_is_fatal() {
+        let out = outcome(run(task_context(2), r#"{"a": "two"}"#.into(), add));
+        match out {
+            Err((true, message)) => {
+                assert!(message.starts_with("payload does not match"), "{message}");
+            }
+            other => panic!("expected a fatal error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn raw_json_passes_through_untouched() {
+        let text = r#"{ "spaced" :  [1, 2] }"#;
+        let out = outcome(run(task_context(1), text.into(), |_ctx, p: RawJson| Ok(p)));
+        assert_eq!(out, Ok(text.to_string()));
+    }
+
+    #[test]
+    fn question_mark_gives_a_retryable_error_with_sources() {
+        fn parse() -> Result<u8> {
+            Ok("300".parse::<u8>()?)
+        }
+        let err = parse().err().map(|e| (e.is_fatal(), e.to_string()));
+        assert_eq!(
+            err,
+            Some((false, "number too large to fit in target type".into()))
+        );
+    }
+
+    #[test]
+    fn host_errors_map_by_whether_a_retry_can_help() {
+        use super::bindings::dtq::handler::types::HostError;
+        let fatal = |e: HostError| Error::from_host("op", e).is_fatal();
+        assert!(fatal(HostError::InvalidKey(String::new())));
+        assert!(fatal(HostError::ValueTooLarge(1)));
+        assert!(fatal(HostError::CallLimitExceeded(1)));
+        assert!(!fatal(HostError::WrongType("string".into())));
+        assert!(!fatal(HostError::Unavailable("down".into())));
+    }
+
+    #[test]
+    fn namespace_section_holds_the_utf8_bytes() {
+        const SECTION: [u8; 9] = namespace_section::<9>("shared-ns");
+        assert_eq!(&SECTION, b"shared-ns");
     }
 }

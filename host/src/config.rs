@@ -8,13 +8,18 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::ingest::IngestSettings;
+use crate::sandbox::{Limits, SandboxConfig};
 use crate::store::StoreSettings;
 
 /// Everything a `dtq` server process (API, worker, or both) is configured by.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
     /// Redis (or Redis Cluster node) URL.
-    #[arg(long = "redis", env = "DTQ_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    #[arg(
+        long = "redis",
+        env = "DTQ_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
     pub redis_url: String,
 
     /// Directory of handler modules: `<task>.wasm` handles tasks named `<task>`.
@@ -27,7 +32,12 @@ pub struct Config {
 
     /// Queues this worker consumes, comma-separated. The API accepts
     /// submissions to any valid queue name.
-    #[arg(long, env = "DTQ_QUEUES", value_delimiter = ',', default_value = "default")]
+    #[arg(
+        long,
+        env = "DTQ_QUEUES",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
     pub queues: Vec<String>,
 
     /// Tasks this worker runs at once.
@@ -89,7 +99,7 @@ pub struct Config {
     pub fuel: Option<u64>,
 
     /// Where compiled handler modules are cached. Default:
-    /// `$XDG_CACHE_HOME/dtq` or `~/.cache/dtq`.
+    /// `$XDG_CACHE_HOME/dtq`, else `~/.cache/dtq`.
     #[arg(long, env = "DTQ_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
 
@@ -124,14 +134,27 @@ impl Config {
         Duration::from_millis(self.visibility_timeout_ms)
     }
 
-    /// The cache directory, resolved.
-    pub fn resolved_cache_dir(&self) -> Option<PathBuf> {
-        self.cache_dir.clone().or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .map(|dir| dir.join("dtq"))
-        })
+    /// The sandbox's configuration: limits from the flags, the artifact
+    /// cache at `--cache-dir` or its default place, and one pool slot per
+    /// execution slot.
+    pub fn sandbox_config(&self) -> SandboxConfig {
+        let limits = Limits {
+            deadline: Duration::from_millis(self.task_timeout_ms),
+            memory_bytes: self.memory_mib << 20,
+            fuel: self.fuel,
+            max_payload_bytes: self.max_payload_bytes,
+            max_result_bytes: self.max_payload_bytes,
+            ..Limits::default()
+        };
+        SandboxConfig {
+            limits,
+            cache_dir: self
+                .cache_dir
+                .clone()
+                .or_else(SandboxConfig::default_cache_dir),
+            max_concurrent_calls: self.concurrency as u32,
+            ..SandboxConfig::default()
+        }
     }
 
     /// Check the values clap cannot.
@@ -169,7 +192,8 @@ impl Config {
             #[command(flatten)]
             config: Config,
         }
-        let args = std::iter::once(std::ffi::OsString::from("dtq")).chain(args.into_iter().map(Into::into));
+        let args = std::iter::once(std::ffi::OsString::from("dtq"))
+            .chain(args.into_iter().map(Into::into));
         Ok(Only::try_parse_from(args)?.config)
     }
 }

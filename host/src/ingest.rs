@@ -109,7 +109,10 @@ pub enum IngestError {
 }
 
 fn invalid(code: &'static str, message: impl Into<String>) -> IngestError {
-    IngestError::Invalid { code, message: message.into() }
+    IngestError::Invalid {
+        code,
+        message: message.into(),
+    }
 }
 
 /// What a successful submission returns.
@@ -142,10 +145,18 @@ pub fn validate_task_name(task: &str) -> Result<(), IngestError> {
 
 fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(format!("must be 1 to {MAX_NAME_BYTES} bytes, got {}", name.len()));
+        return Err(format!(
+            "must be 1 to {MAX_NAME_BYTES} bytes, got {}",
+            name.len()
+        ));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(*c))) {
-        return Err(format!("{name:?} has {c:?}; only letters, digits, '_', '.' and '-' are allowed"));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_.-".contains(*c)))
+    {
+        return Err(format!(
+            "{name:?} has {c:?}; only letters, digits, '_', '.' and '-' are allowed"
+        ));
     }
     Ok(())
 }
@@ -162,7 +173,10 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), IngestError> {
         ));
     }
     if key.chars().any(char::is_control) {
-        return Err(invalid("INVALID_IDEMPOTENCY_KEY", "idempotency key has control characters"));
+        return Err(invalid(
+            "INVALID_IDEMPOTENCY_KEY",
+            "idempotency key has control characters",
+        ));
     }
     Ok(())
 }
@@ -182,7 +196,10 @@ pub fn fingerprint(task: &str, payload: &Value) -> String {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Validate a submission and run it: one round trip to Redis.
@@ -221,7 +238,10 @@ pub async fn submit(
         if t == 0 || t > settings.max_timeout_ms {
             return Err(invalid(
                 "INVALID_TIMEOUT",
-                format!("timeout_ms must be 1 to {}, got {t}", settings.max_timeout_ms),
+                format!(
+                    "timeout_ms must be 1 to {}, got {t}",
+                    settings.max_timeout_ms
+                ),
             ));
         }
     }
@@ -233,7 +253,10 @@ pub async fn submit(
         ));
     }
     if req.expires_in_ms == Some(0) {
-        return Err(invalid("INVALID_EXPIRY", "expires_in_ms must be at least 1"));
+        return Err(invalid(
+            "INVALID_EXPIRY",
+            "expires_in_ms must be at least 1",
+        ));
     }
     if !has_handler(&req.task) {
         return Err(IngestError::UnknownTask(req.task));
@@ -272,9 +295,10 @@ pub async fn submit(
         }),
         SubmitOutcome::InProgress { task_id } => Err(IngestError::InProgress { task_id }),
         SubmitOutcome::KeyMismatch { task_id } => Err(IngestError::KeyMismatch { task_id }),
-        SubmitOutcome::QueueFull { depth } => {
-            Err(IngestError::QueueFull { queue: new.queue, depth })
-        }
+        SubmitOutcome::QueueFull { depth } => Err(IngestError::QueueFull {
+            queue: new.queue,
+            depth,
+        }),
     }
 }
 
@@ -304,7 +328,10 @@ mod tests {
     #[test]
     fn fingerprint_ignores_key_order_but_not_values_or_task() {
         let a = fingerprint("t", &json!({"a": 1, "b": [1, 2]}));
-        let b = fingerprint("t", &serde_json::from_str(r#"{"b":[1,2],"a":1}"#).unwrap_or_default());
+        let b = fingerprint(
+            "t",
+            &serde_json::from_str(r#"{"b":[1,2],"a":1}"#).unwrap_or_default(),
+        );
         assert_eq!(a, b);
         assert_ne!(a, fingerprint("t", &json!({"a": 2, "b": [1, 2]})));
         assert_ne!(a, fingerprint("u", &json!({"a": 1, "b": [1, 2]})));

@@ -52,7 +52,11 @@ impl RedisServer {
                     "cannot run `redis-server`: install it (Debian: `apt-get install redis-server`) \
                      or run the tests through .ci/run, which installs it",
                 )?;
-            let mut server = RedisServer { child, port, _dir: dir };
+            let mut server = RedisServer {
+                child,
+                port,
+                _dir: dir,
+            };
             match server.wait_ready(Duration::from_secs(10)) {
                 Ok(()) => return Ok(server),
                 Err(e) => last_err = Some(e),
@@ -75,7 +79,10 @@ impl RedisServer {
                 }
             }
             if start.elapsed() > timeout {
-                bail!("redis-server on port {} did not answer PING within {timeout:?}", self.port);
+                bail!(
+                    "redis-server on port {} did not answer PING within {timeout:?}",
+                    self.port
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -143,5 +150,209 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A whole dtq in this process: a fresh `redis-server`, the HTTP API on a
+/// free loopback port, and (optionally) a worker running the example
+/// handlers, with test-friendly timings (retries in tens of ms, a one-second
+/// visibility timeout).
+pub struct Dtq {
+    /// The Redis server this dtq uses.
+    pub redis: RedisServer,
+    /// The API's base URL, `http://127.0.0.1:<port>`.
+    pub api: String,
+    /// The store (for reading Redis state the API does not show).
+    pub store: dtq_host::store::Store,
+    /// The configuration the API and worker run with.
+    pub config: dtq_host::Config,
+    /// The sandbox with the example handlers loaded.
+    pub sandbox: dtq_host::sandbox::Sandbox,
+    http: reqwest::Client,
+    api_stop: tokio_util::sync::CancellationToken,
+    worker: Option<(tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+/// Flags every test dtq starts with; a test's own flags come after and win.
+fn test_flags(redis_url: &str) -> Vec<String> {
+    let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+    [
+        "--redis",
+        redis_url,
+        "--handlers",
+        guests::EXAMPLES_DIR,
+        "--listen",
+        "127.0.0.1:0",
+        "--concurrency",
+        "4",
+        "--retry-base-ms",
+        "20",
+        "--retry-max-ms",
+        "100",
+        "--visibility-timeout-ms",
+        "1000",
+        "--shutdown-grace-ms",
+        "5000",
+        "--cache-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([cache.display().to_string()])
+    .collect()
+}
+
+impl Dtq {
+    /// Start Redis and the API, and a worker unless `with_worker` is false
+    /// (tests that need tasks to stay queued start it later with
+    /// [`Dtq::start_worker`]). `flags` are extra `dtq serve` flags.
+    pub async fn start(with_worker: bool, flags: &[&str]) -> Result<Dtq> {
+        let redis = RedisServer::start()?;
+        let mut args = test_flags(&redis.url());
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let config = dtq_host::Config::from_args(args)?;
+        let store = dtq_host::store::Store::connect(&config.redis_url, config.store_settings()).await?;
+        let sandbox = dtq_host::sandbox::Sandbox::new(config.sandbox_config(), store.connection())?;
+        sandbox.load_dir(std::path::Path::new(guests::EXAMPLES_DIR))?;
+        sandbox.load_dir(std::path::Path::new(guests::TEST_GUESTS_DIR))?;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let api = format!("http://{}", listener.local_addr()?);
+        let check = sandbox.clone();
+        let state = dtq_host::api::ApiState {
+            store: store.clone(),
+            ingest: config.ingest_settings(),
+            admin_token: config.admin_token.clone(),
+            has_handler: std::sync::Arc::new(move |t: &str| check.has_handler(t)),
+        };
+        let api_stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(dtq_host::api::serve(listener, state, api_stop.clone().cancelled_owned()));
+        let mut dtq = Dtq {
+            redis,
+            api,
+            store,
+            config,
+            sandbox,
+            http: reqwest::Client::new(),
+            api_stop,
+            worker: None,
+        };
+        if with_worker {
+            dtq.start_worker();
+        }
+        Ok(dtq)
+    }
+
+    /// Start the in-process worker (once).
+    pub fn start_worker(&mut self) {
+        if self.worker.is_some() {
+            return;
+        }
+        let stop = tokio_util::sync::CancellationToken::new();
+        let run = dtq_host::worker::run(
+            self.store.clone(),
+            self.sandbox.clone(),
+            self.config.clone(),
+            stop.clone().cancelled_owned(),
+        );
+        let handle = tokio::spawn(async move {
+            if let Err(e) = run.await {
+                panic!("worker failed: {e}");
+            }
+        });
+        self.worker = Some((stop, handle));
+    }
+
+    /// Stop the in-process worker gracefully and wait for it.
+    pub async fn stop_worker(&mut self) -> Result<()> {
+        if let Some((stop, handle)) = self.worker.take() {
+            stop.cancel();
+            handle.await?;
+        }
+        Ok(())
+    }
+
+    /// A request to the API; returns the status code and the JSON body.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, serde_json::Value)> {
+        let mut req = self.http.request(method, format!("{}{path}", self.api));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        let body = serde_json::from_str(&text).with_context(|| format!("response is not JSON: {text:?}"))?;
+        Ok((status, body))
+    }
+
+    /// Submit `body` to `queue`, with `Idempotency-Key: key` when given.
+    pub async fn submit(
+        &self,
+        queue: &str,
+        body: serde_json::Value,
+        key: Option<&str>,
+    ) -> Result<(u16, serde_json::Value)> {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        self.call(reqwest::Method::POST, &format!("/v1/queues/{queue}/tasks"), Some(body), &headers)
+            .await
+    }
+
+    /// The task record as the API shows it.
+    pub async fn task(&self, queue: &str, id: &str) -> Result<serde_json::Value> {
+        let (status, body) =
+            self.call(reqwest::Method::GET, &format!("/v1/queues/{queue}/tasks/{id}"), None, &[]).await?;
+        if status != 200 {
+            bail!("GET task {id}: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    /// Poll the task until its status is one of `statuses`; fail after
+    /// `timeout` with the last record seen.
+    pub async fn wait_for(
+        &self,
+        queue: &str,
+        id: &str,
+        statuses: &[&str],
+        timeout: Duration,
+    ) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            let task = self.task(queue, id).await?;
+            if statuses.iter().any(|s| task["status"] == *s) {
+                return Ok(task);
+            }
+            if start.elapsed() > timeout {
+                bail!("task {id} did not reach {statuses:?} within {timeout:?}: {task:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The raw idempotency record of `key` in `queue`, parsed.
+    pub async fn idem_record(&self, queue: &str, key: &str) -> Result<Option<serde_json::Value>> {
+        let mut conn = self.redis.conn().await?;
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(format!("dtq:idempotency:{{{queue}}}:{key}"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(raw.map(|r| serde_json::from_str(&r)).transpose()?)
+    }
+}
+
+impl Drop for Dtq {
+    fn drop(&mut self) {
+        self.api_stop.cancel();
+        if let Some((stop, _)) = &self.worker {
+            stop.cancel();
+        }
     }
 }

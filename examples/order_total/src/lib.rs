@@ -83,10 +83,16 @@ fn order_total(_ctx: Context, order: Order) -> Result<Totals> {
         dtq_guest::fatal!("an order needs at least one line");
     }
     if order.lines.len() > MAX_LINES {
-        dtq_guest::fatal!("an order may have at most {MAX_LINES} lines, got {}", order.lines.len());
+        dtq_guest::fatal!(
+            "an order may have at most {MAX_LINES} lines, got {}",
+            order.lines.len()
+        );
     }
     if order.shipping_cents < 0 {
-        dtq_guest::fatal!("shipping_cents must not be negative, got {}", order.shipping_cents);
+        dtq_guest::fatal!(
+            "shipping_cents must not be negative, got {}",
+            order.shipping_cents
+        );
     }
 
     let mut totals = Totals {
@@ -104,7 +110,10 @@ fn order_total(_ctx: Context, order: Order) -> Result<Totals> {
         totals.tax_cents = add(totals.tax_cents, line.tax_cents)?;
         totals.lines.push(line);
     }
-    totals.total_cents = add(add(totals.subtotal_cents, totals.tax_cents)?, totals.shipping_cents)?;
+    totals.total_cents = add(
+        add(totals.subtotal_cents, totals.tax_cents)?,
+        totals.shipping_cents,
+    )?;
     Ok(totals)
 }
 
@@ -113,7 +122,11 @@ fn price_line(line: Line) -> Result<LineTotal> {
         dtq_guest::fatal!("sku must not be empty");
     }
     if line.quantity < 1 {
-        dtq_guest::fatal!("quantity of {} must be at least 1, got {}", line.sku, line.quantity);
+        dtq_guest::fatal!(
+            "quantity of {} must be at least 1, got {}",
+            line.sku,
+            line.quantity
+        );
     }
     if line.unit_price_cents < 0 {
         dtq_guest::fatal!(

@@ -28,18 +28,17 @@ struct Order {
 
 fn send_receipt(ctx: Context, order: Order) -> Result<Value> {
     let id = &order.order_id;
-    let (executed, _) =
-        idempotent_operation(format!("receipt:{id}"), RECEIPT_TTL_SECONDS, || {
-            kv::incr(format!("charges:{id}"))?;
-            let email = json!({
-                "to": format!("customer-of-{id}@example.com"),
-                "subject": format!("Your receipt for order {id}"),
-                "order_id": id,
-                "amount_cents": order.amount_cents,
-                "task_id": ctx.task_id,
-            });
-            kv::set(format!("emails:{id}"), email.to_string())
-        })?;
+    let (executed, _) = idempotent_operation(format!("receipt:{id}"), RECEIPT_TTL_SECONDS, || {
+        kv::incr(format!("charges:{id}"))?;
+        let email = json!({
+            "to": format!("customer-of-{id}@example.com"),
+            "subject": format!("Your receipt for order {id}"),
+            "order_id": id,
+            "amount_cents": order.amount_cents,
+            "task_id": ctx.task_id,
+        });
+        kv::set(format!("emails:{id}"), email.to_string())
+    })?;
     Ok(if executed {
         json!({"charged": true, "order_id": id})
     } else {

@@ -25,7 +25,12 @@ pub struct ApiError {
 impl ApiError {
     /// An error without details.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), details: json!({}) }
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            details: json!({}),
+        }
     }
 
     /// The same error with `details`.
@@ -37,7 +42,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message, "details": self.details}});
+        let body =
+            json!({"error": {"code": self.code, "message": self.message, "details": self.details}});
         (self.status, Json(body)).into_response()
     }
 }
@@ -45,7 +51,11 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         tracing::error!(error = %e, "store failed");
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "STORE_UNAVAILABLE", format!("storage failed: {e}"))
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+            format!("storage failed: {e}"),
+        )
     }
 }
 
@@ -53,21 +63,27 @@ impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
         let message = e.to_string();
         match e {
-            IngestError::Invalid { code, .. } => ApiError::new(StatusCode::BAD_REQUEST, code, message),
+            IngestError::Invalid { code, .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, code, message)
+            }
             IngestError::PayloadTooLarge { size, limit } => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", message)
                     .with_details(json!({"size": size, "limit": limit}))
             }
-            IngestError::UnknownTask(task) => ApiError::new(StatusCode::BAD_REQUEST, "UNKNOWN_TASK", message)
-                .with_details(json!({"task": task})),
+            IngestError::UnknownTask(task) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "UNKNOWN_TASK", message)
+                    .with_details(json!({"task": task}))
+            }
             IngestError::InProgress { task_id } => {
                 ApiError::new(StatusCode::CONFLICT, "IDEMPOTENCY_IN_PROGRESS", message)
                     .with_details(json!({"task_id": task_id}))
             }
-            IngestError::KeyMismatch { task_id } => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "IDEMPOTENCY_KEY_MISMATCH", message)
-                    .with_details(json!({"task_id": task_id}))
-            }
+            IngestError::KeyMismatch { task_id } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "IDEMPOTENCY_KEY_MISMATCH",
+                message,
+            )
+            .with_details(json!({"task_id": task_id})),
             IngestError::QueueFull { queue, depth } => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, "QUEUE_FULL", message)
                     .with_details(json!({"queue": queue, "depth": depth}))

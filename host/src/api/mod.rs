@@ -75,5 +75,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "API listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

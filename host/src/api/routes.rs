@@ -30,14 +30,22 @@ pub(super) async fn submit(
 ) -> ApiResult {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "PAYLOAD_TOO_LARGE", "request body is too large")
-                .with_details(json!({"limit": state.ingest.max_payload_bytes}))
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "PAYLOAD_TOO_LARGE",
+                "request body is too large",
+            )
+            .with_details(json!({"limit": state.ingest.max_payload_bytes}))
         } else {
             ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", e.body_text())
         }
     })?;
     let req: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
-        let code = if e.is_data() { "INVALID_REQUEST" } else { "INVALID_JSON" };
+        let code = if e.is_data() {
+            "INVALID_REQUEST"
+        } else {
+            "INVALID_JSON"
+        };
         ApiError::new(StatusCode::BAD_REQUEST, code, format!("request body: {e}"))
     })?;
     let header_key = match headers.get("idempotency-key") {
@@ -50,14 +58,21 @@ pub(super) async fn submit(
         None => None,
     };
     let has_handler = state.has_handler.clone();
-    let done = ingest::submit(&state.store, &state.ingest, &queue, header_key, req, |t| has_handler(t)).await?;
+    let done = ingest::submit(&state.store, &state.ingest, &queue, header_key, req, |t| {
+        has_handler(t)
+    })
+    .await?;
     let mut body = match &done.record {
         Some(record) => record.to_json(),
         None => json!({"task_id": done.task_id, "queue": done.queue, "task": done.task}),
     };
     body["status"] = json!(done.status);
     body["duplicate"] = json!(done.duplicate);
-    let status = if done.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
+    let status = if done.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
     Ok((status, Json(body)).into_response())
 }
 
@@ -66,11 +81,18 @@ fn checked_queue(queue: &str) -> Result<(), ApiError> {
 }
 
 fn task_not_found(queue: &str, id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "TASK_NOT_FOUND", format!("no task {id:?} in queue {queue:?}"))
-        .with_details(json!({"task_id": id, "queue": queue}))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "TASK_NOT_FOUND",
+        format!("no task {id:?} in queue {queue:?}"),
+    )
+    .with_details(json!({"task_id": id, "queue": queue}))
 }
 
-pub(super) async fn get_task(State(state): State<ApiState>, Path((queue, id)): Path<(String, String)>) -> ApiResult {
+pub(super) async fn get_task(
+    State(state): State<ApiState>,
+    Path((queue, id)): Path<(String, String)>,
+) -> ApiResult {
     checked_queue(&queue)?;
     match state.store.task(&queue, &id).await? {
         Some(task) => Ok(Json(task.to_json()).into_response()),
@@ -78,7 +100,10 @@ pub(super) async fn get_task(State(state): State<ApiState>, Path((queue, id)): P
     }
 }
 
-pub(super) async fn cancel(State(state): State<ApiState>, Path((queue, id)): Path<(String, String)>) -> ApiResult {
+pub(super) async fn cancel(
+    State(state): State<ApiState>,
+    Path((queue, id)): Path<(String, String)>,
+) -> ApiResult {
     checked_queue(&queue)?;
     match state.store.cancel(&queue, &id, now_ms()).await? {
         CancelOutcome::Cancelled => {
@@ -107,7 +132,10 @@ pub(super) async fn list_queues(State(state): State<ApiState>) -> ApiResult {
     Ok(Json(json!({"queues": queues})).into_response())
 }
 
-pub(super) async fn queue_stats(State(state): State<ApiState>, Path(queue): Path<String>) -> ApiResult {
+pub(super) async fn queue_stats(
+    State(state): State<ApiState>,
+    Path(queue): Path<String>,
+) -> ApiResult {
     checked_queue(&queue)?;
     Ok(Json(state.store.stats(&queue).await?).into_response())
 }
@@ -124,7 +152,13 @@ pub(super) async fn list_dlq(
 ) -> ApiResult {
     checked_queue(&queue)?;
     let limit = params.limit.unwrap_or(100).clamp(1, 1000);
-    let tasks: Vec<Value> = state.store.dead_letters(&queue, limit).await?.iter().map(|t| t.to_json()).collect();
+    let tasks: Vec<Value> = state
+        .store
+        .dead_letters(&queue, limit)
+        .await?
+        .iter()
+        .map(|t| t.to_json())
+        .collect();
     Ok(Json(json!({"queue": queue, "tasks": tasks})).into_response())
 }
 
@@ -136,7 +170,9 @@ pub(super) async fn requeue(
     require_admin(&headers, state.admin_token.as_deref())?;
     checked_queue(&queue)?;
     match state.store.requeue(&queue, &id, now_ms()).await? {
-        Ok(()) => Ok(Json(json!({"task_id": id, "queue": queue, "status": "QUEUED"})).into_response()),
+        Ok(()) => {
+            Ok(Json(json!({"task_id": id, "queue": queue, "status": "QUEUED"})).into_response())
+        }
         Err(None) => Err(task_not_found(&queue, &id)),
         Err(Some(status)) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -152,5 +188,9 @@ pub(super) async fn not_found() -> ApiError {
 }
 
 pub(super) async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "METHOD_NOT_ALLOWED",
+        "method not allowed on this route",
+    )
 }

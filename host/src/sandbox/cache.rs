@@ -174,7 +174,10 @@ fn write_artifact(component: &Component, path: &Path) -> Result<(), String> {
     let artifact = component.serialize().map_err(|e| error_chain(&e))?;
     let digest = Sha256::digest(&artifact);
     let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("artifact");
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("artifact");
     let tmp = dir.join(format!(
         ".{file_name}.{}.{}.tmp",
         std::process::id(),

@@ -179,14 +179,14 @@ pub(crate) async fn run(
 
     let mut store = Store::new(env.engine, state);
     store.limiter(|state| &mut state.limiter);
-    if let Some(fuel) = limits.fuel {
-        if let Err(e) = store.set_fuel(fuel) {
-            return RunResult {
-                outcome: Outcome::Trapped(Trap::Other(e.to_string())),
-                log: log.finish(),
-                host_calls: 0,
-            };
-        }
+    if let Some(fuel) = limits.fuel
+        && let Err(e) = store.set_fuel(fuel)
+    {
+        return RunResult {
+            outcome: Outcome::Trapped(Trap::Other(e.to_string())),
+            log: log.finish(),
+            host_calls: 0,
+        };
     }
     // Checked on every epoch tick while wasm runs: stop on cancel or
     // deadline, otherwise yield to the executor so that the `select!` below

@@ -98,7 +98,9 @@ impl HostCtx {
 
     fn claim_key(&mut self, key: &str) -> wasmtime::Result<Result<String, HostError>> {
         self.count()?;
-        Ok(self.check_key(key).map(|()| claim_key(&self.namespace, key)))
+        Ok(self
+            .check_key(key)
+            .map(|()| claim_key(&self.namespace, key)))
     }
 
     async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T, HostError> {
@@ -186,7 +188,11 @@ impl bindings::dtq::handler::idempotency::Host for HostCtx {
     async fn claim(&mut self, key: String, ttl_seconds: u32) -> HostResult<bool> {
         let key = guest_try!(self.claim_key(&key)?);
         let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(CLAIMED).arg("NX").arg("EX").arg(ttl_seconds);
+        cmd.arg(key)
+            .arg(CLAIMED)
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl_seconds);
         let reply: Option<String> = guest_try!(self.query(&cmd).await);
         Ok(Ok(reply.is_some()))
     }
@@ -211,7 +217,9 @@ impl bindings::dtq::handler::idempotency::Host for HostCtx {
     async fn get_result(&mut self, key: String) -> HostResult<Option<String>> {
         let key = guest_try!(self.claim_key(&key)?);
         let value: Option<String> = guest_try!(self.query(redis::cmd("GET").arg(key)).await);
-        Ok(Ok(value.and_then(|v| v.strip_prefix(RESULT_PREFIX).map(str::to_string))))
+        Ok(Ok(value.and_then(|v| {
+            v.strip_prefix(RESULT_PREFIX).map(str::to_string)
+        })))
     }
 
     async fn release(&mut self, key: String) -> HostResult<()> {

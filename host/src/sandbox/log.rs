@@ -50,7 +50,9 @@ impl TaskLog {
     fn lock(&self) -> MutexGuard<'_, LogBuf> {
         // A panic while holding this lock cannot leave the buffer in a state
         // worse than "partially appended", so a poisoned lock is still usable.
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Append raw bytes, keeping at most the cap.
@@ -231,6 +233,9 @@ mod tests {
         log.append_stderr(
             b"\nthread '<unnamed>' panicked at src/lib.rs:7:9:\nboom\nnote: run with `RUST_BACKTRACE=1`\n",
         );
-        assert_eq!(log.panic_message().as_deref(), Some("boom (panicked at src/lib.rs:7:9)"));
+        assert_eq!(
+            log.panic_message().as_deref(),
+            Some("boom (panicked at src/lib.rs:7:9)")
+        );
     }
 }

@@ -241,10 +241,8 @@ impl Sandbox {
         let mut linker = Linker::<TaskState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
-        Handler::add_to_linker::<TaskState, HasSelf<HostCtx>>(&mut linker, |state| {
-            &mut state.host
-        })
-        .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
+        Handler::add_to_linker::<TaskState, HasSelf<HostCtx>>(&mut linker, |state| &mut state.host)
+            .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
         let cache = ArtifactCache::new(config.cache_dir.clone(), &engine)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
         let slots = usize::try_from(config.max_concurrent_calls.max(1)).unwrap_or(usize::MAX);

@@ -135,7 +135,10 @@ pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
             LimitTrap::Exceeded(limit) => Trap::LimitExceeded(*limit),
         };
     }
-    if err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some() {
+    if err
+        .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+    {
         return Trap::LimitExceeded(Limit::Concurrency);
     }
     if let Some(trap) = err.downcast_ref::<wasmtime::Trap>() {

@@ -57,7 +57,11 @@ pub struct StoreSettings {
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        StoreSettings { idem_ttl_s: 86_400, task_retention_s: 7 * 86_400, events_max_len: 10_000 }
+        StoreSettings {
+            idem_ttl_s: 86_400,
+            task_retention_s: 7 * 86_400,
+            events_max_len: 10_000,
+        }
     }
 }
 
@@ -281,7 +285,10 @@ impl Store {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(timeout));
-        Ok(self.client.get_connection_manager_with_config(config).await?)
+        Ok(self
+            .client
+            .get_connection_manager_with_config(config)
+            .await?)
     }
 
     /// The client (for pub/sub).
@@ -357,6 +364,7 @@ impl Store {
         field("fingerprint", new.fingerprint.clone());
         field("attempts", "0".into());
         field("max_attempts", new.max_attempts.to_string());
+        field("budget", new.max_attempts.to_string());
         field("created_at", new.now.to_string());
         field("updated_at", new.now.to_string());
         if new.run_at > new.now {
@@ -379,12 +387,22 @@ impl Store {
         Ok(match code {
             Code::Ok => {
                 let status: String = from_value(reply.next())?;
-                SubmitOutcome::Created { status: status.parse()? }
+                SubmitOutcome::Created {
+                    status: status.parse()?,
+                }
             }
-            Code::Replay => SubmitOutcome::Replay(TaskRecord::from_flat(from_value(reply.next())?)?),
-            Code::InProgress => SubmitOutcome::InProgress { task_id: from_value(second)? },
-            Code::KeyMismatch => SubmitOutcome::KeyMismatch { task_id: from_value(second)? },
-            Code::QueueFull => SubmitOutcome::QueueFull { depth: from_value(second)? },
+            Code::Replay => {
+                SubmitOutcome::Replay(TaskRecord::from_flat(from_value(reply.next())?)?)
+            }
+            Code::InProgress => SubmitOutcome::InProgress {
+                task_id: from_value(second)?,
+            },
+            Code::KeyMismatch => SubmitOutcome::KeyMismatch {
+                task_id: from_value(second)?,
+            },
+            Code::QueueFull => SubmitOutcome::QueueFull {
+                depth: from_value(second)?,
+            },
             other => return Err(unexpected("ingest", other)),
         })
     }
@@ -505,7 +523,10 @@ impl Store {
         for d in deliveries {
             inv.key(keys.task(&d.task_id));
         }
-        inv.arg(GROUP).arg(now).arg(consumer).arg(self.settings.events_max_len);
+        inv.arg(GROUP)
+            .arg(now)
+            .arg(consumer)
+            .arg(self.settings.events_max_len);
         for d in deliveries {
             inv.arg(&d.msg_id);
         }
@@ -520,7 +541,9 @@ impl Store {
                 Ok(match code {
                     Code::Skipped => StartDecision::Skip(from_value(rest)?),
                     Code::Ok => StartDecision::Run(TaskRecord::from_flat(from_value(rest)?)?),
-                    Code::Expired => StartDecision::Expired(TaskRecord::from_flat(from_value(rest)?)?),
+                    Code::Expired => {
+                        StartDecision::Expired(TaskRecord::from_flat(from_value(rest)?)?)
+                    }
                     Code::Exhausted => {
                         StartDecision::Exhausted(TaskRecord::from_flat(from_value(rest)?)?)
                     }
@@ -539,7 +562,10 @@ impl Store {
         if completions.is_empty() {
             return Ok(Vec::new());
         }
-        let invocations: Vec<_> = completions.iter().map(|c| self.completion_call(c)).collect();
+        let invocations: Vec<_> = completions
+            .iter()
+            .map(|c| self.completion_call(c))
+            .collect();
         let mut pipe = redis::pipe();
         for inv in &invocations {
             pipe.invoke_script(inv);
@@ -589,7 +615,11 @@ impl Store {
             .arg(&c.log)
             .arg(c.now)
             .arg(flag(c.idempotency_key.is_some()))
-            .arg(if c.kind == CompletionKind::Expired { String::new() } else { c.attempt.to_string() })
+            .arg(if c.kind == CompletionKind::Expired {
+                String::new()
+            } else {
+                c.attempt.to_string()
+            })
             .arg(c.retry_at)
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len);
@@ -618,8 +648,12 @@ impl Store {
             .arg("WITHSCORES")
             .query_async(&mut self.conn.clone())
             .await?;
-        let ready: Vec<&String> =
-            due.iter().filter(|(_, at)| *at as u64 <= now).map(|(id, _)| id).take(limit).collect();
+        let ready: Vec<&String> = due
+            .iter()
+            .filter(|(_, at)| *at as u64 <= now)
+            .map(|(id, _)| id)
+            .take(limit)
+            .collect();
         let next = due.iter().map(|(_, at)| *at as u64).find(|at| *at > now);
         if ready.is_empty() {
             return Ok((0, next));
@@ -636,7 +670,11 @@ impl Store {
         self.trip();
         let moved: u64 = inv.invoke_async(&mut self.conn.clone()).await?;
         // More may be due than `limit`; the caller comes back at once.
-        let next = if ready.len() == limit { Some(now) } else { next };
+        let next = if ready.len() == limit {
+            Some(now)
+        } else {
+            next
+        };
         Ok((moved, next))
     }
 
@@ -666,7 +704,12 @@ impl Store {
     }
 
     /// Cancel task `id` of `queue`.
-    pub async fn cancel(&self, queue: &str, id: &str, now: u64) -> Result<CancelOutcome, StoreError> {
+    pub async fn cancel(
+        &self,
+        queue: &str,
+        id: &str,
+        now: u64,
+    ) -> Result<CancelOutcome, StoreError> {
         let Some(task) = self.task(queue, id).await? else {
             return Ok(CancelOutcome::NotFound);
         };
@@ -727,14 +770,22 @@ impl Store {
             Code::Ok => Ok(Ok(())),
             Code::NotInDlq => {
                 let status: String = from_value(reply.next())?;
-                Ok(Err(if status.is_empty() { None } else { Some(status.parse()?) }))
+                Ok(Err(if status.is_empty() {
+                    None
+                } else {
+                    Some(status.parse()?)
+                }))
             }
             other => Err(unexpected("requeue", other)),
         }
     }
 
     /// Dead-lettered tasks of `queue`, oldest first, at most `limit`.
-    pub async fn dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
         let keys = QueueKeys::new(queue);
         self.trip();
         let ids: Vec<String> = redis::cmd("ZRANGE")
@@ -775,7 +826,9 @@ impl Store {
             // No group yet: no worker ever read this queue.
             Err(e) if e.code() == Some("NOGROUP") => {
                 let mut pipe = redis::pipe();
-                pipe.xlen(&keys.stream).zcard(&keys.delayed).zcard(&keys.dlq);
+                pipe.xlen(&keys.stream)
+                    .zcard(&keys.delayed)
+                    .zcard(&keys.dlq);
                 self.trip();
                 let (a, b, c): (u64, u64, u64) = pipe.query_async(&mut self.conn.clone()).await?;
                 (a, b, c, Value::Nil)
@@ -784,7 +837,11 @@ impl Store {
         };
         let (len, delayed, dead_lettered, pending) = reply;
         let running = match pending {
-            Value::Array(items) => items.into_iter().next().map(|v| from_value(Some(v))).transpose()?,
+            Value::Array(items) => items
+                .into_iter()
+                .next()
+                .map(|v| from_value(Some(v)))
+                .transpose()?,
             _ => None,
         }
         .unwrap_or(0);
@@ -800,8 +857,10 @@ impl Store {
     /// Every queue that has received a submission, sorted.
     pub async fn queues(&self) -> Result<Vec<String>, StoreError> {
         self.trip();
-        let mut queues: Vec<String> =
-            redis::cmd("SMEMBERS").arg(QUEUES).query_async(&mut self.conn.clone()).await?;
+        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(QUEUES)
+            .query_async(&mut self.conn.clone())
+            .await?;
         queues.sort();
         Ok(queues)
     }
@@ -835,7 +894,10 @@ fn parse_entries(entries: Value, out: &mut Vec<Delivery>) -> Result<(), StoreErr
     let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
     for (msg_id, body) in entries {
         let body = body.unwrap_or_default();
-        let task_id = body.chunks(2).find(|kv| kv[0] == "id" && kv.len() == 2).map(|kv| kv[1].clone());
+        let task_id = body
+            .chunks(2)
+            .find(|kv| kv[0] == "id" && kv.len() == 2)
+            .map(|kv| kv[1].clone());
         if let Some(task_id) = task_id {
             out.push(Delivery { msg_id, task_id });
         }

@@ -39,8 +39,12 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                         () = stop.cancelled() => return,
                     };
                     let Some(msg) = msg else { break };
-                    let Ok(body) = msg.get_payload::<String>() else { continue };
-                    let Some((queue, id)) = body.split_once('\n') else { continue };
+                    let Ok(body) = msg.get_payload::<String>() else {
+                        continue;
+                    };
+                    let Some((queue, id)) = body.split_once('\n') else {
+                        continue;
+                    };
                     if let Some(t) = shared.lock_running().get(id).filter(|t| t.queue == queue) {
                         debug!(task_id = id, queue, "cancel requested: interrupting");
                         t.cancel.cancel();

@@ -20,16 +20,32 @@ use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, TaskRecord};
 
 /// Run `task` on its own tokio task, holding `permit` until it is completed.
-pub(super) fn spawn(shared: &Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+pub(super) fn spawn(
+    shared: &Arc<Shared>,
+    delivery: Delivery,
+    task: TaskRecord,
+    permit: OwnedSemaphorePermit,
+) {
     let span = info_span!("task", task_id = %task.id, queue = %task.queue, task = %task.task, attempt = task.attempts);
-    shared.tracker.spawn(execute(shared.clone(), delivery, task, permit).instrument(span));
+    shared
+        .tracker
+        .spawn(execute(shared.clone(), delivery, task, permit).instrument(span));
 }
 
-async fn execute(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+async fn execute(
+    shared: Arc<Shared>,
+    delivery: Delivery,
+    task: TaskRecord,
+    permit: OwnedSemaphorePermit,
+) {
     let cancel = CancelHandle::new();
     shared.lock_running().insert(
         task.id.clone(),
-        RunningTask { queue: task.queue.clone(), msg_id: delivery.msg_id.clone(), cancel: cancel.clone() },
+        RunningTask {
+            queue: task.queue.clone(),
+            msg_id: delivery.msg_id.clone(),
+            cancel: cancel.clone(),
+        },
     );
     // A cancel requested between `start` and this registration would be
     // missed by the listener; the record tells.
@@ -60,7 +76,9 @@ async fn execute(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, perm
     };
     let (kind, detail) = classify(report.outcome);
     match kind {
-        CompletionKind::Success => debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded"),
+        CompletionKind::Success => {
+            debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded")
+        }
         _ => warn!(outcome = ?kind, error = %detail, "attempt failed"),
     }
     let now = now_ms();
@@ -88,7 +106,9 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
         Outcome::Success(result) => (CompletionKind::Success, result),
         Outcome::Retryable(msg) => (CompletionKind::Retry, msg),
         Outcome::Fatal(msg) => (CompletionKind::Fatal, msg),
-        Outcome::Trapped(Trap::Cancelled) => (CompletionKind::Cancelled, "cancelled while running".into()),
+        Outcome::Trapped(Trap::Cancelled) => {
+            (CompletionKind::Cancelled, "cancelled while running".into())
+        }
         Outcome::Trapped(trap) if retryable => (CompletionKind::Retry, trap.to_string()),
         Outcome::Trapped(trap) => (CompletionKind::Fatal, trap.to_string()),
     }
@@ -97,7 +117,12 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
 /// Hand a completion to the completer and wait until it is written.
 async fn complete(shared: &Shared, completion: Completion) {
     let (done, written) = tokio::sync::oneshot::channel();
-    if shared.completions.send(Pending { completion, done }).await.is_err() {
+    if shared
+        .completions
+        .send(Pending { completion, done })
+        .await
+        .is_err()
+    {
         warn!("completer gone; the message will be reclaimed");
         return;
     }
@@ -105,7 +130,12 @@ async fn complete(shared: &Shared, completion: Completion) {
 }
 
 /// Complete a task that was not started before its expiry.
-pub(super) async fn expire(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+pub(super) async fn expire(
+    shared: Arc<Shared>,
+    delivery: Delivery,
+    task: TaskRecord,
+    permit: OwnedSemaphorePermit,
+) {
     let now = now_ms();
     let completion = Completion {
         queue: task.queue,
@@ -124,7 +154,12 @@ pub(super) async fn expire(shared: Arc<Shared>, delivery: Delivery, task: TaskRe
 }
 
 /// Dead-letter a task whose worker died during its last attempt.
-pub(super) async fn exhaust(shared: Arc<Shared>, delivery: Delivery, task: TaskRecord, permit: OwnedSemaphorePermit) {
+pub(super) async fn exhaust(
+    shared: Arc<Shared>,
+    delivery: Delivery,
+    task: TaskRecord,
+    permit: OwnedSemaphorePermit,
+) {
     let now = now_ms();
     let completion = Completion {
         queue: task.queue,
@@ -132,7 +167,10 @@ pub(super) async fn exhaust(shared: Arc<Shared>, delivery: Delivery, task: TaskR
         msg_id: delivery.msg_id,
         idempotency_key: task.idempotency_key,
         kind: CompletionKind::Retry,
-        detail: format!("worker lost during attempt {} of {}", task.attempts, task.max_attempts),
+        detail: format!(
+            "worker lost during attempt {} of {}",
+            task.attempts, task.max_attempts
+        ),
         log: task.log.unwrap_or_default(),
         attempt: task.attempts,
         retry_at: now,

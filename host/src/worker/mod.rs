@@ -93,7 +93,11 @@ impl Shared {
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
         let now = crate::ingest::now_ms();
-        let decisions = match self.store.start(queue, &self.consumer, &deliveries, now).await {
+        let decisions = match self
+            .store
+            .start(queue, &self.consumer, &deliveries, now)
+            .await
+        {
             Ok(decisions) => decisions,
             Err(e) => {
                 // The messages stay pending on this consumer; they are
@@ -110,10 +114,12 @@ impl Shared {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
                 StartDecision::Expired(task) => {
-                    self.tracker.spawn(executor::expire(self.clone(), delivery, task, permit));
+                    self.tracker
+                        .spawn(executor::expire(self.clone(), delivery, task, permit));
                 }
                 StartDecision::Exhausted(task) => {
-                    self.tracker.spawn(executor::exhaust(self.clone(), delivery, task, permit));
+                    self.tracker
+                        .spawn(executor::exhaust(self.clone(), delivery, task, permit));
                 }
             }
         }
@@ -121,7 +127,11 @@ impl Shared {
 
     /// Take one slot (waiting for it) and as many more as are free, up to
     /// `max`; `None` once `stop` is cancelled.
-    async fn take_slots(&self, max: usize, stop: &CancellationToken) -> Option<Vec<OwnedSemaphorePermit>> {
+    async fn take_slots(
+        &self,
+        max: usize,
+        stop: &CancellationToken,
+    ) -> Option<Vec<OwnedSemaphorePermit>> {
         let first = tokio::select! {
             permit = self.slots.clone().acquire_owned() => permit.ok()?,
             () = stop.cancelled() => return None,
@@ -179,8 +189,16 @@ pub async fn run(
     let completer = tokio::spawn(completion::run(shared.store.clone(), rx));
     let mut loops = Vec::new();
     for queue in shared.config.queues.clone() {
-        loops.push(tokio::spawn(fetch_loop(shared.clone(), queue.clone(), stop.clone())));
-        loops.push(tokio::spawn(delayed::run(shared.clone(), queue, stop.clone())));
+        loops.push(tokio::spawn(fetch_loop(
+            shared.clone(),
+            queue.clone(),
+            stop.clone(),
+        )));
+        loops.push(tokio::spawn(delayed::run(
+            shared.clone(),
+            queue,
+            stop.clone(),
+        )));
     }
     loops.push(tokio::spawn(reclaim::run(shared.clone(), stop.clone())));
     loops.push(tokio::spawn(cancel::listen(shared.clone(), stop.clone())));
@@ -193,9 +211,15 @@ pub async fn run(
     }
     shared.tracker.close();
     let grace = Duration::from_millis(shared.config.shutdown_grace_ms);
-    if tokio::time::timeout(grace, shared.tracker.wait()).await.is_err() {
+    if tokio::time::timeout(grace, shared.tracker.wait())
+        .await
+        .is_err()
+    {
         let left = shared.lock_running().len();
-        warn!(left, "grace period over: abandoning running tasks to be reclaimed");
+        warn!(
+            left,
+            "grace period over: abandoning running tasks to be reclaimed"
+        );
         shared.abandon.cancel();
         shared.tracker.wait().await;
     }
@@ -214,7 +238,11 @@ async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken)
     while let Some(permits) = shared.take_slots(MAX_BATCH, &stop).await {
         let conn = match &mut conn {
             Some(conn) => conn,
-            None => match shared.store.dedicated_connection(READ_BLOCK + Duration::from_secs(5)).await {
+            None => match shared
+                .store
+                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
+                .await
+            {
                 Ok(c) => conn.insert(c),
                 Err(e) => {
                     warn!(queue, error = %e, "cannot connect for reading; retrying");

@@ -39,13 +39,17 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 async fn heartbeat(shared: &Shared) {
     let mut by_queue: HashMap<String, Vec<Delivery>> = HashMap::new();
     for (task_id, t) in shared.lock_running().iter() {
-        by_queue
-            .entry(t.queue.clone())
-            .or_default()
-            .push(Delivery { msg_id: t.msg_id.clone(), task_id: task_id.clone() });
+        by_queue.entry(t.queue.clone()).or_default().push(Delivery {
+            msg_id: t.msg_id.clone(),
+            task_id: task_id.clone(),
+        });
     }
     for (queue, running) in by_queue {
-        match shared.store.heartbeat(&queue, &shared.consumer, &running).await {
+        match shared
+            .store
+            .heartbeat(&queue, &shared.consumer, &running)
+            .await
+        {
             Ok(cancelled) => {
                 let map = shared.lock_running();
                 for t in map.values().filter(|t| cancelled.contains(&t.msg_id)) {
@@ -68,9 +72,17 @@ async fn reclaim(shared: &Arc<Shared>, queue: &str, visibility: Duration) {
     if permits.is_empty() {
         return;
     }
-    match shared.store.reclaim(queue, &shared.consumer, visibility, permits.len()).await {
+    match shared
+        .store
+        .reclaim(queue, &shared.consumer, visibility, permits.len())
+        .await
+    {
         Ok(deliveries) if !deliveries.is_empty() => {
-            warn!(queue, count = deliveries.len(), "reclaimed tasks of a dead worker");
+            warn!(
+                queue,
+                count = deliveries.len(),
+                "reclaimed tasks of a dead worker"
+            );
             shared.dispatch(queue, deliveries, permits).await;
         }
         Ok(_) => {}

@@ -1,6 +1,6 @@
 --[[
   Requeue a dead-lettered task (admin): back to the ready stream with a fresh
-  set of attempts, and its idempotency record back to "processing", so that a
+  budget of attempts, and its idempotency record back to "processing", so that a
   resubmission with its key gets 409 (the task runs again) rather than a
   replay of the dead-lettered attempt. A record that expired meanwhile is
   recreated with a full TTL for the same reason.
@@ -22,6 +22,9 @@
     {1, "QUEUED"}   requeued
     {-7, status}    not in the dead-letter set (status is the task's, or "")
 
+  Attempts keep counting (a handler sees attempt numbers rise, never
+  repeat); max_attempts grows by the task's original budget.
+
   Events: QUEUED.
 ]]
 local taskKey, dlqKey, streamKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -32,12 +35,15 @@ local status = redis.call("HGET", taskKey, "status")
 if status ~= "DEAD_LETTERED" or redis.call("ZREM", dlqKey, taskId) == 0 then
   return {-7, status or ""}
 end
-redis.call("HSET", taskKey, "status", "QUEUED", "attempts", 0, "updated_at", now,
-  "requeued_at", now)
+local f = redis.call("HMGET", taskKey, "attempts", "budget", "max_attempts")
+local attempts = tonumber(f[1] or "0")
+local budget = tonumber(f[2] or f[3] or "1")
+redis.call("HSET", taskKey, "status", "QUEUED", "max_attempts", attempts + budget,
+  "updated_at", now, "requeued_at", now)
 redis.call("HDEL", taskKey, "finished_at", "cancel_requested")
 redis.call("PERSIST", taskKey)
 redis.call("XADD", streamKey, "*", "id", taskId)
-addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", 0, now)
+addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", attempts, now)
 if hasKey and setIdemState(idemKey, taskId, "processing", now) == 0
     and redis.call("EXISTS", idemKey) == 0 then
   local fingerprint = redis.call("HGET", taskKey, "fingerprint") or ""

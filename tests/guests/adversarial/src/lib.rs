@@ -92,7 +92,9 @@ fn run(_ctx: Context, op: Op) -> Result<Value> {
             Ok(json!({"slept_ms": ms}))
         }
         Op::Alloc { mb } => {
-            let bytes = mb.checked_mul(MIB).ok_or_else(|| Error::fatal("mb is too large"))?;
+            let bytes = mb
+                .checked_mul(MIB)
+                .ok_or_else(|| Error::fatal("mb is too large"))?;
             // Filling with a non-zero byte writes every page, so the memory is
             // really used, not just reserved.
             let block = vec![0xA5u8; bytes];
@@ -204,7 +206,9 @@ fn recurse(depth: u64, limit: u64) -> u64 {
     if depth == limit {
         return depth;
     }
-    recurse(depth + 1, limit).wrapping_add(1).wrapping_mul(depth | 1)
+    recurse(depth + 1, limit)
+        .wrapping_add(1)
+        .wrapping_mul(depth | 1)
 }
 
 dtq_guest::handler!(run);
