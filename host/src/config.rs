@@ -180,7 +180,8 @@ impl Config {
 
 impl Config {
     /// Parse a configuration from flags alone (plus `DTQ_*` variables), as
-    /// the server subcommands do; for embedding and tests.
+    /// the server subcommands do; for embedding and tests. A flag given
+    /// twice takes its last value.
     pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
     where
         I: IntoIterator<Item = T>,
@@ -188,6 +189,7 @@ impl Config {
     {
         use clap::Parser;
         #[derive(Parser)]
+        #[command(args_override_self = true)]
         struct Only {
             #[command(flatten)]
             config: Config,

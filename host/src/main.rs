@@ -464,7 +464,11 @@ async fn request_with(
     let err = &value["error"];
     match (err["code"].as_str(), err["message"].as_str()) {
         (Some(code), Some(message)) => {
-            let exit = if status == reqwest::StatusCode::SERVICE_UNAVAILABLE { 3 } else { 1 };
+            let exit = if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                3
+            } else {
+                1
+            };
             Err(fail(exit, anyhow::anyhow!("{code} ({status}): {message}")))
         }
         _ => Err(fail(1, anyhow::anyhow!("HTTP {status} from {url}"))),
@@ -476,4 +480,3 @@ fn print_json(value: &Value) -> Result<(), Failure> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
-

@@ -170,7 +170,10 @@ pub struct Dtq {
     pub sandbox: dtq_host::sandbox::Sandbox,
     http: reqwest::Client,
     api_stop: tokio_util::sync::CancellationToken,
-    worker: Option<(tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>)>,
+    worker: Option<(
+        tokio_util::sync::CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 /// Flags every test dtq starts with; a test's own flags come after and win.
@@ -210,7 +213,8 @@ impl Dtq {
         let mut args = test_flags(&redis.url());
         args.extend(flags.iter().map(|s| s.to_string()));
         let config = dtq_host::Config::from_args(args)?;
-        let store = dtq_host::store::Store::connect(&config.redis_url, config.store_settings()).await?;
+        let store =
+            dtq_host::store::Store::connect(&config.redis_url, config.store_settings()).await?;
         let sandbox = dtq_host::sandbox::Sandbox::new(config.sandbox_config(), store.connection())?;
         sandbox.load_dir(std::path::Path::new(guests::EXAMPLES_DIR))?;
         sandbox.load_dir(std::path::Path::new(guests::TEST_GUESTS_DIR))?;
@@ -225,7 +229,11 @@ impl Dtq {
             has_handler: std::sync::Arc::new(move |t: &str| check.has_handler(t)),
         };
         let api_stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(dtq_host::api::serve(listener, state, api_stop.clone().cancelled_owned()));
+        tokio::spawn(dtq_host::api::serve(
+            listener,
+            state,
+            api_stop.clone().cancelled_owned(),
+        ));
         let mut dtq = Dtq {
             redis,
             api,
@@ -289,7 +297,8 @@ impl Dtq {
         let resp = req.send().await?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
-        let body = serde_json::from_str(&text).with_context(|| format!("response is not JSON: {text:?}"))?;
+        let body = serde_json::from_str(&text)
+            .with_context(|| format!("response is not JSON: {text:?}"))?;
         Ok((status, body))
     }
 
@@ -301,14 +310,25 @@ impl Dtq {
         key: Option<&str>,
     ) -> Result<(u16, serde_json::Value)> {
         let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
-        self.call(reqwest::Method::POST, &format!("/v1/queues/{queue}/tasks"), Some(body), &headers)
-            .await
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/{queue}/tasks"),
+            Some(body),
+            &headers,
+        )
+        .await
     }
 
     /// The task record as the API shows it.
     pub async fn task(&self, queue: &str, id: &str) -> Result<serde_json::Value> {
-        let (status, body) =
-            self.call(reqwest::Method::GET, &format!("/v1/queues/{queue}/tasks/{id}"), None, &[]).await?;
+        let (status, body) = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/queues/{queue}/tasks/{id}"),
+                None,
+                &[],
+            )
+            .await?;
         if status != 200 {
             bail!("GET task {id}: {status} {body}");
         }

@@ -31,7 +31,10 @@ async fn header_key_wins_over_body_field_and_scope_is_per_queue() -> Result<()> 
     let (status, first) = dtq.submit("q1", body.clone(), Some("from-header")).await?;
     assert_eq!(status, 202, "{first}");
     assert!(dtq.idem_record("q1", "from-header").await?.is_some());
-    assert!(dtq.idem_record("q1", "from-body").await?.is_none(), "the body's key must lose");
+    assert!(
+        dtq.idem_record("q1", "from-body").await?.is_none(),
+        "the body's key must lose"
+    );
 
     // Without the header, the body's key is used.
     let (status, _) = dtq.submit("q1", body, None).await?;
@@ -58,9 +61,15 @@ async fn winner_gets_202_and_a_processing_record_with_ttl() -> Result<()> {
     assert_eq!(rec["task_id"], body["task_id"]);
     assert_eq!(rec["state"], "processing");
     assert!(rec["updated_at"].as_u64().is_some_and(|t| t > 0), "{rec}");
-    assert!(rec["fingerprint"].as_str().is_some_and(|f| f.len() == 64), "{rec}");
+    assert!(
+        rec["fingerprint"].as_str().is_some_and(|f| f.len() == 64),
+        "{rec}"
+    );
     let mut conn = dtq.redis.conn().await?;
-    let ttl: i64 = redis::cmd("TTL").arg("dtq:idempotency:{default}:k1").query_async(&mut conn).await?;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("dtq:idempotency:{default}:k1")
+        .query_async(&mut conn)
+        .await?;
     assert!((1..=600).contains(&ttl), "ttl {ttl}");
     Ok(())
 }
@@ -73,7 +82,11 @@ async fn in_flight_key_gets_409_with_the_task_id() -> Result<()> {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "IDEMPOTENCY_IN_PROGRESS");
     assert_eq!(body["error"]["details"]["task_id"], first["task_id"]);
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
     assert_eq!(task_keys(&dtq, "default").await?.len(), 1);
     Ok(())
 }
@@ -90,20 +103,40 @@ async fn terminal_key_replays_the_stored_task_with_200() -> Result<()> {
         assert_eq!(body["duplicate"], true);
         assert_eq!(body["task_id"], id);
         assert_eq!(body["status"], "SUCCEEDED");
-        assert_eq!(body["result"], json!({"n": 7}), "the replay carries the stored result");
+        assert_eq!(
+            body["result"],
+            json!({"n": 7}),
+            "the replay carries the stored result"
+        );
     }
-    assert_eq!(task_keys(&dtq, "default").await?.len(), 1, "no second logical task");
+    assert_eq!(
+        task_keys(&dtq, "default").await?.len(),
+        1,
+        "no second logical task"
+    );
 
     // A failed task replays too.
     let (_, failed) = dtq
-        .submit("default", json!({"task": "order_total", "payload": {"bogus": true}}), Some("bad"))
+        .submit(
+            "default",
+            json!({"task": "order_total", "payload": {"bogus": true}}),
+            Some("bad"),
+        )
         .await?;
     let fid = failed["task_id"].as_str().expect("id");
     dtq.wait_for("default", fid, &["FAILED"], WAIT).await?;
     let (status, body) = dtq
-        .submit("default", json!({"task": "order_total", "payload": {"bogus": true}}), Some("bad"))
+        .submit(
+            "default",
+            json!({"task": "order_total", "payload": {"bogus": true}}),
+            Some("bad"),
+        )
         .await?;
-    assert_eq!((status, &body["duplicate"], &body["status"]), (200, &json!(true), &json!("FAILED")), "{body}");
+    assert_eq!(
+        (status, &body["duplicate"], &body["status"]),
+        (200, &json!(true), &json!("FAILED")),
+        "{body}"
+    );
     Ok(())
 }
 
@@ -115,13 +148,20 @@ async fn an_expired_record_makes_a_new_task() -> Result<()> {
     dtq.wait_for("default", &id1, &["SUCCEEDED"], WAIT).await?;
     // The record expires (its TTL ran out) while the task hash lives on.
     let mut conn = dtq.redis.conn().await?;
-    let _: () = redis::cmd("PEXPIRE").arg("dtq:idempotency:{default}:exp").arg(1).query_async(&mut conn).await?;
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("dtq:idempotency:{default}:exp")
+        .arg(1)
+        .query_async(&mut conn)
+        .await?;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (status, second) = dtq.submit("default", echo(1), Some("exp")).await?;
     assert_eq!(status, 202, "{second}");
     assert_eq!(second["duplicate"], false);
     assert_ne!(second["task_id"], id1);
-    let rec = dtq.idem_record("default", "exp").await?.expect("record re-acquired");
+    let rec = dtq
+        .idem_record("default", "exp")
+        .await?
+        .expect("record re-acquired");
     assert_eq!(rec["task_id"], second["task_id"]);
     Ok(())
 }
@@ -133,7 +173,10 @@ async fn a_stale_record_is_repaired_and_the_submission_is_new_work() -> Result<(
     let id1 = first["task_id"].as_str().expect("id").to_owned();
     // The task hash is gone (retention expiry) but the record still points at it.
     let mut conn = dtq.redis.conn().await?;
-    let _: () = redis::cmd("DEL").arg(format!("dtq:task:{{default}}:{id1}")).query_async(&mut conn).await?;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("dtq:task:{{default}}:{id1}"))
+        .query_async(&mut conn)
+        .await?;
     let (status, second) = dtq.submit("default", echo(1), Some("stale")).await?;
     assert_eq!(status, 202, "{second}");
     assert_ne!(second["task_id"], id1);
@@ -156,7 +199,10 @@ async fn a_full_queue_refuses_new_work_but_never_a_replay() -> Result<()> {
     let (status, full) = dtq.submit("default", echo(3), Some("new-key")).await?;
     assert_eq!(status, 429, "{full}");
     assert_eq!(full["error"]["code"], "QUEUE_FULL");
-    assert!(dtq.idem_record("default", "new-key").await?.is_none(), "a refused submission claims nothing");
+    assert!(
+        dtq.idem_record("default", "new-key").await?.is_none(),
+        "a refused submission claims nothing"
+    );
 
     let (status, replay) = dtq.submit("default", echo(1), Some("replayable")).await?;
     assert_eq!(status, 200, "{replay}");
@@ -177,7 +223,11 @@ async fn reusing_a_key_for_other_work_is_422() -> Result<()> {
     }
     // The same payload with its keys in another order is the same work.
     let (status, body) = dtq
-        .submit("default", json!({"payload": {"n": 1}, "task": "echo"}), Some("k"))
+        .submit(
+            "default",
+            json!({"payload": {"n": 1}, "task": "echo"}),
+            Some("k"),
+        )
         .await?;
     assert_eq!(status, 409, "{body}");
     Ok(())
@@ -200,36 +250,120 @@ async fn bad_input_gets_a_coded_4xx_and_creates_nothing() -> Result<()> {
         }
     };
     let (status, body) = raw("{not json").await?;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("INVALID_JSON")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_JSON")),
+        "{body}"
+    );
 
     let long_key = "k".repeat(256);
     let cases: Vec<(&str, Value, Option<&str>, u16, &str)> = vec![
-        ("default", json!({"payload": {}}), None, 400, "INVALID_REQUEST"),
-        ("default", json!({"task": "nope", "payload": {}}), None, 400, "UNKNOWN_TASK"),
-        ("default", json!({"task": "echo", "payload": {}, "colour": 1}), None, 400, "INVALID_REQUEST"),
-        ("default", json!({"task": "echo", "payload": {}}), Some(long_key.as_str()), 400, "INVALID_IDEMPOTENCY_KEY"),
-        ("default", json!({"task": "echo", "payload": {}, "idempotency_key": ""}), None, 400, "INVALID_IDEMPOTENCY_KEY"),
-        ("a:b", json!({"task": "echo", "payload": {}}), None, 400, "INVALID_QUEUE_NAME"),
-        ("a{b}", json!({"task": "echo", "payload": {}}), None, 400, "INVALID_QUEUE_NAME"),
-        ("default", json!({"task": "echo", "payload": "x".repeat(2000)}), None, 413, "PAYLOAD_TOO_LARGE"),
-        ("default", json!({"task": "echo", "payload": {}, "max_attempts": 0}), None, 400, "INVALID_MAX_ATTEMPTS"),
-        ("default", json!({"task": "echo", "payload": {}, "timeout_ms": 0}), None, 400, "INVALID_TIMEOUT"),
-        ("default", json!({"task": "echo", "payload": {}, "expires_in_ms": 0}), None, 400, "INVALID_EXPIRY"),
+        (
+            "default",
+            json!({"payload": {}}),
+            None,
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "default",
+            json!({"task": "nope", "payload": {}}),
+            None,
+            400,
+            "UNKNOWN_TASK",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}, "colour": 1}),
+            None,
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}}),
+            Some(long_key.as_str()),
+            400,
+            "INVALID_IDEMPOTENCY_KEY",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}, "idempotency_key": ""}),
+            None,
+            400,
+            "INVALID_IDEMPOTENCY_KEY",
+        ),
+        (
+            "a:b",
+            json!({"task": "echo", "payload": {}}),
+            None,
+            400,
+            "INVALID_QUEUE_NAME",
+        ),
+        (
+            "a{b}",
+            json!({"task": "echo", "payload": {}}),
+            None,
+            400,
+            "INVALID_QUEUE_NAME",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": "x".repeat(2000)}),
+            None,
+            413,
+            "PAYLOAD_TOO_LARGE",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}, "max_attempts": 0}),
+            None,
+            400,
+            "INVALID_MAX_ATTEMPTS",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}, "timeout_ms": 0}),
+            None,
+            400,
+            "INVALID_TIMEOUT",
+        ),
+        (
+            "default",
+            json!({"task": "echo", "payload": {}, "expires_in_ms": 0}),
+            None,
+            400,
+            "INVALID_EXPIRY",
+        ),
     ];
     for (queue, body, key, want_status, want_code) in cases {
         let (status, resp) = dtq.submit(queue, body.clone(), key).await?;
         assert_eq!(status, want_status, "{body} -> {resp}");
         assert_eq!(resp["error"]["code"], want_code, "{body} -> {resp}");
-        assert!(resp["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{resp}");
+        assert!(
+            resp["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{resp}"
+        );
         assert!(resp["error"].get("details").is_some(), "{resp}");
     }
     // A body far over the limit is refused by size before it is parsed.
     let huge = json!({"task": "echo", "payload": "y".repeat(200_000)});
     let (status, resp) = dtq.submit("default", huge, None).await?;
-    assert_eq!((status, resp["error"]["code"].as_str()), (413, Some("PAYLOAD_TOO_LARGE")), "{resp}");
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (413, Some("PAYLOAD_TOO_LARGE")),
+        "{resp}"
+    );
 
-    let dtq_keys: Vec<String> =
-        dtq.redis.keys().await?.into_iter().filter(|k| k.starts_with("dtq:task") || k.starts_with("dtq:idem")).collect();
+    let dtq_keys: Vec<String> = dtq
+        .redis
+        .keys()
+        .await?
+        .into_iter()
+        .filter(|k| k.starts_with("dtq:task") || k.starts_with("dtq:idem"))
+        .collect();
     assert!(dtq_keys.is_empty(), "bad input created {dtq_keys:?}");
     Ok(())
 }
@@ -240,7 +374,9 @@ async fn concurrent_duplicates_make_exactly_one_task() -> Result<()> {
     let mut handles = Vec::new();
     for _ in 0..50 {
         let dtq = dtq.clone();
-        handles.push(tokio::spawn(async move { dtq.submit("default", echo(9), Some("race")).await }));
+        handles.push(tokio::spawn(async move {
+            dtq.submit("default", echo(9), Some("race")).await
+        }));
     }
     let mut created = Vec::new();
     for h in handles {
@@ -262,10 +398,17 @@ async fn a_submission_is_one_round_trip() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     // The first submission to a queue also registers the queue, once.
     dtq.submit("default", echo(0), None).await?;
-    for (i, key) in [None, Some("rt-key"), Some("rt-key")].into_iter().enumerate() {
+    for (i, key) in [None, Some("rt-key"), Some("rt-key")]
+        .into_iter()
+        .enumerate()
+    {
         let before = dtq.store.round_trips();
         dtq.submit("default", echo(i as u64 + 1), key).await?;
-        assert_eq!(dtq.store.round_trips() - before, 1, "submission {i} ({key:?})");
+        assert_eq!(
+            dtq.store.round_trips() - before,
+            1,
+            "submission {i} ({key:?})"
+        );
     }
     Ok(())
 }

@@ -813,38 +813,39 @@ impl Store {
     /// Counts of `queue`.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, StoreError> {
         let keys = QueueKeys::new(queue);
+        // XPENDING fails with NOGROUP until a worker has read the queue, so
+        // the group's count comes from XINFO GROUPS, which lists none then.
         let mut pipe = redis::pipe();
         pipe.xlen(&keys.stream)
             .zcard(&keys.delayed)
             .zcard(&keys.dlq)
-            .cmd("XPENDING")
-            .arg(&keys.stream)
-            .arg(GROUP);
+            .exists(&keys.stream);
         self.trip();
-        let reply: (u64, u64, u64, Value) = match pipe.query_async(&mut self.conn.clone()).await {
-            Ok(reply) => reply,
-            // No group yet: no worker ever read this queue.
-            Err(e) if e.code() == Some("NOGROUP") => {
-                let mut pipe = redis::pipe();
-                pipe.xlen(&keys.stream)
-                    .zcard(&keys.delayed)
-                    .zcard(&keys.dlq);
-                self.trip();
-                let (a, b, c): (u64, u64, u64) = pipe.query_async(&mut self.conn.clone()).await?;
-                (a, b, c, Value::Nil)
+        let (len, delayed, dead_lettered, exists): (u64, u64, u64, bool) =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        let mut running = 0;
+        if exists {
+            self.trip();
+            let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&keys.stream)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            for group in groups {
+                if group
+                    .get("name")
+                    .and_then(|n| String::from_redis_value_ref(n).ok())
+                    .as_deref()
+                    == Some(GROUP)
+                {
+                    running = group
+                        .get("pending")
+                        .map(u64::from_redis_value_ref)
+                        .transpose()?
+                        .unwrap_or(0);
+                }
             }
-            Err(e) => return Err(e.into()),
-        };
-        let (len, delayed, dead_lettered, pending) = reply;
-        let running = match pending {
-            Value::Array(items) => items
-                .into_iter()
-                .next()
-                .map(|v| from_value(Some(v)))
-                .transpose()?,
-            _ => None,
         }
-        .unwrap_or(0);
         Ok(QueueStats {
             queue: queue.to_owned(),
             ready: len.saturating_sub(running),

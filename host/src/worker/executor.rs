@@ -65,10 +65,25 @@ async fn execute(
         payload: task.payload.clone(),
         deadline: task.timeout_ms.map(Duration::from_millis),
     };
+    let sandbox = shared.sandbox.clone();
+    let handle = cancel.clone();
+    let mut run = shared
+        .guests
+        .spawn(async move { sandbox.call(call, &handle).await });
     let report = tokio::select! {
-        report = shared.sandbox.call(call, &cancel) => report,
+        report = &mut run => match report {
+            Ok(report) => report,
+            Err(e) => {
+                // The call panicked: a host bug, not the guest's. Leave the
+                // message to be reclaimed rather than guess an outcome.
+                shared.lock_running().remove(&task.id);
+                tracing::error!(error = %e, "sandbox call panicked; the message will be reclaimed");
+                return;
+            }
+        },
         () = shared.abandon.cancelled() => {
             cancel.cancel();
+            run.abort();
             shared.lock_running().remove(&task.id);
             warn!("abandoned at shutdown; the message will be reclaimed");
             return;

@@ -77,6 +77,11 @@ struct Shared {
     /// Cancelled when the grace period is over: executors still running
     /// return without completing, leaving their messages to be reclaimed.
     abandon: CancellationToken,
+    /// Where sandbox calls run: a runtime of their own. A guest computing
+    /// between two epoch ticks holds its thread; on the shared runtime,
+    /// busy guests would starve the API, the heartbeats (and so get live
+    /// tasks reclaimed) and the completer.
+    guests: tokio::runtime::Handle,
 }
 
 impl Shared {
@@ -170,6 +175,12 @@ pub async fn run(
         store.ensure_group(queue).await?;
     }
     let (tx, rx) = mpsc::channel(config.concurrency.max(1) * 4);
+    let guest_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.concurrency.clamp(1, 64))
+        .thread_name("dtq-guest")
+        .enable_all()
+        .build()
+        .map_err(|e| WorkerError::Config(format!("cannot start the guest runtime: {e}")))?;
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.concurrency)),
@@ -180,6 +191,7 @@ pub async fn run(
         completions: tx,
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
+        guests: guest_runtime.handle().clone(),
         config,
     });
     info!(consumer = %shared.consumer, queues = ?shared.config.queues,
@@ -227,6 +239,9 @@ pub async fn run(
     // the channel and ends when the last sender (in `shared`) is dropped.
     drop(shared);
     let _ = completer.await;
+    // Nothing runs on it any more; dropping a runtime may block, which an
+    // async context must not.
+    guest_runtime.shutdown_background();
     info!("worker stopped");
     Ok(())
 }

@@ -1,0 +1,719 @@
+//! The `dtq` binary as an operator runs it: real `dtq` child processes
+//! against a real `redis-server`, running the example handlers.
+//!
+//! These tests cover what only separate processes can show: a worker killed
+//! with SIGKILL loses its task to another worker after the visibility
+//! timeout, a live worker keeps its long task, SIGTERM drains running tasks
+//! within the grace period (and abandons them to be reclaimed after it), and
+//! the command line's exit codes.
+//!
+//! Every process listens on its own free loopback port, writes its log to a
+//! file in the test's temporary directory (printed when the test fails), and
+//! is killed when the test ends, however it ends.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use dtq_tests::{RedisServer, TempDir, free_port, guests};
+use serde_json::{Value, json};
+
+/// The binary under test.
+const DTQ: &str = env!("CARGO_BIN_EXE_dtq");
+
+/// How long a server process may take to answer `/healthz` (it may compile
+/// the handlers when the artifact cache is cold).
+const STARTUP: Duration = Duration::from_secs(120);
+
+/// Longest wait for a task to reach a status.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The visibility timeout every server runs with (ms).
+const VISIBILITY_MS: u64 = 1_000;
+
+/// A `dtq` command with no `DTQ_*` variable inherited from the environment,
+/// so only the flags a test passes configure it.
+fn dtq_command() -> Command {
+    let mut cmd = Command::new(DTQ);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("DTQ_")) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("DTQ_LOG", "info");
+    cmd
+}
+
+/// The flags of every server process: the test's Redis, the example
+/// handlers, a shared artifact cache and short timings.
+fn server_flags(redis: &RedisServer, port: u16) -> Vec<String> {
+    let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+    let mut flags: Vec<String> = [
+        "--redis",
+        &redis.url(),
+        "--handlers",
+        guests::EXAMPLES_DIR,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--visibility-timeout-ms",
+        &VISIBILITY_MS.to_string(),
+        "--retry-base-ms",
+        "20",
+        "--retry-max-ms",
+        "100",
+        "--cache-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    flags.push(cache.display().to_string());
+    flags
+}
+
+/// A `dtq` server process (`serve`, `worker` or `api`), killed on drop.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    /// `http://127.0.0.1:<port>` (meaningful for `serve` and `api`).
+    api: String,
+}
+
+impl Proc {
+    /// Start `dtq <subcommand>` with the server flags plus `extra`, and wait
+    /// until it is ready: `/healthz` answers 200 (`serve`, `api`) or the
+    /// worker has logged its start (`worker`).
+    async fn start(
+        dir: &TempDir,
+        name: &str,
+        subcommand: &str,
+        redis: &RedisServer,
+        extra: &[&str],
+    ) -> Result<Proc> {
+        // A port free when probed may be taken before the process binds it;
+        // such a start is retried on another port.
+        let mut last = None;
+        for attempt in 0..3 {
+            let port = free_port()?;
+            let log = dir.path.join(format!("{name}-{attempt}.log"));
+            let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
+            let child = dtq_command()
+                .arg(subcommand)
+                .args(server_flags(redis, port))
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(out.try_clone()?)
+                .stderr(out)
+                .spawn()
+                .with_context(|| format!("cannot run {DTQ}"))?;
+            let mut proc = Proc {
+                name: name.to_owned(),
+                child,
+                log,
+                api: format!("http://127.0.0.1:{port}"),
+            };
+            let ready = if subcommand == "worker" {
+                proc.wait_log("worker started", STARTUP).await
+            } else {
+                proc.wait_healthy().await
+            };
+            match ready {
+                Ok(()) => return Ok(proc),
+                Err(e) if proc.log_text().contains("cannot listen") => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("{name} did not start")))
+    }
+
+    fn pid(&self) -> libc::pid_t {
+        libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t")
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fail with the log if the process has exited.
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited early with {status}; its log:\n{}",
+                self.name,
+                self.log_text()
+            );
+        }
+        Ok(())
+    }
+
+    async fn wait_healthy(&mut self) -> Result<()> {
+        let http = reqwest::Client::new();
+        let url = format!("{}/healthz", self.api);
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if let Ok(resp) = http.get(&url).send().await {
+                if resp.status() == 200 {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > STARTUP {
+                bail!(
+                    "{} did not answer {url} within {STARTUP:?}; its log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if self.log_text().contains(needle) {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{} did not log {needle:?} within {timeout:?}; its log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Send `signal` to the process.
+    fn signal(&self, signal: libc::c_int) -> Result<()> {
+        // SAFETY: kill(2) with the pid of a child this struct owns and has
+        // not reaped yet (it is reaped only in `wait_exit` or on drop), so
+        // the pid cannot have been reused by another process.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        ensure!(
+            rc == 0,
+            "kill({}, {signal}): {}",
+            self.pid(),
+            std::io::Error::last_os_error()
+        );
+        Ok(())
+    }
+
+    /// SIGKILL: the process dies at once, as in a crash.
+    fn crash(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Wait for the process to exit; fail after `timeout`.
+    async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{} did not exit within {timeout:?}; its log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- log of {} ({}) ---\n{}",
+                self.name,
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// A client of one API process.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn of(proc: &Proc) -> Api {
+        Api {
+            base: proc.api.clone(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn submit(&self, body: Value, key: Option<&str>) -> Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/queues/default/tasks", self.base))
+            .json(&body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.json().await?))
+    }
+
+    /// Submit a new task; its id.
+    async fn submit_new(&self, body: Value, key: Option<&str>) -> Result<String> {
+        let (status, resp) = self.submit(body, key).await?;
+        ensure!(status == 202, "submission: {status} {resp}");
+        Ok(resp["task_id"].as_str().context("no task_id")?.to_owned())
+    }
+
+    async fn task(&self, id: &str) -> Result<Value> {
+        let resp = self
+            .http
+            .get(format!("{}/v1/queues/default/tasks/{id}", self.base))
+            .send()
+            .await?;
+        let status = resp.status();
+        let body: Value = resp.json().await?;
+        ensure!(status == 200, "GET task {id}: {status} {body}");
+        Ok(body)
+    }
+
+    /// Poll until the task's status is one of `statuses`.
+    async fn wait_for(&self, id: &str, statuses: &[&str], timeout: Duration) -> Result<Value> {
+        let start = Instant::now();
+        loop {
+            let task = self.task(id).await?;
+            if statuses.iter().any(|s| task["status"] == *s) {
+                return Ok(task);
+            }
+            if start.elapsed() > timeout {
+                bail!("task {id} did not reach {statuses:?} within {timeout:?}: {task:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The idempotency record of `key` in the default queue, as stored.
+async fn idem_record(redis: &RedisServer, key: &str) -> Result<Value> {
+    let mut conn = redis.conn().await?;
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(format!("dtq:idempotency:{{default}}:{key}"))
+        .query_async(&mut conn)
+        .await?;
+    serde_json::from_str(&raw.context("no idempotency record")?).context("record is not JSON")
+}
+
+fn sleep_task(ms: u64) -> Value {
+    json!({"task": "sleep", "payload": {"ms": ms}})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_task_is_reclaimed_and_completes_its_key() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
+    // The API stays up across the crash in a process of its own.
+    let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
+    let api = Api::of(&api_proc);
+
+    let key = "crash-1";
+    let id = api.submit_new(sleep_task(4_000), Some(key)).await?;
+    let running = api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    assert_eq!(running["attempts"], 1, "{running}");
+
+    a.crash()?;
+    let killed_at = Instant::now();
+    // The task is not terminal: its key is still in flight.
+    let (status, body) = api.submit(sleep_task(4_000), Some(key)).await?;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "IDEMPOTENCY_IN_PROGRESS");
+    assert_eq!(body["error"]["details"]["task_id"], id.as_str());
+
+    let _b = Proc::start(&dir, "worker-b", "worker", &redis, &[]).await?;
+    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(
+        done["attempts"], 2,
+        "the reclaimed run is attempt 2: {done:#}"
+    );
+    assert_eq!(done["result"], json!({"slept_ms": 4000}), "{done:#}");
+    assert!(
+        killed_at.elapsed() >= Duration::from_millis(VISIBILITY_MS),
+        "reclaimed before the visibility timeout"
+    );
+
+    let record = idem_record(&redis, key).await?;
+    assert_eq!(record["state"], "completed", "{record}");
+    assert_eq!(record["task_id"], id.as_str(), "{record}");
+
+    let (status, body) = api.submit(sleep_task(4_000), Some(key)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["duplicate"], true, "{body}");
+    assert_eq!(body["task_id"], id.as_str(), "{body}");
+    assert_eq!(body["status"], "SUCCEEDED", "{body}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
+    let _b = Proc::start(&dir, "serve-b", "serve", &redis, &[]).await?;
+    let api = Api::of(&a);
+
+    // 3.5 visibility timeouts: only the owner's heartbeats keep the other
+    // worker from reclaiming it.
+    let id = api.submit_new(sleep_task(3_500), Some("long-1")).await?;
+    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(
+        done["attempts"], 1,
+        "the task was reclaimed from a live worker: {done:#}"
+    );
+    assert_eq!(done["result"], json!({"slept_ms": 3500}), "{done:#}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    // Default grace period (10 s).
+    let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
+    let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
+    let api = Api::of(&api_proc);
+
+    let id = api.submit_new(sleep_task(2_500), Some("drain-1")).await?;
+    api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    a.signal(libc::SIGTERM)?;
+    let signalled = Instant::now();
+
+    // New work after the signal. It is submitted once the read that was in
+    // flight at the signal (it blocks up to 500 ms, and what it delivers is
+    // run, so no message is stranded on a stopping worker) has returned.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let later = api
+        .submit_new(json!({"task": "echo", "payload": {"n": 1}}), None)
+        .await?;
+
+    let status = a.wait_exit(Duration::from_secs(9)).await?;
+    let took = signalled.elapsed();
+    assert!(status.success(), "dtq serve exited with {status}");
+    let done = api.task(&id).await?;
+    assert_eq!(
+        done["status"], "SUCCEEDED",
+        "the running task must finish in the grace period: {done:#}"
+    );
+    assert_eq!(done["attempts"], 1, "{done:#}");
+    assert_eq!(idem_record(&redis, "drain-1").await?["state"], "completed");
+    assert!(
+        took >= Duration::from_millis(1_000),
+        "exited {took:?} after SIGTERM, before its task could finish"
+    );
+
+    // Nothing runs the later task now; it must still be waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = api.task(&later).await?;
+    assert_eq!(
+        waiting["status"], "QUEUED",
+        "a stopping worker took new work: {waiting:#}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let mut a = Proc::start(
+        &dir,
+        "serve-a",
+        "serve",
+        &redis,
+        &["--shutdown-grace-ms", "300"],
+    )
+    .await?;
+    let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
+    let api = Api::of(&api_proc);
+
+    let id = api.submit_new(sleep_task(5_000), Some("abandon-1")).await?;
+    api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    a.signal(libc::SIGTERM)?;
+    let signalled = Instant::now();
+    let status = a.wait_exit(Duration::from_secs(5)).await?;
+    let took = signalled.elapsed();
+    assert!(status.success(), "dtq serve exited with {status}");
+    // Stop fetching (a read blocks up to 500 ms) + 300 ms grace + exit.
+    assert!(
+        took < Duration::from_millis(2_500),
+        "took {took:?} to exit with a 300 ms grace period"
+    );
+
+    let abandoned = api.task(&id).await?;
+    assert_eq!(
+        abandoned["status"], "RUNNING",
+        "an abandoned task is not completed: {abandoned:#}"
+    );
+    assert_eq!(abandoned["attempts"], 1, "{abandoned:#}");
+    assert_eq!(
+        idem_record(&redis, "abandon-1").await?["state"],
+        "processing"
+    );
+
+    let _b = Proc::start(&dir, "worker-b", "worker", &redis, &[]).await?;
+    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(done["attempts"], 2, "{done:#}");
+    assert_eq!(
+        idem_record(&redis, "abandon-1").await?["state"],
+        "completed"
+    );
+    Ok(())
+}
+
+/// Run a `dtq` client command to completion (at most 30 s).
+async fn run(args: &[&str]) -> Result<Output> {
+    let mut cmd = tokio::process::Command::from(dtq_command());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .with_context(|| format!("dtq {args:?} did not finish within 30 s"))?
+        .with_context(|| format!("cannot run dtq {args:?}"))
+}
+
+/// The exit code, with the output in the message when it is not `want`.
+fn expect_code(out: &Output, want: i32, what: &str) -> Result<()> {
+    ensure!(
+        out.status.code() == Some(want),
+        "{what}: exit {:?}, want {want}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn stdout_json(out: &Output) -> Result<Value> {
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "stdout is not one JSON value: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn help_documents_the_environment_and_the_exit_codes() -> Result<()> {
+    let out = run(&["--help"]).await?;
+    expect_code(&out, 0, "dtq --help")?;
+    let top = String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = run(&["serve", "--help"]).await?;
+    expect_code(&out, 0, "dtq serve --help")?;
+    let serve = String::from_utf8_lossy(&out.stdout).into_owned();
+    for (text, name) in [(&top, "dtq --help"), (&serve, "dtq serve --help")] {
+        assert!(
+            text.contains("DTQ_"),
+            "{name} names no DTQ_* variable:\n{text}"
+        );
+        assert!(
+            text.contains("Exit codes"),
+            "{name} has no exit codes:\n{text}"
+        );
+        for code in ["0 ", "1 ", "2 ", "3 ", "4 ", "5 "] {
+            assert!(
+                text.contains(&format!("  {code}")),
+                "{name} misses exit code {code}:\n{text}"
+            );
+        }
+    }
+    for var in ["DTQ_REDIS_URL", "DTQ_HANDLERS", "DTQ_VISIBILITY_TIMEOUT_MS"] {
+        assert!(
+            serve.contains(var),
+            "dtq serve --help misses {var}:\n{serve}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_commands_exit_with_the_documented_codes() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let server = Proc::start(&dir, "serve", "serve", &redis, &[]).await?;
+    let api = server.api.as_str();
+
+    // 0: submitted and SUCCEEDED; the record is printed as JSON.
+    let submit_k = [
+        "submit",
+        "default",
+        "echo",
+        r#"{"a":1}"#,
+        "--api",
+        api,
+        "-k",
+        "K",
+    ];
+    let out = run(&[&submit_k[..], &["--wait"]].concat()).await?;
+    expect_code(&out, 0, "submit --wait")?;
+    let first = stdout_json(&out)?;
+    assert_eq!(first["status"], "SUCCEEDED", "{first:#}");
+    assert_eq!(first["result"], json!({"a": 1}), "{first:#}");
+
+    // 0 again for the same key: the stored task, marked a duplicate.
+    let out = run(&submit_k).await?;
+    expect_code(&out, 0, "resubmit")?;
+    let again = stdout_json(&out)?;
+    assert_eq!(again["duplicate"], true, "{again:#}");
+    assert_eq!(again["task_id"], first["task_id"], "{again:#}");
+    assert_eq!(again["status"], "SUCCEEDED", "{again:#}");
+    // With --wait too: the replayed task has finished, so exit 0.
+    let out = run(&[&submit_k[..], &["--wait"]].concat()).await?;
+    expect_code(&out, 0, "resubmit --wait")?;
+    assert_eq!(stdout_json(&out)?["task_id"], first["task_id"]);
+
+    // 1: the server refused it; stderr has the error code.
+    let out = run(&["submit", "default", "no_such_task", "{}", "--api", api]).await?;
+    expect_code(&out, 1, "unknown task")?;
+    assert!(stderr(&out).contains("UNKNOWN_TASK"), "{}", stderr(&out));
+
+    // 2: bad command line (the payload is not JSON; nothing is sent).
+    let out = run(&["submit", "default", "echo", "{not json", "--api", api]).await?;
+    expect_code(&out, 2, "non-JSON payload")?;
+    assert!(stderr(&out).contains("not JSON"), "{}", stderr(&out));
+    let out = run(&["submit", "default"]).await?;
+    expect_code(&out, 2, "missing arguments")?;
+
+    // 3: nothing listens there.
+    let closed = format!("http://127.0.0.1:{}", free_port()?);
+    let out = run(&["submit", "default", "echo", "{}", "--api", &closed]).await?;
+    expect_code(&out, 3, "unreachable API")?;
+
+    // 4: --wait on a task that dead-letters.
+    let out = run(&[
+        "submit",
+        "default",
+        "flaky",
+        r#"{"succeed_on_attempt": 2}"#,
+        "--max-attempts",
+        "1",
+        "--wait",
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 4, "dead-lettered task with --wait")?;
+    let dead = stdout_json(&out)?;
+    assert_eq!(dead["status"], "DEAD_LETTERED", "{dead:#}");
+    let dead_id = dead["task_id"].as_str().context("task_id")?;
+
+    // 5: --wait gives up while the task still runs.
+    let out = run(&[
+        "submit",
+        "default",
+        "sleep",
+        r#"{"ms": 3000}"#,
+        "--wait",
+        "--wait-timeout-s",
+        "1",
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 5, "--wait-timeout-s")?;
+
+    // Reading commands print JSON and exit 0.
+    let out = run(&["status", "default", dead_id, "--api", api]).await?;
+    expect_code(&out, 0, "status")?;
+    assert_eq!(stdout_json(&out)?["status"], "DEAD_LETTERED");
+    let out = run(&["dlq", "list", "default", "--api", api]).await?;
+    expect_code(&out, 0, "dlq list")?;
+    let listed = stdout_json(&out)?;
+    assert!(
+        listed.to_string().contains(dead_id),
+        "dlq list misses {dead_id}: {listed:#}"
+    );
+    let out = run(&["queues", "--api", api]).await?;
+    expect_code(&out, 0, "queues")?;
+    assert!(
+        stdout_json(&out)?.to_string().contains("default"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // 1: the admin routes are off without a token.
+    let out = run(&["dlq", "requeue", "default", dead_id, "--api", api]).await?;
+    expect_code(&out, 1, "dlq requeue without a token")?;
+    assert!(stderr(&out).contains("ADMIN_DISABLED"), "{}", stderr(&out));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_cannot_start_says_why() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let port = free_port()?.to_string();
+    let listen = format!("127.0.0.1:{port}");
+
+    let out = run(&[
+        "serve",
+        "--redis",
+        &redis.url(),
+        "--handlers",
+        "/nonexistent",
+        "--listen",
+        &listen,
+    ])
+    .await?;
+    expect_code(&out, 2, "serve --handlers /nonexistent")?;
+    assert!(
+        stderr(&out).contains("/nonexistent") && stderr(&out).contains("does not exist"),
+        "{}",
+        stderr(&out)
+    );
+
+    let closed = format!("redis://127.0.0.1:{}/", free_port()?);
+    let started = Instant::now();
+    let out = run(&[
+        "serve",
+        "--redis",
+        &closed,
+        "--handlers",
+        guests::EXAMPLES_DIR,
+        "--listen",
+        &listen,
+    ])
+    .await?;
+    expect_code(&out, 3, "serve with Redis unreachable")?;
+    assert!(
+        stderr(&out).contains("cannot reach Redis"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?} to give up",
+        started.elapsed()
+    );
+
+    let out = run(&["serve", "--redis", &redis.url(), "--concurrency", "0"]).await?;
+    expect_code(&out, 2, "serve --concurrency 0")?;
+    Ok(())
+}

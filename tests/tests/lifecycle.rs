@@ -1,0 +1,862 @@
+//! The worker side of the contract (rules 12–20): outcomes, completion
+//! writes, idempotency record transitions, cancel, expiry, DLQ and delayed
+//! tasks, against a real redis-server and the real example handlers.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use dtq_tests::Dtq;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn id_of(body: &Value) -> String {
+    body["task_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task_id in {body}"))
+        .to_owned()
+}
+
+async fn submit_ok(dtq: &Dtq, body: Value, key: Option<&str>) -> Result<String> {
+    let (status, resp) = dtq.submit("default", body, key).await?;
+    assert_eq!(status, 202, "{resp}");
+    Ok(id_of(&resp))
+}
+
+/// The lifecycle events of one task, in order: (status, attempt).
+async fn events(dtq: &Dtq, id: &str) -> Result<Vec<(String, u64)>> {
+    let mut conn = dtq.redis.conn().await?;
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg("dtq:events:{default}")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await?;
+    let mut out = Vec::new();
+    for (_, fields) in entries {
+        let get = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|kv| kv[0] == name)
+                .map(|kv| kv[1].clone())
+        };
+        if get("task_id").as_deref() == Some(id) {
+            let status = get("status").unwrap_or_default();
+            let attempt = get("attempt")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(u64::MAX);
+            out.push((status, attempt));
+        }
+    }
+    Ok(out)
+}
+
+async fn pending_count(dtq: &Dtq) -> Result<u64> {
+    let mut conn = dtq.redis.conn().await?;
+    let reply: redis::Value = redis::cmd("XPENDING")
+        .arg("dtq:stream:{default}")
+        .arg("dtq-workers")
+        .query_async(&mut conn)
+        .await?;
+    Ok(match reply {
+        redis::Value::Array(items) => {
+            redis::from_redis_value(items.into_iter().next().unwrap_or(redis::Value::Int(0)))?
+        }
+        _ => 0,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_holds_no_more_messages_than_free_slots() -> Result<()> {
+    let dtq = Dtq::start(true, &["--concurrency", "2"]).await?;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(submit_ok(&dtq, json!({"task": "sleep", "payload": {"ms": 300}}), None).await?);
+    }
+    let start = Instant::now();
+    let mut max_pending = 0;
+    let mut max_running = 0;
+    loop {
+        max_pending = max_pending.max(pending_count(&dtq).await?);
+        let mut running = 0;
+        let mut done = 0;
+        for id in &ids {
+            match dtq.task("default", id).await?["status"].as_str() {
+                Some("RUNNING") => running += 1,
+                Some("SUCCEEDED") => done += 1,
+                _ => {}
+            }
+        }
+        max_running = max_running.max(running);
+        if done == ids.len() {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "tasks did not finish");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(
+        max_pending <= 2,
+        "a worker with 2 slots held {max_pending} messages"
+    );
+    assert!(
+        max_running <= 2,
+        "{max_running} tasks ran at once on 2 slots"
+    );
+    assert!(max_running >= 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn success_keeps_result_log_and_timestamps_and_acks() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "adversarial", "payload": {"op": "stdout", "bytes": 12}}),
+        None,
+    )
+    .await?;
+    let task = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(task["attempts"], 1);
+    assert!(task["result"].is_object(), "{task}");
+    assert!(
+        task["log"].as_str().is_some_and(|l| l.len() >= 12),
+        "stdout is captured into the log: {task}"
+    );
+    for field in ["created_at", "started_at", "finished_at", "updated_at"] {
+        assert!(
+            task[field].as_u64().is_some_and(|t| t > 0),
+            "{field}: {task}"
+        );
+    }
+    assert_eq!(
+        events(&dtq, &id).await?,
+        vec![
+            ("QUEUED".into(), 0),
+            ("RUNNING".into(), 1),
+            ("SUCCEEDED".into(), 1),
+        ]
+    );
+    // Acknowledged and deleted: nothing pending, nothing left in the stream.
+    assert_eq!(pending_count(&dtq).await?, 0);
+    let mut conn = dtq.redis.conn().await?;
+    let len: u64 = redis::cmd("XLEN")
+        .arg("dtq:stream:{default}")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(len, 0);
+    // Terminal hashes get the retention TTL.
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(format!("dtq:task:{{default}}:{id}"))
+        .query_async(&mut conn)
+        .await?;
+    assert!(ttl > 0, "terminal task hash has no retention TTL ({ttl})");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retryable_errors_retry_with_backoff_then_succeed() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 3}, "max_attempts": 5}),
+        Some("flaky-key"),
+    )
+    .await?;
+    let task = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(task["attempts"], 3);
+    assert_eq!(task["result"], json!({"attempt": 3}));
+    let statuses: Vec<String> = events(&dtq, &id)
+        .await?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "QUEUED",
+            "RUNNING",
+            "RETRYING",
+            "QUEUED",
+            "RUNNING",
+            "RETRYING",
+            "QUEUED",
+            "RUNNING",
+            "SUCCEEDED"
+        ]
+    );
+    assert_eq!(
+        dtq.idem_record("default", "flaky-key")
+            .await?
+            .expect("record")["state"],
+        "completed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retrying_keeps_the_record_processing_and_resubmission_gets_409() -> Result<()> {
+    // Long backoff, so the task sits in RETRYING while we look.
+    let dtq = Dtq::start(
+        true,
+        &["--retry-base-ms", "60000", "--retry-max-ms", "60000"],
+    )
+    .await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 5}, "max_attempts": 5}),
+        Some("retrying"),
+    )
+    .await?;
+    let task = dtq.wait_for("default", &id, &["RETRYING"], WAIT).await?;
+    assert!(
+        task["run_at"]
+            .as_u64()
+            .is_some_and(|at| at >= task["updated_at"].as_u64().unwrap_or(0) + 30_000),
+        "backoff with equal jitter is at least half the base: {task}"
+    );
+    assert_eq!(
+        dtq.idem_record("default", "retrying")
+            .await?
+            .expect("record")["state"],
+        "processing"
+    );
+    let (status, body) = dtq
+        .submit(
+            "default",
+            json!({"task": "flaky", "payload": {"succeed_on_attempt": 5}}),
+            Some("retrying"),
+        )
+        .await?;
+    assert_eq!(status, 409, "{body}");
+    // It waits in the delayed set.
+    let mut conn = dtq.redis.conn().await?;
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg("dtq:delayed:{default}")
+        .arg(&id)
+        .query_async(&mut conn)
+        .await?;
+    assert!(score.is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exhausted_retries_dead_letter_and_fail_the_record() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 10}, "max_attempts": 2}),
+        Some("dlq-key"),
+    )
+    .await?;
+    let task = dtq
+        .wait_for("default", &id, &["DEAD_LETTERED"], WAIT)
+        .await?;
+    assert_eq!(task["attempts"], 2);
+    assert!(
+        task["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{task}"
+    );
+    assert_eq!(
+        dtq.idem_record("default", "dlq-key")
+            .await?
+            .expect("record")["state"],
+        "failed"
+    );
+    let (status, list) = dtq
+        .call(Method::GET, "/v1/queues/default/dlq", None, &[])
+        .await?;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = list["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["task_id"].as_str())
+        .collect();
+    assert_eq!(ids, [id.as_str()]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fatal_errors_fail_at_once_and_traps_and_deadlines_retry() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let fatal = submit_ok(&dtq, json!({"task": "adversarial", "payload": {"op": "fatal", "message": "bad card"}, "max_attempts": 3}), Some("fatal")).await?;
+    let panic = submit_ok(&dtq, json!({"task": "adversarial", "payload": {"op": "panic", "message": "boom"}, "max_attempts": 2}), None).await?;
+    let deadline = submit_ok(
+        &dtq,
+        json!({"task": "sleep", "payload": {"ms": 5000}, "timeout_ms": 100, "max_attempts": 2}),
+        None,
+    )
+    .await?;
+
+    let t = dtq
+        .wait_for(
+            "default",
+            &fatal,
+            &["FAILED", "DEAD_LETTERED", "SUCCEEDED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        (t["status"].as_str(), t["attempts"].as_u64()),
+        (Some("FAILED"), Some(1)),
+        "{t}"
+    );
+    assert!(
+        t["error"].as_str().is_some_and(|e| e.contains("bad card")),
+        "{t}"
+    );
+    assert_eq!(
+        dtq.idem_record("default", "fatal").await?.expect("record")["state"],
+        "failed"
+    );
+
+    let t = dtq
+        .wait_for(
+            "default",
+            &panic,
+            &["FAILED", "DEAD_LETTERED", "SUCCEEDED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        (t["status"].as_str(), t["attempts"].as_u64()),
+        (Some("DEAD_LETTERED"), Some(2)),
+        "{t}"
+    );
+    assert!(
+        t["error"].as_str().is_some_and(|e| e.contains("boom")),
+        "panic message kept: {t}"
+    );
+
+    let t = dtq
+        .wait_for(
+            "default",
+            &deadline,
+            &["FAILED", "DEAD_LETTERED", "SUCCEEDED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        (t["status"].as_str(), t["attempts"].as_u64()),
+        (Some("DEAD_LETTERED"), Some(2)),
+        "{t}"
+    );
+    assert!(
+        t["error"]
+            .as_str()
+            .is_some_and(|e| e.to_lowercase().contains("deadline")),
+        "{t}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn completion_never_creates_a_record_and_keeps_its_ttl() -> Result<()> {
+    let dtq = Dtq::start(true, &["--idem-ttl-s", "1000"]).await?;
+    // Keyless tasks have no record, before or after.
+    let keyless = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
+    dtq.wait_for("default", &keyless, &["SUCCEEDED"], WAIT)
+        .await?;
+    let idem: Vec<String> = dtq
+        .redis
+        .keys()
+        .await?
+        .into_iter()
+        .filter(|k| k.starts_with("dtq:idempotency"))
+        .collect();
+    assert!(idem.is_empty(), "{idem:?}");
+
+    // A record deleted while its task runs is not recreated (SET XX).
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "sleep", "payload": {"ms": 400}}),
+        Some("gone"),
+    )
+    .await?;
+    dtq.wait_for("default", &id, &["RUNNING"], WAIT).await?;
+    let mut conn = dtq.redis.conn().await?;
+    let _: () = redis::cmd("DEL")
+        .arg("dtq:idempotency:{default}:gone")
+        .query_async(&mut conn)
+        .await?;
+    dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert!(dtq.idem_record("default", "gone").await?.is_none());
+
+    // The expiry is kept (KEEPTTL): a short TTL set by hand survives the completion.
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "sleep", "payload": {"ms": 300}}),
+        Some("ttl"),
+    )
+    .await?;
+    let _: () = redis::cmd("EXPIRE")
+        .arg("dtq:idempotency:{default}:ttl")
+        .arg(50)
+        .query_async(&mut conn)
+        .await?;
+    dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("dtq:idempotency:{default}:ttl")
+        .query_async(&mut conn)
+        .await?;
+    assert!((1..=50).contains(&ttl), "KEEPTTL lost the expiry: {ttl}");
+    assert_eq!(
+        dtq.idem_record("default", "ttl").await?.expect("record")["state"],
+        "completed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_completion_writes_nothing() -> Result<()> {
+    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind};
+    let dtq = Dtq::start(false, &[]).await?;
+    let id = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), Some("stale-c")).await?;
+    let before = dtq.task("default", &id).await?;
+    // The task is QUEUED, not RUNNING attempt 1: a completion for attempt 1
+    // (e.g. from a worker whose task was reclaimed) must be refused whole.
+    let outcome = dtq
+        .store
+        .complete(&[Completion {
+            queue: "default".into(),
+            task_id: id.clone(),
+            msg_id: "0-1".into(),
+            idempotency_key: Some("stale-c".into()),
+            kind: CompletionKind::Success,
+            detail: "{}".into(),
+            log: String::new(),
+            attempt: 1,
+            retry_at: 0,
+            now: dtq_host::ingest::now_ms(),
+        }])
+        .await?;
+    assert_eq!(outcome, vec![CompleteOutcome::Stale("QUEUED".into())]);
+    assert_eq!(dtq.task("default", &id).await?, before);
+    assert_eq!(
+        dtq.idem_record("default", "stale-c")
+            .await?
+            .expect("record")["state"],
+        "processing"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_of_a_queued_task_means_it_never_runs_and_replays() -> Result<()> {
+    let mut dtq = Dtq::start(false, &[]).await?;
+    let body = json!({"task": "counter", "payload": {"name": "never"}});
+    let id = submit_ok(&dtq, body.clone(), Some("cancel-q")).await?;
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/default/tasks/{id}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (status, resp["status"].as_str()),
+        (200, Some("CANCELLED")),
+        "{resp}"
+    );
+    assert_eq!(
+        dtq.idem_record("default", "cancel-q")
+            .await?
+            .expect("record")["state"],
+        "failed"
+    );
+
+    dtq.start_worker();
+    // Give the worker time to read (and skip) the message.
+    let start = Instant::now();
+    while pending_count(&dtq).await? > 0 || start.elapsed() < Duration::from_millis(500) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let task = dtq.task("default", &id).await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("CANCELLED"), Some(0)),
+        "{task}"
+    );
+    let mut conn = dtq.redis.conn().await?;
+    let counter: Option<i64> = redis::cmd("GET")
+        .arg("dtq:guest:counter:counter:never")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(counter, None, "the handler ran");
+
+    let (status, replay) = dtq.submit("default", body, Some("cancel-q")).await?;
+    assert_eq!(status, 200, "{replay}");
+    assert_eq!(
+        (replay["duplicate"].as_bool(), replay["status"].as_str()),
+        (Some(true), Some("CANCELLED"))
+    );
+
+    // Cancelling again: already terminal.
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/default/tasks/{id}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (409, Some("TASK_TERMINAL")),
+        "{resp}"
+    );
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            "/v1/queues/default/tasks/nope/cancel",
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (404, Some("TASK_NOT_FOUND")),
+        "{resp}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_interrupts_a_running_task_inside_the_sandbox() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    // A busy loop that never yields: only preemption can stop it.
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "adversarial", "payload": {"op": "loop"}, "max_attempts": 3}),
+        Some("cancel-r"),
+    )
+    .await?;
+    dtq.wait_for("default", &id, &["RUNNING"], WAIT).await?;
+    let asked = Instant::now();
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/default/tasks/{id}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(status, 202, "{resp}");
+    let task = dtq
+        .wait_for(
+            "default",
+            &id,
+            &["CANCELLED", "SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(task["status"], "CANCELLED", "{task}");
+    assert_eq!(task["attempts"], 1, "a cancelled task is not retried");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        dtq.idem_record("default", "cancel-r")
+            .await?
+            .expect("record")["state"],
+        "failed"
+    );
+    let (status, replay) = dtq
+        .submit(
+            "default",
+            json!({"task": "adversarial", "payload": {"op": "loop"}, "max_attempts": 3}),
+            Some("cancel-r"),
+        )
+        .await?;
+    assert_eq!(
+        (status, replay["duplicate"].as_bool()),
+        (200, Some(true)),
+        "{replay}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_of_a_retrying_task_removes_it_from_the_delayed_set() -> Result<()> {
+    let dtq = Dtq::start(
+        true,
+        &["--retry-base-ms", "60000", "--retry-max-ms", "60000"],
+    )
+    .await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 3}, "max_attempts": 3}),
+        None,
+    )
+    .await?;
+    dtq.wait_for("default", &id, &["RETRYING"], WAIT).await?;
+    let (status, _) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/default/tasks/{id}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(status, 200);
+    let mut conn = dtq.redis.conn().await?;
+    let delayed: u64 = redis::cmd("ZCARD")
+        .arg("dtq:delayed:{default}")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(delayed, 0);
+    assert_eq!(dtq.task("default", &id).await?["status"], "CANCELLED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_not_started_before_its_expiry_expires() -> Result<()> {
+    let mut dtq = Dtq::start(false, &[]).await?;
+    let body = json!({"task": "counter", "payload": {"name": "late"}, "expires_in_ms": 100});
+    let id = submit_ok(&dtq, body.clone(), Some("exp-key")).await?;
+    // A task with room to spare runs normally.
+    let fresh = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 1, "expires_in_ms": 60000}),
+        None,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    dtq.start_worker();
+    let task = dtq
+        .wait_for("default", &id, &["EXPIRED", "SUCCEEDED"], WAIT)
+        .await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("EXPIRED"), Some(0)),
+        "{task}"
+    );
+    dtq.wait_for("default", &fresh, &["SUCCEEDED"], WAIT)
+        .await?;
+    assert_eq!(
+        dtq.idem_record("default", "exp-key")
+            .await?
+            .expect("record")["state"],
+        "failed"
+    );
+    let (status, replay) = dtq.submit("default", body, Some("exp-key")).await?;
+    assert_eq!(
+        (
+            status,
+            replay["status"].as_str(),
+            replay["duplicate"].as_bool()
+        ),
+        (200, Some("EXPIRED"), Some(true))
+    );
+    assert_eq!(
+        pending_count(&dtq).await?,
+        0,
+        "the expired task's message was acknowledged"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dlq_requeue_is_admin_only_and_resets_the_record_to_processing() -> Result<()> {
+    let mut dtq = Dtq::start(
+        true,
+        &[
+            "--admin-token",
+            "s3cret",
+            "--retry-base-ms",
+            "300",
+            "--retry-max-ms",
+            "300",
+        ],
+    )
+    .await?;
+    let body = json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}, "max_attempts": 1});
+    let id = submit_ok(&dtq, body.clone(), Some("rq")).await?;
+    dtq.wait_for("default", &id, &["DEAD_LETTERED"], WAIT)
+        .await?;
+    assert_eq!(
+        dtq.idem_record("default", "rq").await?.expect("record")["state"],
+        "failed"
+    );
+
+    // No worker while we look at the requeued task's record.
+    dtq.stop_worker().await?;
+    let path = format!("/v1/queues/default/dlq/{id}/requeue");
+    let (status, resp) = dtq.call(Method::POST, &path, None, &[]).await?;
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (401, Some("UNAUTHORIZED")),
+        "{resp}"
+    );
+    let (status, _) = dtq
+        .call(
+            Method::POST,
+            &path,
+            None,
+            &[("Authorization", "Bearer wrong")],
+        )
+        .await?;
+    assert_eq!(status, 401);
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &path,
+            None,
+            &[("Authorization", "Bearer s3cret")],
+        )
+        .await?;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(
+        dtq.idem_record("default", "rq").await?.expect("record")["state"],
+        "processing"
+    );
+    let (status, conflict) = dtq.submit("default", body.clone(), Some("rq")).await?;
+    assert_eq!(status, 409, "requeued task is in flight again: {conflict}");
+    dtq.start_worker();
+
+    let task = dtq
+        .wait_for("default", &id, &["SUCCEEDED", "DEAD_LETTERED"], WAIT)
+        .await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("SUCCEEDED"), Some(2)),
+        "{task}"
+    );
+    assert_eq!(
+        dtq.idem_record("default", "rq").await?.expect("record")["state"],
+        "completed"
+    );
+    let (_, list) = dtq
+        .call(Method::GET, "/v1/queues/default/dlq", None, &[])
+        .await?;
+    assert_eq!(list["tasks"], json!([]));
+    // Requeue of a task that is not dead-lettered.
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &path,
+            None,
+            &[("Authorization", "Bearer s3cret")],
+        )
+        .await?;
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (409, Some("NOT_DEAD_LETTERED")),
+        "{resp}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_routes_are_disabled_without_a_token() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            "/v1/queues/default/dlq/x/requeue",
+            None,
+            &[("Authorization", "Bearer anything")],
+        )
+        .await?;
+    assert_eq!(
+        (status, resp["error"]["code"].as_str()),
+        (403, Some("ADMIN_DISABLED")),
+        "{resp}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    // A second worker on the same Redis: two delayed movers race for every task.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let second = tokio::spawn(dtq_host::worker::run(
+        dtq.store.clone(),
+        dtq.sandbox.clone(),
+        dtq.config.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let body =
+            json!({"task": "counter", "payload": {"name": format!("d{i}")}, "delay_ms": 400});
+        let (status, resp) = dtq.submit("default", body, None).await?;
+        assert_eq!(
+            (status, resp["status"].as_str()),
+            (202, Some("SCHEDULED")),
+            "{resp}"
+        );
+        ids.push(id_of(&resp));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        dtq.task("default", &ids[0]).await?["status"],
+        "SCHEDULED",
+        "ran before its due time"
+    );
+    let mut conn = dtq.redis.conn().await?;
+    for (i, id) in ids.iter().enumerate() {
+        let task = dtq.wait_for("default", id, &["SUCCEEDED"], WAIT).await?;
+        assert_eq!(task["attempts"], 1);
+        let started = task["started_at"].as_u64().unwrap_or(0);
+        assert!(
+            started >= task["created_at"].as_u64().unwrap_or(u64::MAX) + 400,
+            "started early: {task}"
+        );
+        let value: i64 = redis::cmd("GET")
+            .arg(format!("dtq:guest:counter:counter:d{i}"))
+            .query_async(&mut conn)
+            .await?;
+        assert_eq!(value, 1, "task {i} ran {value} times");
+    }
+    stop.cancel();
+    second.await??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queue_counts_and_health() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
+    submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 2, "delay_ms": 60000}),
+        None,
+    )
+    .await?;
+    let (status, stats) = dtq
+        .call(Method::GET, "/v1/queues/default", None, &[])
+        .await?;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (
+            stats["ready"].as_u64(),
+            stats["delayed"].as_u64(),
+            stats["dead_lettered"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0)),
+        "{stats}"
+    );
+    let (_, all) = dtq.call(Method::GET, "/v1/queues", None, &[]).await?;
+    assert_eq!(all["queues"][0]["queue"], "default", "{all}");
+    let (status, health) = dtq.call(Method::GET, "/healthz", None, &[]).await?;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+    let (status, missing) = dtq
+        .call(Method::GET, "/v1/queues/default/tasks/nope", None, &[])
+        .await?;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("TASK_NOT_FOUND"))
+    );
+    let (status, route) = dtq.call(Method::GET, "/nope", None, &[]).await?;
+    assert_eq!(
+        (status, route["error"]["code"].as_str()),
+        (404, Some("NOT_FOUND"))
+    );
+    Ok(())
+}

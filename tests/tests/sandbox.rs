@@ -1,0 +1,1030 @@
+//! The sandbox against a real `redis-server` and real guest components:
+//! the example handlers, every limit obeyed and violated, the adversarial
+//! guest contained, cancellation, and the artifact cache.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use dtq_host::sandbox::{
+    Call, CallReport, CancelHandle, Limit, Limits, Outcome, Sandbox, SandboxConfig, TaskContext,
+    Trap,
+};
+use dtq_tests::guests;
+use dtq_tests::{RedisServer, TempDir};
+use serde_json::{Value, json};
+
+/// Artifacts shared by the tests of this binary, so each module is compiled
+/// once per engine configuration rather than once per test. Cache behaviour
+/// itself is tested with private directories.
+fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("sandbox-artifacts")
+}
+
+async fn sandbox(redis: &RedisServer, limits: Limits) -> Result<Sandbox> {
+    sandbox_in(redis, limits, Some(shared_cache())).await
+}
+
+async fn sandbox_in(
+    redis: &RedisServer,
+    limits: Limits,
+    cache_dir: Option<PathBuf>,
+) -> Result<Sandbox> {
+    let config = SandboxConfig {
+        limits,
+        cache_dir,
+        max_concurrent_calls: 64,
+        ..SandboxConfig::default()
+    };
+    Ok(Sandbox::new(config, redis.manager().await?)?)
+}
+
+/// A sandbox with the `adversarial` guest loaded under its own name.
+async fn adversarial(redis: &RedisServer, limits: Limits) -> Result<Sandbox> {
+    let sandbox = sandbox(redis, limits).await?;
+    load(&sandbox, "adversarial", guests::ADVERSARIAL)?;
+    Ok(sandbox)
+}
+
+fn load(sandbox: &Sandbox, task: &str, path: &str) -> Result<()> {
+    let wasm = std::fs::read(path).with_context(|| format!("read {path}"))?;
+    sandbox.load(task, &wasm)?;
+    Ok(())
+}
+
+fn call(task: &str, payload: Value) -> Call {
+    Call {
+        task: task.to_string(),
+        ctx: TaskContext {
+            task_id: uuid::Uuid::now_v7().to_string(),
+            queue: "default".to_string(),
+            task_name: task.to_string(),
+            attempt: 1,
+            max_attempts: 3,
+            idempotency_key: None,
+        },
+        payload: payload.to_string(),
+        deadline: None,
+    }
+}
+
+async fn run(sandbox: &Sandbox, task: &str, payload: Value) -> CallReport {
+    sandbox
+        .call(call(task, payload), &CancelHandle::new())
+        .await
+}
+
+/// The JSON of a successful call; anything else fails the test with the log.
+fn success(report: &CallReport) -> Result<Value> {
+    match &report.outcome {
+        Outcome::Success(json) => Ok(serde_json::from_str(json)?),
+        other => bail!("expected success, got {other:?}\nlog:\n{}", report.log),
+    }
+}
+
+fn trap(report: &CallReport) -> Result<Trap> {
+    match &report.outcome {
+        Outcome::Trapped(trap) => Ok(trap.clone()),
+        other => bail!("expected a trap, got {other:?}\nlog:\n{}", report.log),
+    }
+}
+
+/// `{"ok": true}` from the adversarial guest: the sandbox still works.
+async fn still_ok(sandbox: &Sandbox) -> Result<()> {
+    let report = run(sandbox, "adversarial", json!({"op": "ok"})).await;
+    assert_eq!(success(&report)?, json!({"ok": true}));
+    Ok(())
+}
+
+async fn get(redis: &RedisServer, key: &str) -> Result<Option<String>> {
+    let mut conn = redis.conn().await?;
+    Ok(redis::cmd("GET").arg(key).query_async(&mut conn).await?)
+}
+
+// ---------------------------------------------------------------- examples
+
+#[tokio::test(flavor = "multi_thread")]
+async fn load_dir_loads_every_example() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    let mut loaded = sandbox.load_dir(Path::new(guests::EXAMPLES_DIR))?;
+    loaded.sort();
+    let mut expected: Vec<String> = [
+        "counter",
+        "echo",
+        "flaky",
+        "order_total",
+        "send_receipt",
+        "sleep",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    expected.sort();
+    assert_eq!(loaded, expected);
+    assert_eq!(sandbox.handlers(), expected);
+    assert!(sandbox.has_handler("echo"));
+    assert!(!sandbox.has_handler("nope"));
+
+    let report = run(&sandbox, "nope", json!({})).await;
+    assert_eq!(trap(&report)?, Trap::UnknownHandler("nope".to_string()));
+    assert!(!report.outcome.is_retryable());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn counter_increments_in_its_namespace() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "counter", guests::COUNTER)?;
+
+    let first = run(&sandbox, "counter", json!({"name": "visits"})).await;
+    assert_eq!(success(&first)?, json!({"name": "visits", "value": 1}));
+    assert_eq!(first.host_calls, 1);
+    let second = run(&sandbox, "counter", json!({"name": "visits", "by": 5})).await;
+    assert_eq!(success(&second)?, json!({"name": "visits", "value": 6}));
+
+    assert_eq!(
+        get(&redis, "dtq:guest:counter:counter:visits")
+            .await?
+            .as_deref(),
+        Some("6")
+    );
+    assert_eq!(
+        redis.keys().await?,
+        vec!["dtq:guest:counter:counter:visits"]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_returns_the_payload_byte_for_byte() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "echo", guests::ECHO)?;
+
+    let payload = r#"{"b": [1, 2.50, "x"],   "a": null}"#;
+    let mut request = call("echo", json!(null));
+    request.payload = payload.to_string();
+    let report = sandbox.call(request, &CancelHandle::new()).await;
+    assert_eq!(report.outcome, Outcome::Success(payload.to_string()));
+    assert_eq!(report.host_calls, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flaky_is_retryable_until_its_attempt() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "flaky", guests::FLAKY)?;
+
+    for attempt in 1..=3 {
+        let mut request = call("flaky", json!({"succeed_on_attempt": 3}));
+        request.ctx.attempt = attempt;
+        let report = sandbox.call(request, &CancelHandle::new()).await;
+        if attempt < 3 {
+            assert!(
+                matches!(&report.outcome, Outcome::Retryable(msg) if msg.contains("fails on purpose")),
+                "attempt {attempt}: {:?}",
+                report.outcome
+            );
+            assert!(report.outcome.is_retryable());
+        } else {
+            assert_eq!(success(&report)?, json!({"attempt": 3}));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sleep_spins_and_returns() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "sleep", guests::SLEEP)?;
+
+    let report = run(&sandbox, "sleep", json!({"ms": 100})).await;
+    assert_eq!(success(&report)?, json!({"slept_ms": 100}));
+    assert!(
+        report.elapsed >= Duration::from_millis(100),
+        "{:?}",
+        report.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn order_total_prices_an_order() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "order_total", guests::ORDER_TOTAL)?;
+
+    let order = json!({
+        "lines": [
+            {"sku": "TEA-1", "quantity": 3, "unit_price_cents": 450, "tax_rate_bp": 700},
+            {"sku": "MUG-2", "quantity": 1, "unit_price_cents": 1299}
+        ],
+        "shipping_cents": 500
+    });
+    let totals = success(&run(&sandbox, "order_total", order).await)?;
+    assert_eq!(totals["item_count"], 4);
+    assert_eq!(totals["subtotal_cents"], 2649);
+    assert_eq!(totals["tax_cents"], 95);
+    assert_eq!(totals["total_cents"], 3244);
+    assert_eq!(totals["lines"][0]["total_cents"], 1445);
+
+    let report = run(&sandbox, "order_total", json!({"lines": []})).await;
+    assert!(
+        matches!(report.outcome, Outcome::Fatal(_)),
+        "{:?}",
+        report.outcome
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn send_receipt_charges_once_then_dedupes() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "send_receipt", guests::SEND_RECEIPT)?;
+
+    let order = json!({"order_id": "A-1", "amount_cents": 1999});
+    let first = run(&sandbox, "send_receipt", order.clone()).await;
+    assert_eq!(
+        success(&first)?,
+        json!({"charged": true, "order_id": "A-1"})
+    );
+    let second = run(&sandbox, "send_receipt", order).await;
+    assert_eq!(success(&second)?, json!({"deduped": true}));
+
+    assert_eq!(
+        get(&redis, "dtq:guest:send_receipt:charges:A-1")
+            .await?
+            .as_deref(),
+        Some("1")
+    );
+    let email: Value = serde_json::from_str(
+        &get(&redis, "dtq:guest:send_receipt:emails:A-1")
+            .await?
+            .context("no email record")?,
+    )?;
+    assert_eq!(email["amount_cents"], 1999);
+    // The claim holds the stored result, with the TTL the guest asked for.
+    let claim = get(&redis, "dtq:guest:send_receipt:idem:receipt:A-1")
+        .await?
+        .context("no claim")?;
+    assert!(
+        claim.starts_with(dtq_host::sandbox::RESULT_PREFIX),
+        "{claim}"
+    );
+    let mut conn = redis.conn().await?;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("dtq:guest:send_receipt:idem:receipt:A-1")
+        .query_async(&mut conn)
+        .await?;
+    assert!(ttl > 86_000, "ttl {ttl}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "send_receipt", guests::SEND_RECEIPT)?;
+
+    let order = json!({"order_id": "race-7", "amount_cents": 500});
+    let calls = (0..50).map(|_| {
+        let sandbox = sandbox.clone();
+        let order = order.clone();
+        tokio::spawn(async move { run(&sandbox, "send_receipt", order).await })
+    });
+    let mut charged = 0;
+    let mut deduped = 0;
+    for report in futures::future::join_all(calls).await {
+        let result = success(&report?)?;
+        if result == json!({"charged": true, "order_id": "race-7"}) {
+            charged += 1;
+        } else if result == json!({"deduped": true}) {
+            deduped += 1;
+        } else {
+            bail!("unexpected result {result}");
+        }
+    }
+    assert_eq!((charged, deduped), (1, 49));
+    assert_eq!(
+        get(&redis, "dtq:guest:send_receipt:charges:race-7")
+            .await?
+            .as_deref(),
+        Some("1")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn namespaced_guest_writes_under_its_declared_namespace() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    let wasm = std::fs::read(guests::NAMESPACED)?;
+    let report = sandbox.load("billing-v2", &wasm)?;
+    assert_eq!(report.namespace, "shared-ns");
+
+    let result = run(&sandbox, "billing-v2", json!({"key": "k", "value": "v"})).await;
+    assert_eq!(success(&result)?, json!({"ok": true}));
+    assert_eq!(redis.keys().await?, vec!["dtq:guest:shared-ns:k"]);
+    assert_eq!(
+        get(&redis, "dtq:guest:shared-ns:k").await?.as_deref(),
+        Some("v")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_modules_are_refused() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    assert!(sandbox.load("junk", b"not wasm at all").is_err());
+    // A task name that is not a valid namespace needs a namespace section.
+    let wasm = std::fs::read(guests::ECHO)?;
+    assert!(sandbox.load("bad:name", &wasm).is_err());
+    assert!(sandbox.load("", &wasm).is_err());
+    assert!(sandbox.handlers().is_empty());
+    Ok(())
+}
+
+// ------------------------------------------------------------ redis errors
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_type_and_unavailable_redis_reach_the_guest_as_host_errors() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "counter", guests::COUNTER)?;
+
+    let mut conn = redis.conn().await?;
+    let () = redis::cmd("SET")
+        .arg("dtq:guest:counter:counter:text")
+        .arg("not a number")
+        .query_async(&mut conn)
+        .await?;
+    let report = run(&sandbox, "counter", json!({"name": "text"})).await;
+    assert!(
+        matches!(&report.outcome, Outcome::Retryable(msg) if msg.contains("wrong type")),
+        "{:?}",
+        report.outcome
+    );
+
+    drop(redis);
+    let report = run(&sandbox, "counter", json!({"name": "visits"})).await;
+    assert!(
+        matches!(&report.outcome, Outcome::Retryable(msg) if msg.contains("unavailable")),
+        "{:?}",
+        report.outcome
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------ limits
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+
+    let mut short = call("adversarial", json!({"op": "sleep", "ms": 50}));
+    short.deadline = Some(Duration::from_secs(5));
+    let report = sandbox.call(short, &CancelHandle::new()).await;
+    assert_eq!(success(&report)?, json!({"slept_ms": 50}));
+
+    let mut endless = call("adversarial", json!({"op": "loop"}));
+    endless.deadline = Some(Duration::from_millis(300));
+    let report = sandbox.call(endless, &CancelHandle::new()).await;
+    assert_eq!(trap(&report)?, Trap::DeadlineExceeded);
+    assert!(report.outcome.is_retryable());
+    assert!(
+        report.elapsed >= Duration::from_millis(300),
+        "{:?}",
+        report.elapsed
+    );
+    assert!(
+        report.elapsed < Duration::from_secs(3),
+        "{:?}",
+        report.elapsed
+    );
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_deadline_is_capped_by_the_limit() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+    let mut endless = call("adversarial", json!({"op": "loop"}));
+    endless.deadline = Some(Duration::from_secs(3600));
+    let report = sandbox.call(endless, &CancelHandle::new()).await;
+    assert_eq!(trap(&report)?, Trap::DeadlineExceeded);
+    assert!(
+        report.elapsed < Duration::from_secs(3),
+        "{:?}",
+        report.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadline_interrupts_a_guest_waiting_on_redis() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "counter", guests::COUNTER)?;
+
+    // Redis holds every write for 5 s: the guest sits in the `incr-by`
+    // import, where no epoch check runs.
+    let mut conn = redis.conn().await?;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await?;
+    let mut request = call("counter", json!({"name": "paused"}));
+    request.deadline = Some(Duration::from_millis(300));
+    let report = sandbox.call(request, &CancelHandle::new()).await;
+    assert_eq!(trap(&report)?, Trap::DeadlineExceeded);
+    assert!(
+        report.elapsed < Duration::from_secs(3),
+        "{:?}",
+        report.elapsed
+    );
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+
+    let report = run(&sandbox, "adversarial", json!({"op": "alloc", "mb": 16})).await;
+    assert_eq!(success(&report)?, json!({"allocated_mb": 16}));
+
+    let report = run(&sandbox, "adversarial", json!({"op": "alloc", "mb": 100})).await;
+    assert_eq!(trap(&report)?, Trap::OutOfMemory);
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fuel_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        fuel: Some(50_000_000),
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    still_ok(&sandbox).await?;
+    let report = run(&sandbox, "adversarial", json!({"op": "loop"})).await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::Fuel));
+    assert!(
+        report.elapsed < Duration::from_secs(10),
+        "{:?}",
+        report.elapsed
+    );
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn payload_size_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        max_payload_bytes: 1024,
+        ..Limits::default()
+    };
+    let sandbox = sandbox(&redis, limits).await?;
+    load(&sandbox, "echo", guests::ECHO)?;
+
+    let fits = json!("x".repeat(1000));
+    let report = run(&sandbox, "echo", fits.clone()).await;
+    assert_eq!(success(&report)?, fits);
+
+    let report = run(&sandbox, "echo", json!("x".repeat(2000))).await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::Payload));
+    assert!(!report.outcome.is_retryable());
+    assert_eq!(report.host_calls, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn result_size_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        max_result_bytes: 4096,
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "big_result", "bytes": 1000}),
+    )
+    .await;
+    assert_eq!(success(&report)?["data"].as_str().map(str::len), Some(1000));
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "big_result", "bytes": 10_000}),
+    )
+    .await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::Result));
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn big_result_under_default_limits_is_contained() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "big_result", "bytes": 8 << 20}),
+    )
+    .await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::Result));
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn log_bytes_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        max_log_bytes: 4096,
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "log_spam", "bytes": 1000}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 1000}));
+    assert!(report.log.starts_with("INFO xxx"), "{}", report.log);
+    assert!(!report.log.contains("truncated"), "{}", report.log);
+    assert!(report.log.len() > 1000, "{}", report.log.len());
+
+    // Over the cap: kept up to the cap, marked, and still a success.
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "log_spam", "bytes": 100_000}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 100_000}));
+    assert!(report.log.len() < 4096 + 200, "{}", report.log.len());
+    assert!(
+        report.log.trim_end().ends_with("more bytes dropped]"),
+        "{}",
+        &report.log[report.log.len().saturating_sub(200)..]
+    );
+
+    // stdout shares the cap; writes past it are dropped, not refused.
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "stdout", "bytes": 100_000}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 100_000}));
+    assert!(report.log.starts_with("xxxx"), "{}", &report.log[..100]);
+    assert!(report.log.len() < 4096 + 200);
+    assert!(report.log.contains("log truncated"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn host_calls_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        max_host_calls: 100,
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "host_calls", "n": 100}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"calls": 100}));
+    assert_eq!(report.host_calls, 100);
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "host_calls", "n": 1000}),
+    )
+    .await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::HostCalls));
+    assert_eq!(report.host_calls, 101);
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn key_size_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+
+    let longest = "k".repeat(512);
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "keys", "keys": [longest], "value": "v"}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 1}));
+
+    for bad in ["k".repeat(513), String::new()] {
+        let report = run(
+            &sandbox,
+            "adversarial",
+            json!({"op": "keys", "keys": [bad], "value": "v"}),
+        )
+        .await;
+        assert!(
+            matches!(&report.outcome, Outcome::Fatal(msg) if msg.contains("invalid key")),
+            "{:?}",
+            report.outcome
+        );
+    }
+    assert_eq!(
+        redis.keys().await?,
+        vec![format!("dtq:guest:adversarial:{}", "k".repeat(512))]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn value_size_obeyed_and_violated() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        max_value_bytes: 1000,
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    let fits = "v".repeat(1000);
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "keys", "keys": ["a"], "value": fits}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 1}));
+
+    let too_big = "v".repeat(1001);
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "keys", "keys": ["b"], "value": too_big}),
+    )
+    .await;
+    assert!(
+        matches!(&report.outcome, Outcome::Fatal(msg) if msg.contains("1001 bytes")),
+        "{:?}",
+        report.outcome
+    );
+    assert_eq!(redis.keys().await?, vec!["dtq:guest:adversarial:a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stack_overflow_is_contained() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    // Modest recursion (serde, the handler macro) is part of every normal
+    // call; `ok` proves it fits.
+    still_ok(&sandbox).await?;
+    let report = run(&sandbox, "adversarial", json!({"op": "stack"})).await;
+    assert_eq!(trap(&report)?, Trap::StackOverflow);
+    still_ok(&sandbox).await
+}
+
+// ------------------------------------------------------------- adversarial
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adversarial_ops_are_contained_and_classified() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let limits = Limits {
+        deadline: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let sandbox = adversarial(&redis, limits).await?;
+
+    let cases: Vec<(Value, Trap)> = vec![
+        (json!({"op": "loop"}), Trap::DeadlineExceeded),
+        (json!({"op": "alloc", "mb": 1024}), Trap::OutOfMemory),
+        (json!({"op": "stack"}), Trap::StackOverflow),
+        (
+            json!({"op": "big_result", "bytes": 2 << 20}),
+            Trap::LimitExceeded(Limit::Result),
+        ),
+    ];
+    for (payload, expected) in cases {
+        let report = run(&sandbox, "adversarial", payload.clone()).await;
+        assert_eq!(trap(&report)?, expected, "{payload}");
+        still_ok(&sandbox).await?;
+    }
+
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "panic", "message": "boom-42"}),
+    )
+    .await;
+    match trap(&report)? {
+        Trap::GuestPanic(msg) => assert!(msg.contains("boom-42"), "{msg}"),
+        other => bail!("expected a guest panic, got {other:?}"),
+    }
+    assert!(report.log.contains("panicked at"), "{}", report.log);
+    still_ok(&sandbox).await?;
+
+    for op in ["fatal", "retry"] {
+        let report = run(&sandbox, "adversarial", json!({"op": op, "message": "m"})).await;
+        let expected = if op == "fatal" {
+            Outcome::Fatal("m".into())
+        } else {
+            Outcome::Retryable("m".into())
+        };
+        assert_eq!(report.outcome, expected);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wasi_is_locked_down() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+
+    for path in ["/etc/passwd", "Cargo.toml", "."] {
+        let report = run(
+            &sandbox,
+            "adversarial",
+            json!({"op": "read_file", "path": path}),
+        )
+        .await;
+        assert_eq!(success(&report)?["ok"], false, "{path}");
+    }
+    still_ok(&sandbox).await?;
+
+    let report = run(&sandbox, "adversarial", json!({"op": "env"})).await;
+    assert_eq!(success(&report)?, json!({"vars": [], "args": []}));
+
+    // A listener that would accept: the connection must still be refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    for target in [
+        addr.as_str(),
+        redis
+            .url()
+            .trim_start_matches("redis://")
+            .trim_end_matches('/'),
+    ] {
+        let report = run(
+            &sandbox,
+            "adversarial",
+            json!({"op": "tcp", "addr": target}),
+        )
+        .await;
+        let result = success(&report)?;
+        assert_eq!(result["ok"], false, "{target}: {result}");
+    }
+    for host in ["localhost", "example.com"] {
+        let report = run(&sandbox, "adversarial", json!({"op": "dns", "host": host})).await;
+        let result = success(&report)?;
+        assert_eq!(result["ok"], false, "{host}: {result}");
+    }
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_cannot_leave_the_namespace() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let keys = json!([
+        "../../dtq:task:{q}:x",
+        "dtq:idempotency:{q}:k",
+        "dtq:task:{default}:victim",
+        "\u{0}dtq:stream:{q}",
+        "*",
+        " dtq:guest:other:k",
+    ]);
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "keys", "keys": keys, "value": "pwned"}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 6}));
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "claim", "key": "dtq:idempotency:{q}:k"}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"executed": true}));
+
+    let found = redis.keys().await?;
+    assert_eq!(found.len(), 8, "{found:?}");
+    for key in &found {
+        assert!(key.starts_with("dtq:guest:adversarial:"), "{key}");
+    }
+    assert!(found.contains(&"dtq:guest:adversarial:../../dtq:task:{q}:x".to_string()));
+    assert!(found.contains(&"dtq:guest:adversarial:idem:dtq:idempotency:{q}:k".to_string()));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_state_survives_between_calls() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    for _ in 0..5 {
+        let report = run(&sandbox, "adversarial", json!({"op": "static_counter"})).await;
+        assert_eq!(success(&report)?, json!({"count": 1}));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idempotent_operation_runs_once() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let first = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "claim", "key": "once"}),
+    )
+    .await;
+    assert_eq!(success(&first)?, json!({"executed": true}));
+    let second = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "claim", "key": "once"}),
+    )
+    .await;
+    assert_eq!(success(&second)?, json!({"executed": false}));
+    assert_eq!(
+        get(&redis, "dtq:guest:adversarial:claimed:once")
+            .await?
+            .as_deref(),
+        Some("1")
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------ cancellation
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_stops_a_running_loop() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+
+    let cancel = CancelHandle::new();
+    let running = tokio::spawn({
+        let sandbox = sandbox.clone();
+        let cancel = cancel.clone();
+        async move {
+            sandbox
+                .call(call("adversarial", json!({"op": "loop"})), &cancel)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancelled_at = Instant::now();
+    cancel.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(2), running).await??;
+    assert_eq!(trap(&report)?, Trap::Cancelled);
+    assert!(!report.outcome.is_retryable());
+    assert!(cancelled_at.elapsed() < Duration::from_secs(2));
+    assert!(
+        report.elapsed < Duration::from_secs(5),
+        "{:?}",
+        report.elapsed
+    );
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_before_the_call_returns_at_once() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let cancel = CancelHandle::new();
+    cancel.cancel();
+    let report = sandbox
+        .call(call("adversarial", json!({"op": "ok"})), &cancel)
+        .await;
+    assert_eq!(trap(&report)?, Trap::Cancelled);
+    Ok(())
+}
+
+// ------------------------------------------------------------------- cache
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cache_makes_the_second_load_a_deserialize() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("artifacts")?;
+    let wasm = std::fs::read(guests::ECHO)?;
+
+    let first = sandbox_in(&redis, Limits::default(), Some(dir.path.clone())).await?;
+    let report = first.load("echo", &wasm)?;
+    assert!(!report.from_cache);
+    assert!(report.compile_time.is_some());
+    let path = first.artifact_path(&wasm).context("no artifact path")?;
+    assert!(path.is_file(), "{}", path.display());
+    drop(first);
+
+    let second = sandbox_in(&redis, Limits::default(), Some(dir.path.clone())).await?;
+    let report = second.load("echo", &wasm)?;
+    assert!(report.from_cache);
+    assert_eq!(report.compile_time, None);
+    assert_eq!(
+        run(&second, "echo", json!([1])).await.outcome,
+        Outcome::Success("[1]".into())
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cache_rejects_an_artifact_of_another_engine_config() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let ours = TempDir::new("artifacts-ours")?;
+    let theirs = TempDir::new("artifacts-theirs")?;
+    let wasm = std::fs::read(guests::ECHO)?;
+
+    // An engine with fuel metering compiles different code.
+    let fueled = Limits {
+        fuel: Some(1_000_000),
+        ..Limits::default()
+    };
+    let other = sandbox_in(&redis, fueled, Some(theirs.path.clone())).await?;
+    other.load("echo", &wasm)?;
+    let foreign = std::fs::read(other.artifact_path(&wasm).context("no path")?)?;
+
+    let sandbox = sandbox_in(&redis, Limits::default(), Some(ours.path.clone())).await?;
+    let path = sandbox.artifact_path(&wasm).context("no path")?;
+    assert_ne!(Some(path.clone()), other.artifact_path(&wasm));
+    std::fs::write(&path, &foreign)?;
+
+    let report = sandbox.load("echo", &wasm)?;
+    assert!(!report.from_cache, "a foreign artifact was loaded");
+    let rebuilt = std::fs::read(&path)?;
+    assert_ne!(rebuilt, foreign, "the foreign artifact was not replaced");
+    assert_eq!(
+        run(&sandbox, "echo", json!("hi")).await.outcome,
+        Outcome::Success("\"hi\"".into())
+    );
+
+    // The rebuilt artifact is good: the next engine takes it.
+    let next = sandbox_in(&redis, Limits::default(), Some(ours.path.clone())).await?;
+    assert!(next.load("echo", &wasm)?.from_cache);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cache_rejects_a_corrupt_artifact() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("artifacts-corrupt")?;
+    let wasm = std::fs::read(guests::ECHO)?;
+    let sandbox = sandbox_in(&redis, Limits::default(), Some(dir.path.clone())).await?;
+    sandbox.load("echo", &wasm)?;
+    let path = sandbox.artifact_path(&wasm).context("no path")?;
+    let good = std::fs::read(&path)?;
+
+    // One flipped bit in the middle of the code, then a truncated file, then
+    // garbage: each is rejected, deleted and rebuilt.
+    let mut flipped = good.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x01;
+    let truncated = good[..good.len() / 3].to_vec();
+    let garbage = b"\x7fELF not really".to_vec();
+    for bad in [flipped, truncated, garbage] {
+        std::fs::write(&path, &bad)?;
+        let report = sandbox.load("echo", &wasm)?;
+        assert!(!report.from_cache, "a corrupt artifact was loaded");
+        assert_ne!(
+            std::fs::read(&path)?,
+            bad,
+            "the corrupt artifact was not replaced"
+        );
+        assert_eq!(
+            run(&sandbox, "echo", json!(7)).await.outcome,
+            Outcome::Success("7".into())
+        );
+    }
+    Ok(())
+}
