@@ -233,14 +233,13 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "--- log of {} ({}) ---\n{}",
-                self.name,
-                self.log.display(),
-                self.log_text()
-            );
-        }
+        // Shown only when the test fails: the test harness captures it.
+        eprintln!(
+            "--- log of {} ({}) ---\n{}",
+            self.name,
+            self.log.display(),
+            self.log_text()
+        );
     }
 }
 

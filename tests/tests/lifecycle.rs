@@ -860,3 +860,37 @@ async fn queue_counts_and_health() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Result<()> {
+    // Visibility 1 s (the harness default); the task takes 2.5 s. Without
+    // heartbeats the worker's own reclaim loop would take the message back
+    // and run the task a second time.
+    let dtq = Dtq::start(true, &[]).await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "sleep", "payload": {"ms": 2500}}),
+        None,
+    )
+    .await?;
+    let task = dtq
+        .wait_for(
+            "default",
+            &id,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("SUCCEEDED"), Some(1)),
+        "{task}"
+    );
+    let runs = events(&dtq, &id)
+        .await?
+        .into_iter()
+        .filter(|(s, _)| s == "RUNNING")
+        .count();
+    assert_eq!(runs, 1);
+    Ok(())
+}

@@ -137,9 +137,12 @@ impl Shared {
         max: usize,
         stop: &CancellationToken,
     ) -> Option<Vec<OwnedSemaphorePermit>> {
+        // Biased: with a free slot both branches are ready, and a stopping
+        // worker must not read again.
         let first = tokio::select! {
-            permit = self.slots.clone().acquire_owned() => permit.ok()?,
+            biased;
             () = stop.cancelled() => return None,
+            permit = self.slots.clone().acquire_owned() => permit.ok()?,
         };
         let mut permits = vec![first];
         while permits.len() < max {
@@ -175,12 +178,7 @@ pub async fn run(
         store.ensure_group(queue).await?;
     }
     let (tx, rx) = mpsc::channel(config.concurrency.max(1) * 4);
-    let guest_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.concurrency.clamp(1, 64))
-        .thread_name("dtq-guest")
-        .enable_all()
-        .build()
-        .map_err(|e| WorkerError::Config(format!("cannot start the guest runtime: {e}")))?;
+    let guest_runtime = GuestRuntime::new(config.concurrency)?;
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.concurrency)),
@@ -191,7 +189,7 @@ pub async fn run(
         completions: tx,
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
-        guests: guest_runtime.handle().clone(),
+        guests: guest_runtime.handle(),
         config,
     });
     info!(consumer = %shared.consumer, queues = ?shared.config.queues,
@@ -239,11 +237,43 @@ pub async fn run(
     // the channel and ends when the last sender (in `shared`) is dropped.
     drop(shared);
     let _ = completer.await;
-    // Nothing runs on it any more; dropping a runtime may block, which an
-    // async context must not.
-    guest_runtime.shutdown_background();
     info!("worker stopped");
     Ok(())
+}
+
+/// The runtime sandbox calls run on (see [`Shared::guests`]).
+///
+/// Dropping a tokio runtime blocks until its threads stop, which panics in
+/// an async context — and `run`'s future, which owns this, may be dropped in
+/// one (an embedding runtime shutting down). So it is shut down in the
+/// background instead.
+struct GuestRuntime(Option<tokio::runtime::Runtime>);
+
+impl GuestRuntime {
+    fn new(concurrency: usize) -> Result<Self, WorkerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(concurrency.clamp(1, 64))
+            .thread_name("dtq-guest")
+            .enable_all()
+            .build()
+            .map_err(|e| WorkerError::Config(format!("cannot start the guest runtime: {e}")))?;
+        Ok(GuestRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => unreachable!("the runtime is taken only on drop"),
+        }
+    }
+}
+
+impl Drop for GuestRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Read new messages of `queue` while slots are free, until `stop`.

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -21,18 +22,40 @@ use crate::store::Delivery;
 /// Heartbeat and reclaim until `stop`.
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let visibility = shared.config.visibility_timeout();
-    let heartbeat_every = (visibility / 3).max(Duration::from_millis(20));
-    let mut ticks = tokio::time::interval(heartbeat_every);
+    let every = (visibility / 3).max(Duration::from_millis(20));
+    // Reclaiming waits for free slots; heartbeats must never wait behind it.
+    let beats = tokio::spawn(heartbeats(shared.clone(), every, stop.clone()));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    'ticks: loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        for queue in &shared.config.queues {
+            // The fetch loop holds every free slot while its read blocks, so
+            // a free slot is waited for, not tried for: the semaphore is
+            // fair, and the slots the read returns go to this waiter first.
+            let Some(permits) = shared.take_slots(MAX_BATCH, &stop).await else {
+                break 'ticks;
+            };
+            reclaim(&shared, queue, visibility, permits).await;
+        }
+    }
+    let _ = beats.await;
+}
+
+async fn heartbeats(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            biased;
             () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
         }
         heartbeat(&shared).await;
-        for queue in &shared.config.queues {
-            reclaim(&shared, queue, visibility).await;
-        }
     }
 }
 
@@ -61,17 +84,12 @@ async fn heartbeat(shared: &Shared) {
     }
 }
 
-async fn reclaim(shared: &Arc<Shared>, queue: &str, visibility: Duration) {
-    let mut permits = Vec::new();
-    while permits.len() < MAX_BATCH {
-        match shared.slots.clone().try_acquire_owned() {
-            Ok(p) => permits.push(p),
-            Err(_) => break,
-        }
-    }
-    if permits.is_empty() {
-        return;
-    }
+async fn reclaim(
+    shared: &Arc<Shared>,
+    queue: &str,
+    visibility: Duration,
+    permits: Vec<OwnedSemaphorePermit>,
+) {
     match shared
         .store
         .reclaim(queue, &shared.consumer, visibility, permits.len())
