@@ -234,16 +234,16 @@ pub async fn submit(
             format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
         ));
     }
-    if let Some(t) = req.timeout_ms {
-        if t == 0 || t > settings.max_timeout_ms {
-            return Err(invalid(
-                "INVALID_TIMEOUT",
-                format!(
-                    "timeout_ms must be 1 to {}, got {t}",
-                    settings.max_timeout_ms
-                ),
-            ));
-        }
+    if let Some(t) = req.timeout_ms
+        && (t == 0 || t > settings.max_timeout_ms)
+    {
+        return Err(invalid(
+            "INVALID_TIMEOUT",
+            format!(
+                "timeout_ms must be 1 to {}, got {t}",
+                settings.max_timeout_ms
+            ),
+        ));
     }
     let delay = req.delay_ms.unwrap_or(0);
     if delay > MAX_DELAY_MS {
@@ -291,7 +291,7 @@ pub async fn submit(
             task: record.task.clone(),
             status: record.status,
             duplicate: true,
-            record: Some(record),
+            record: Some(*record),
         }),
         SubmitOutcome::InProgress { task_id } => Err(IngestError::InProgress { task_id }),
         SubmitOutcome::KeyMismatch { task_id } => Err(IngestError::KeyMismatch { task_id }),

@@ -25,12 +25,22 @@ Exit codes:
   4  --wait: the task ended FAILED, DEAD_LETTERED, CANCELLED or EXPIRED
   5  --wait: the task did not finish within --wait-timeout-s";
 
+const SERVER_EXIT_CODES: &str = "\
+Exit codes:
+  0  stopped by SIGTERM or SIGINT (running tasks finished or were abandoned
+     to be reclaimed after --shutdown-grace-ms)
+  1  failed while running (e.g. cannot listen on --listen)
+  2  bad configuration (a flag, or the --handlers directory)
+  3  Redis cannot be reached";
+
 /// dtq: a task queue on Redis whose handlers are WebAssembly components.
 ///
 /// Deploy `<task>.wasm` handlers (built for wasm32-wasip2 against the
 /// dtq:handler WIT contract) into a directory, run `dtq serve --handlers DIR`,
 /// and submit tasks over HTTP or with `dtq submit`. Every flag of the server
-/// commands can also be set by the `DTQ_*` environment variable shown.
+/// commands can also be set by a `DTQ_*` environment variable (the Redis URL
+/// by `DTQ_REDIS_URL`, the handlers directory by `DTQ_HANDLERS`, ...); `dtq
+/// serve --help` shows each one.
 #[derive(Parser)]
 #[command(name = "dtq", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -41,12 +51,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP API and a worker in one process.
+    #[command(after_help = SERVER_EXIT_CODES)]
     Serve(Config),
     /// Run a worker only: consume --queues and run their tasks.
+    #[command(after_help = SERVER_EXIT_CODES)]
     Worker(Config),
     /// Run the HTTP API only (submissions, status, cancel, DLQ).
+    #[command(after_help = SERVER_EXIT_CODES)]
     Api(Config),
     /// Submit a task through the API and print the response.
+    #[command(after_help = EXIT_CODES)]
     Submit(SubmitArgs),
     /// Show a task: status, attempts, result, error, log, timestamps.
     Status {

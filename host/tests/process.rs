@@ -522,33 +522,40 @@ fn stderr(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn help_documents_the_environment_and_the_exit_codes() -> Result<()> {
-    let out = run(&["--help"]).await?;
-    expect_code(&out, 0, "dtq --help")?;
-    let top = String::from_utf8_lossy(&out.stdout).into_owned();
-    let out = run(&["serve", "--help"]).await?;
-    expect_code(&out, 0, "dtq serve --help")?;
-    let serve = String::from_utf8_lossy(&out.stdout).into_owned();
-    for (text, name) in [(&top, "dtq --help"), (&serve, "dtq serve --help")] {
-        assert!(
-            text.contains("DTQ_"),
-            "{name} names no DTQ_* variable:\n{text}"
-        );
-        assert!(
-            text.contains("Exit codes"),
-            "{name} has no exit codes:\n{text}"
-        );
-        for code in ["0 ", "1 ", "2 ", "3 ", "4 ", "5 "] {
-            assert!(
-                text.contains(&format!("  {code}")),
-                "{name} misses exit code {code}:\n{text}"
-            );
-        }
+    let help = |args: &'static [&'static str]| async move {
+        let out = run(args).await?;
+        expect_code(&out, 0, &format!("dtq {}", args.join(" ")))?;
+        anyhow::Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let has_codes = |text: &str, codes: &[u8]| {
+        text.contains("Exit codes:")
+            && codes
+                .iter()
+                .all(|c| text.lines().any(|l| l.starts_with(&format!("  {c}  "))))
+    };
+
+    let top = help(&["--help"]).await?;
+    for var in ["DTQ_REDIS_URL", "DTQ_HANDLERS"] {
+        assert!(top.contains(var), "dtq --help misses {var}:\n{top}");
     }
-    for var in ["DTQ_REDIS_URL", "DTQ_HANDLERS", "DTQ_VISIBILITY_TIMEOUT_MS"] {
-        assert!(
-            serve.contains(var),
-            "dtq serve --help misses {var}:\n{serve}"
-        );
+    assert!(has_codes(&top, &[0, 1, 2, 3, 4, 5]), "dtq --help:\n{top}");
+
+    let submit = help(&["submit", "--help"]).await?;
+    assert!(
+        has_codes(&submit, &[0, 1, 2, 3, 4, 5]),
+        "dtq submit --help:\n{submit}"
+    );
+
+    for args in [
+        &["serve", "--help"][..],
+        &["worker", "--help"],
+        &["api", "--help"],
+    ] {
+        let text = help(args).await?;
+        for var in ["DTQ_REDIS_URL", "DTQ_HANDLERS", "DTQ_VISIBILITY_TIMEOUT_MS"] {
+            assert!(text.contains(var), "dtq {args:?} misses {var}:\n{text}");
+        }
+        assert!(has_codes(&text, &[0, 1, 2, 3]), "dtq {args:?}:\n{text}");
     }
     Ok(())
 }

@@ -71,12 +71,11 @@ impl RedisServer {
             if let Some(status) = self.child.try_wait()? {
                 bail!("redis-server exited early with {status}");
             }
-            if let Ok(client) = redis::Client::open(self.url()) {
-                if let Ok(mut conn) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                        return Ok(());
-                    }
-                }
+            let pong = redis::Client::open(self.url())
+                .and_then(|client| client.get_connection())
+                .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+            if pong.is_ok() {
+                return Ok(());
             }
             if start.elapsed() > timeout {
                 bail!(

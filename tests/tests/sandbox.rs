@@ -932,6 +932,56 @@ async fn cancel_before_the_call_returns_at_once() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_beyond_the_pool_wait_for_a_slot() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let config = SandboxConfig {
+        cache_dir: Some(shared_cache()),
+        max_concurrent_calls: 2,
+        ..SandboxConfig::default()
+    };
+    let sandbox = Sandbox::new(config, redis.manager().await?)?;
+    load(&sandbox, "adversarial", guests::ADVERSARIAL)?;
+
+    // Six 100 ms calls through two slots take at least three rounds.
+    let started = Instant::now();
+    let calls = (0..6).map(|_| {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            run(&sandbox, "adversarial", json!({"op": "sleep", "ms": 100})).await
+        })
+    });
+    for report in futures::future::join_all(calls).await {
+        assert_eq!(success(&report?)?, json!({"slept_ms": 100}));
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+
+    // A call waiting for a slot can be cancelled while it waits.
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move {
+                run(&sandbox, "adversarial", json!({"op": "sleep", "ms": 1000})).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancel = CancelHandle::new();
+    let waiting = tokio::spawn({
+        let sandbox = sandbox.clone();
+        let cancel = cancel.clone();
+        async move { sandbox.call(call("adversarial", json!({"op": "ok"})), &cancel).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    cancel.cancel();
+    let report = tokio::time::timeout(Duration::from_millis(800), waiting).await??;
+    assert_eq!(trap(&report)?, Trap::Cancelled);
+    for report in futures::future::join_all(busy).await {
+        assert_eq!(success(&report?)?, json!({"slept_ms": 1000}));
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------------- cache
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,8 +1,10 @@
 //! One handler call: a fresh store and instance, run under the limits, torn
 //! down afterwards.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -218,15 +220,7 @@ pub(crate) async fn run(
             .call_handle(&mut store, &wit_ctx, &call.payload)
             .await
     };
-    // The epoch callback only runs while wasm runs; a guest suspended in an
-    // async host import (a Redis call, a WASI sleep) is interrupted here by
-    // dropping its future.
-    let result = tokio::select! {
-        biased;
-        () = cancel.cancelled() => Err(wasmtime::Error::new(Interrupt::Cancelled)),
-        () = tokio::time::sleep_until(deadline_at.into()) => Err(wasmtime::Error::new(Interrupt::Deadline)),
-        result = guest => result,
-    };
+    let result = interruptible(guest, deadline_at, cancel).await;
 
     let outcome = match result {
         Ok(Ok(value)) if value.len() > limits.max_result_bytes => {
@@ -250,6 +244,43 @@ pub(crate) async fn run(
         log: log.finish(),
         host_calls: store.data().host.host_calls,
     }
+}
+
+/// Run `guest` until it finishes, the deadline passes or `cancel` fires,
+/// whichever is first; an interrupted guest's future is dropped.
+///
+/// The epoch callback only runs while wasm runs; this is what interrupts a
+/// guest suspended in an async host import (a Redis call, a WASI sleep). It
+/// is a hand-written `select!` for one reason: the timer and the cancel
+/// notification are armed only once the guest first waits, so the common
+/// call that never waits pays for neither (arming a timer can wake the
+/// runtime's timer driver, a system call and a context switch per call).
+async fn interruptible<T>(
+    guest: impl Future<Output = wasmtime::Result<T>>,
+    deadline_at: Instant,
+    cancel: &CancelHandle,
+) -> wasmtime::Result<T> {
+    let mut guest = std::pin::pin!(guest);
+    let mut cancelled = std::pin::pin!(cancel.cancelled());
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if cancel.is_cancelled() {
+            return Poll::Ready(Err(wasmtime::Error::new(Interrupt::Cancelled)));
+        }
+        if let Poll::Ready(result) = guest.as_mut().poll(cx) {
+            return Poll::Ready(result);
+        }
+        let timer =
+            timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline_at.into())));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(wasmtime::Error::new(Interrupt::Deadline)));
+        }
+        if cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(wasmtime::Error::new(Interrupt::Cancelled)));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Cut `msg` to at most `max` bytes (on a character boundary) and say so.

@@ -448,13 +448,22 @@ impl Sandbox {
         if cancel.is_cancelled() {
             return cancelled();
         }
-        let _slot = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return cancelled(),
-            permit = self.inner.slots.acquire() => match permit {
-                Ok(permit) => permit,
-                // The semaphore is never closed.
-                Err(_) => return report(Outcome::Trapped(Trap::LimitExceeded(Limit::Concurrency)), String::new(), 0),
+        // A free slot is the common case; only a full pool waits (and can be
+        // cancelled while waiting).
+        let _slot = match self.inner.slots.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => tokio::select! {
+                biased;
+                () = cancel.cancelled() => return cancelled(),
+                permit = self.inner.slots.acquire() => match permit {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed.
+                    Err(_) => return report(
+                        Outcome::Trapped(Trap::LimitExceeded(Limit::Concurrency)),
+                        String::new(),
+                        0,
+                    ),
+                },
             },
         };
 

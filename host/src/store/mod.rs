@@ -101,7 +101,7 @@ pub enum SubmitOutcome {
         status: TaskStatus,
     },
     /// The key's task is terminal: the stored task, no new one.
-    Replay(TaskRecord),
+    Replay(Box<TaskRecord>),
     /// The key's task is still in flight.
     InProgress {
         /// The in-flight task.
@@ -392,7 +392,7 @@ impl Store {
                 }
             }
             Code::Replay => {
-                SubmitOutcome::Replay(TaskRecord::from_flat(from_value(reply.next())?)?)
+                SubmitOutcome::Replay(Box::new(TaskRecord::from_flat(from_value(reply.next())?)?))
             }
             Code::InProgress => SubmitOutcome::InProgress {
                 task_id: from_value(second)?,
