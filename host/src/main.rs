@@ -409,15 +409,18 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         .to_owned();
     let deadline = Instant::now() + Duration::from_secs(args.wait_timeout_s);
     loop {
-        let task = request(
+        let mut task = request(
             client,
             reqwest::Method::GET,
             &format!("/v1/queues/{}/tasks/{id}", args.queue),
             None,
         )
         .await?;
-        let status = task["status"].as_str().unwrap_or_default();
-        match status {
+        // Whether the submission was a replay is the submit's answer, not
+        // the task's.
+        task["duplicate"] = submitted["duplicate"].clone();
+        let status = task["status"].as_str().unwrap_or_default().to_owned();
+        match status.as_str() {
             "SUCCEEDED" => return print_json(&task),
             "FAILED" | "DEAD_LETTERED" | "CANCELLED" | "EXPIRED" => {
                 print_json(&task)?;

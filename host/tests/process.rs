@@ -154,10 +154,10 @@ impl Proc {
         let start = Instant::now();
         loop {
             self.check_alive()?;
-            if let Ok(resp) = http.get(&url).send().await {
-                if resp.status() == 200 {
-                    return Ok(());
-                }
+            if let Ok(resp) = http.get(&url).send().await
+                && resp.status() == 200
+            {
+                return Ok(());
             }
             if start.elapsed() > STARTUP {
                 bail!(
@@ -334,7 +334,6 @@ async fn a_killed_workers_task_is_reclaimed_and_completes_its_key() -> Result<()
     assert_eq!(running["attempts"], 1, "{running}");
 
     a.crash()?;
-    let killed_at = Instant::now();
     // The task is not terminal: its key is still in flight.
     let (status, body) = api.submit(sleep_task(4_000), Some(key)).await?;
     assert_eq!(status, 409, "{body}");
@@ -348,10 +347,6 @@ async fn a_killed_workers_task_is_reclaimed_and_completes_its_key() -> Result<()
         "the reclaimed run is attempt 2: {done:#}"
     );
     assert_eq!(done["result"], json!({"slept_ms": 4000}), "{done:#}");
-    assert!(
-        killed_at.elapsed() >= Duration::from_millis(VISIBILITY_MS),
-        "reclaimed before the visibility timeout"
-    );
 
     let record = idem_record(&redis, key).await?;
     assert_eq!(record["state"], "completed", "{record}");
@@ -433,6 +428,34 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_draining_worker_keeps_its_task_through_the_grace_period() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    // Default grace period (10 s), far longer than the visibility timeout.
+    let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
+    let id = Api::of(&a)
+        .submit_new(sleep_task(4_000), Some("grace-1"))
+        .await?;
+    Api::of(&a).wait_for(&id, &["RUNNING"], WAIT).await?;
+
+    // Another worker, ready to reclaim whatever goes idle for 1 s.
+    let b = Proc::start(&dir, "serve-b", "serve", &redis, &[]).await?;
+    let api = Api::of(&b);
+    a.signal(libc::SIGTERM)?;
+    let status = a.wait_exit(Duration::from_secs(12)).await?;
+    assert!(status.success(), "dtq serve exited with {status}");
+
+    // A finished it during its grace period; its heartbeats went on until
+    // then, so B never took it over.
+    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(
+        done["attempts"], 1,
+        "the task was reclaimed from a worker draining it: {done:#}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<()> {
     let redis = RedisServer::start()?;
     let dir = TempDir::new("process")?;
@@ -456,7 +479,7 @@ async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<(
     assert!(status.success(), "dtq serve exited with {status}");
     // Stop fetching (a read blocks up to 500 ms) + 300 ms grace + exit.
     assert!(
-        took < Duration::from_millis(2_500),
+        took < Duration::from_secs(3),
         "took {took:?} to exit with a 300 ms grace period"
     );
 

@@ -2,13 +2,14 @@
 //! --bench sandbox`):
 //!
 //! - instantiate + call + drop of the `echo` handler, median and p99, beside
-//!   a native function doing the same work;
+//!   a native function doing the same work; the same for `order_total`
+//!   (parses and prices JSON) and `counter` (one Redis round trip through the
+//!   `kv` import);
 //! - calls per second with 1 and 2 concurrent callers;
-//! - loading one module cold (compiling it) and cached (deserializing the
-//!   artifact).
+//! - loading a module cold (compiling it) and cached (deserializing the
+//!   artifact), for the smallest and the largest guest.
 //!
-//! It starts its own `redis-server` (the sandbox needs a connection even
-//! though `echo` makes no host calls).
+//! It starts its own `redis-server` for the `kv` calls.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -16,14 +17,18 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use dtq_host::sandbox::{Call, CancelHandle, Outcome, Sandbox, SandboxConfig, TaskContext};
+use dtq_host::sandbox::{
+    Call, CallReport, CancelHandle, Outcome, Sandbox, SandboxConfig, TaskContext,
+};
 use dtq_tests::{RedisServer, TempDir, guests};
 
 const WARMUP: usize = 500;
 const SAMPLES: usize = 2000;
-const THROUGHPUT_CALLS: usize = 4000;
+const THROUGHPUT_CALLS: usize = 10_000;
 const LOADS: usize = 20;
-const PAYLOAD: &str = r#"{"order_id":"A-1","amount_cents":1999,"note":"benchmark"}"#;
+const ECHO_PAYLOAD: &str = r#"{"order_id":"A-1","amount_cents":1999,"note":"benchmark"}"#;
+const ORDER_PAYLOAD: &str = r#"{"lines":[{"sku":"TEA-1","quantity":3,"unit_price_cents":450,"tax_rate_bp":700},{"sku":"MUG-2","quantity":1,"unit_price_cents":1299}],"shipping_cents":500}"#;
+const COUNTER_PAYLOAD: &str = r#"{"name":"bench"}"#;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -35,11 +40,11 @@ fn main() -> Result<()> {
 
 async fn bench() -> Result<()> {
     let redis = RedisServer::start()?;
-    let echo = std::fs::read(guests::ECHO)?;
     println!(
-        "sandbox benchmark (echo handler, {} byte payload)",
-        PAYLOAD.len()
+        "dtq sandbox benchmark ({} CPUs)",
+        std::thread::available_parallelism()?
     );
+    println!();
 
     // --- start-up: cold (compile) vs cached (deserialize) -------------------
     let cache = TempDir::new("bench-artifacts")?;
@@ -49,57 +54,56 @@ async fn bench() -> Result<()> {
     };
     let started = Instant::now();
     let sandbox = Sandbox::new(config(), redis.manager().await?)?;
-    let engine_time = started.elapsed();
-    let cold = sandbox.load("echo", &echo)?;
-    if cold.from_cache {
-        bail!("a fresh cache directory already held the artifact");
-    }
-    let mut cached = Vec::with_capacity(LOADS);
-    for _ in 0..LOADS {
-        // A new sandbox each time: a restarted worker with a warm disk cache.
-        let fresh = Sandbox::new(config(), redis.manager().await?)?;
-        let report = fresh.load("echo", &echo)?;
-        if !report.from_cache {
-            bail!("the second load did not come from the cache");
+    println!(
+        "engine + pool + linker setup:            {}",
+        ms(started.elapsed())
+    );
+    for (task, path) in [
+        ("echo", guests::ECHO),
+        ("order_total", guests::ORDER_TOTAL),
+        ("counter", guests::COUNTER),
+        ("adversarial", guests::ADVERSARIAL),
+    ] {
+        let wasm = std::fs::read(path)?;
+        let cold = sandbox.load(task, &wasm)?;
+        if cold.from_cache {
+            bail!("a fresh cache directory already held the artifact of {task}");
         }
-        cached.push(report.load_time);
+        if task == "counter" {
+            continue;
+        }
+        let mut cached = Vec::with_capacity(LOADS);
+        for _ in 0..LOADS {
+            // A new sandbox each time: a restarted worker with a warm cache.
+            let fresh = Sandbox::new(config(), redis.manager().await?)?;
+            let report = fresh.load(task, &wasm)?;
+            if !report.from_cache {
+                bail!("the second load of {task} did not come from the cache");
+            }
+            cached.push(report.load_time);
+        }
+        cached.sort();
+        println!(
+            "{task} ({} KiB): cold start (compile) {}, cached start (deserialize) median {}, max {}",
+            wasm.len() / 1024,
+            ms(cold.load_time),
+            ms(cached[LOADS / 2]),
+            ms(cached[LOADS - 1]),
+        );
     }
-    cached.sort();
-    println!("engine + pool + linker setup: {}", ms(engine_time));
-    println!(
-        "cold start (compile {} KiB component):  {}",
-        echo.len() / 1024,
-        ms(cold.load_time)
-    );
-    println!(
-        "cached start (deserialize artifact):    median {}, max {} over {LOADS} loads",
-        ms(cached[LOADS / 2]),
-        ms(cached[LOADS - 1])
-    );
+    println!();
 
     // --- one call at a time ---------------------------------------------
-    let cancel = CancelHandle::new();
-    for _ in 0..WARMUP {
-        check(sandbox.call(call(), &cancel).await)?;
-    }
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
-        let started = Instant::now();
-        let report = sandbox.call(call(), &cancel).await;
-        samples.push(started.elapsed());
-        check(report)?;
-    }
-    samples.sort();
+    let echo = latency(&sandbox, "echo", ECHO_PAYLOAD).await?;
     println!(
-        "instantiate + call + drop (echo):       median {}, p99 {} over {SAMPLES} calls",
-        us(samples[SAMPLES / 2]),
-        us(samples[SAMPLES * 99 / 100])
+        "instantiate + call + drop, echo:         median {}, p99 {} over {SAMPLES} calls",
+        us(echo.0),
+        us(echo.1)
     );
-
     let mut native = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let started = Instant::now();
-        let result = native_echo(black_box(&context()), black_box(PAYLOAD));
+        let result = native_echo(black_box(&context("echo")), black_box(ECHO_PAYLOAD));
         native.push(started.elapsed());
         let _ = black_box(result);
     }
@@ -109,6 +113,19 @@ async fn bench() -> Result<()> {
         us(native[SAMPLES / 2]),
         us(native[SAMPLES * 99 / 100])
     );
+    let order = latency(&sandbox, "order_total", ORDER_PAYLOAD).await?;
+    println!(
+        "instantiate + call + drop, order_total:  median {}, p99 {} (parses and prices JSON)",
+        us(order.0),
+        us(order.1)
+    );
+    let counter = latency(&sandbox, "counter", COUNTER_PAYLOAD).await?;
+    println!(
+        "instantiate + call + drop, counter:      median {}, p99 {} (one Redis INCRBY)",
+        us(counter.0),
+        us(counter.1)
+    );
+    println!();
 
     // --- throughput -------------------------------------------------------
     for concurrency in [1, 2] {
@@ -120,7 +137,7 @@ async fn bench() -> Result<()> {
                 tokio::spawn(async move {
                     let cancel = CancelHandle::new();
                     for _ in 0..per_task {
-                        check(sandbox.call(call(), &cancel).await)?;
+                        check(&sandbox.call(call("echo", ECHO_PAYLOAD), &cancel).await)?;
                     }
                     anyhow::Ok(())
                 })
@@ -131,29 +148,59 @@ async fn bench() -> Result<()> {
         }
         let elapsed = started.elapsed();
         println!(
-            "throughput, {concurrency} concurrent caller(s):     {:.0} calls/s",
+            "throughput, echo, {concurrency} concurrent caller(s):  {:.0} calls/s",
             (per_task * concurrency) as f64 / elapsed.as_secs_f64()
         );
     }
     Ok(())
 }
 
-fn context() -> TaskContext {
+/// Median and p99 of instantiate + call + drop of `task`, after a warm-up.
+///
+/// Measured in a spawned task, on a runtime worker thread, as the worker's
+/// executor runs calls.
+async fn latency(sandbox: &Sandbox, task: &str, payload: &str) -> Result<(Duration, Duration)> {
+    let (sandbox, task, payload) = (sandbox.clone(), task.to_string(), payload.to_string());
+    tokio::spawn(async move { latency_here(&sandbox, &task, &payload).await }).await?
+}
+
+async fn latency_here(
+    sandbox: &Sandbox,
+    task: &str,
+    payload: &str,
+) -> Result<(Duration, Duration)> {
+    let cancel = CancelHandle::new();
+    for _ in 0..WARMUP {
+        check(&sandbox.call(call(task, payload), &cancel).await)?;
+    }
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        let request = call(task, payload);
+        let started = Instant::now();
+        let report = sandbox.call(request, &cancel).await;
+        samples.push(started.elapsed());
+        check(&report)?;
+    }
+    samples.sort();
+    Ok((samples[SAMPLES / 2], samples[SAMPLES * 99 / 100]))
+}
+
+fn context(task: &str) -> TaskContext {
     TaskContext {
         task_id: "0190f3c8-0000-7000-8000-000000000000".to_string(),
         queue: "bench".to_string(),
-        task_name: "echo".to_string(),
+        task_name: task.to_string(),
         attempt: 1,
         max_attempts: 3,
         idempotency_key: None,
     }
 }
 
-fn call() -> Call {
+fn call(task: &str, payload: &str) -> Call {
     Call {
-        task: "echo".to_string(),
-        ctx: context(),
-        payload: PAYLOAD.to_string(),
+        task: task.to_string(),
+        ctx: context(task),
+        payload: payload.to_string(),
         deadline: None,
     }
 }
@@ -166,15 +213,15 @@ fn native_echo(ctx: &TaskContext, payload: &str) -> Result<String, String> {
     Ok(payload.to_string())
 }
 
-fn check(report: dtq_host::sandbox::CallReport) -> Result<()> {
-    match report.outcome {
-        Outcome::Success(out) if out == PAYLOAD => Ok(()),
-        other => bail!("echo failed: {other:?}\n{}", report.log),
+fn check(report: &CallReport) -> Result<()> {
+    match &report.outcome {
+        Outcome::Success(_) => Ok(()),
+        other => bail!("call failed: {other:?}\n{}", report.log),
     }
 }
 
 fn us(d: Duration) -> String {
-    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    format!("{:.2} µs", d.as_secs_f64() * 1e6)
 }
 
 fn ms(d: Duration) -> String {

@@ -954,7 +954,11 @@ async fn calls_beyond_the_pool_wait_for_a_slot() -> Result<()> {
     for report in futures::future::join_all(calls).await {
         assert_eq!(success(&report?)?, json!({"slept_ms": 100}));
     }
-    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
 
     // A call waiting for a slot can be cancelled while it waits.
     let busy: Vec<_> = (0..2)
@@ -965,17 +969,37 @@ async fn calls_beyond_the_pool_wait_for_a_slot() -> Result<()> {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    while sandbox.calls_in_flight() < 2 {
+        if started.elapsed() > Duration::from_secs(5) {
+            for r in futures::future::join_all(busy).await {
+                let r = r?;
+                eprintln!("BUSY {:?} {:?} {}", r.outcome, r.elapsed, r.log);
+            }
+            panic!("never started, in flight {}", sandbox.calls_in_flight());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let cancel = CancelHandle::new();
     let waiting = tokio::spawn({
         let sandbox = sandbox.clone();
         let cancel = cancel.clone();
-        async move { sandbox.call(call("adversarial", json!({"op": "ok"})), &cancel).await }
+        async move {
+            sandbox
+                .call(call("adversarial", json!({"op": "ok"})), &cancel)
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     cancel.cancel();
     let report = tokio::time::timeout(Duration::from_millis(800), waiting).await??;
-    assert_eq!(trap(&report)?, Trap::Cancelled);
+    if trap(&report).is_err() {
+        for r in futures::future::join_all(busy).await {
+            let r = r?;
+            eprintln!("BUSY {:?} {:?} {}", r.outcome, r.elapsed, r.log);
+        }
+        panic!("waiting got {:?}", report.outcome);
+    }
     for report in futures::future::join_all(busy).await {
         assert_eq!(success(&report?)?, json!({"slept_ms": 1000}));
     }
@@ -1076,5 +1100,41 @@ async fn cache_rejects_a_corrupt_artifact() -> Result<()> {
             Outcome::Success("7".into())
         );
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn zz_stress_pool() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let config = SandboxConfig {
+        cache_dir: Some(shared_cache()),
+        max_concurrent_calls: 2,
+        ..SandboxConfig::default()
+    };
+    let sandbox = Sandbox::new(config, redis.manager().await?)?;
+    load(&sandbox, "adversarial", guests::ADVERSARIAL)?;
+    let calls = (0..8).map(|i| {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            let mut bad = Vec::new();
+            for j in 0..40 {
+                let p = if (i + j) % 3 == 0 {
+                    json!({"op": "sleep", "ms": 5})
+                } else {
+                    json!({"op": "ok"})
+                };
+                let r = run(&sandbox, "adversarial", p).await;
+                if !matches!(r.outcome, Outcome::Success(_)) {
+                    bad.push(format!("{:?}", r.outcome));
+                }
+            }
+            bad
+        })
+    });
+    let mut all = Vec::new();
+    for b in futures::future::join_all(calls).await {
+        all.extend(b?);
+    }
+    assert!(all.is_empty(), "{all:?}");
     Ok(())
 }

@@ -216,6 +216,7 @@ struct Inner {
     redis: redis::aio::ConnectionManager,
     handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
     slots: tokio::sync::Semaphore,
+    max_calls: usize,
     _ticker: EpochTicker,
 }
 
@@ -255,6 +256,7 @@ impl Sandbox {
                 redis,
                 handlers: RwLock::new(HashMap::new()),
                 slots: tokio::sync::Semaphore::new(slots),
+                max_calls: slots,
                 _ticker: ticker,
             }),
         })
@@ -383,6 +385,13 @@ impl Sandbox {
             .collect();
         names.sort();
         names
+    }
+
+    /// Calls holding a pool slot right now (running, or instantiating).
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner
+            .max_calls
+            .saturating_sub(self.inner.slots.available_permits())
     }
 
     /// Where the artifact cache keeps (or would keep) this engine's compiled

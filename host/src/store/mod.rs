@@ -408,17 +408,20 @@ impl Store {
     }
 
     async fn register_queue(&self, queue: &str) -> Result<(), StoreError> {
-        let known = lock(&self.registered).contains(queue);
-        if !known {
-            self.trip();
-            redis::cmd("SADD")
-                .arg(QUEUES)
-                .arg(queue)
-                .query_async::<()>(&mut self.conn.clone())
-                .await?;
-            lock(&self.registered).insert(queue.to_owned());
+        // Marked before the SADD, so concurrent first submissions send one.
+        if !lock(&self.registered).insert(queue.to_owned()) {
+            return Ok(());
         }
-        Ok(())
+        self.trip();
+        let added = redis::cmd("SADD")
+            .arg(QUEUES)
+            .arg(queue)
+            .query_async::<()>(&mut self.conn.clone())
+            .await;
+        if added.is_err() {
+            lock(&self.registered).remove(queue);
+        }
+        Ok(added?)
     }
 
     /// The task `id` of `queue`, if its hash exists.

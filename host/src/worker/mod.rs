@@ -212,6 +212,10 @@ pub async fn run(
     }
     loops.push(tokio::spawn(reclaim::run(shared.clone(), stop.clone())));
     loops.push(tokio::spawn(cancel::listen(shared.clone(), stop.clone())));
+    // Heartbeats outlive `stop`: running tasks keep their messages through
+    // the grace period.
+    let beats_stop = CancellationToken::new();
+    let beats = tokio::spawn(reclaim::heartbeats(shared.clone(), beats_stop.clone()));
 
     shutdown.await;
     info!(consumer = %shared.consumer, "shutting down: no new tasks");
@@ -233,6 +237,8 @@ pub async fn run(
         shared.abandon.cancel();
         shared.tracker.wait().await;
     }
+    beats_stop.cancel();
+    let _ = beats.await;
     // Every executor is done and every completion sent; the completer drains
     // the channel and ends when the last sender (in `shared`) is dropped.
     drop(shared);

@@ -19,13 +19,15 @@ use tracing::warn;
 use super::{MAX_BATCH, Shared};
 use crate::store::Delivery;
 
-/// Heartbeat and reclaim until `stop`.
+/// How often heartbeats and reclaims run: a third of the visibility timeout.
+fn period(shared: &Shared) -> Duration {
+    (shared.config.visibility_timeout() / 3).max(Duration::from_millis(20))
+}
+
+/// Reclaim dead workers' messages until `stop`.
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let visibility = shared.config.visibility_timeout();
-    let every = (visibility / 3).max(Duration::from_millis(20));
-    // Reclaiming waits for free slots; heartbeats must never wait behind it.
-    let beats = tokio::spawn(heartbeats(shared.clone(), every, stop.clone()));
-    let mut ticks = tokio::time::interval(every);
+    let mut ticks = tokio::time::interval(period(&shared));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'ticks: loop {
         tokio::select! {
@@ -43,11 +45,15 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             reclaim(&shared, queue, visibility, permits).await;
         }
     }
-    let _ = beats.await;
 }
 
-async fn heartbeats(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(every);
+/// Refresh this worker's running messages until `stop`. A loop of its own:
+/// reclaiming waits for free slots, and heartbeats must never wait behind it;
+/// and at shutdown they go on through the grace period, until the last
+/// running task is done, so that no other worker takes over a task that is
+/// still being finished.
+pub(super) async fn heartbeats(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(period(&shared));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
