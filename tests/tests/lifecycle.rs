@@ -894,3 +894,63 @@ async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Resu
     assert_eq!(runs, 1);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
+    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind, StartDecision, TaskStatus};
+    let dtq = Dtq::start(false, &[]).await?;
+    let store = &dtq.store;
+    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+    let mut started = Vec::new();
+    for queue in ["qa", "qb"] {
+        let (status, _) = dtq
+            .submit(queue, json!({"task": "echo", "payload": 1}), None)
+            .await?;
+        assert_eq!(status, 202);
+        store.ensure_group(queue).await?;
+        let deliveries = store
+            .read(&mut conn, queue, "tester", 10, Duration::from_millis(10))
+            .await?;
+        let decisions = store
+            .start(queue, "tester", &deliveries, dtq_host::ingest::now_ms())
+            .await?;
+        let [StartDecision::Run(task)] = decisions.as_slice() else {
+            panic!("expected one runnable task, got {decisions:?}");
+        };
+        started.push((deliveries[0].clone(), task.clone()));
+    }
+    let completion = |i: usize, attempt: u32| {
+        let (delivery, task) = &started[i];
+        Completion {
+            queue: task.queue.clone(),
+            task_id: task.id.clone(),
+            msg_id: delivery.msg_id.clone(),
+            idempotency_key: None,
+            kind: CompletionKind::Success,
+            detail: format!("{{\"i\":{i}}}"),
+            log: String::new(),
+            attempt,
+            retry_at: 0,
+            now: dtq_host::ingest::now_ms(),
+        }
+    };
+    let outcomes = store
+        .complete(&[completion(1, 1), completion(0, 7), completion(0, 1)])
+        .await?;
+    assert_eq!(
+        outcomes,
+        vec![
+            CompleteOutcome::Done(TaskStatus::Succeeded),
+            CompleteOutcome::Stale("RUNNING".into()),
+            CompleteOutcome::Done(TaskStatus::Succeeded),
+        ]
+    );
+    for (i, (_, task)) in started.iter().enumerate() {
+        let record = dtq.task(&task.queue, &task.id).await?;
+        assert_eq!(
+            (record["status"].as_str(), &record["result"]),
+            (Some("SUCCEEDED"), &json!({"i": i}))
+        );
+    }
+    Ok(())
+}

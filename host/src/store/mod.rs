@@ -556,8 +556,9 @@ impl Store {
             .collect()
     }
 
-    /// Write a batch of completions, pipelined: one round trip for the batch.
-    /// Each completion is its own script call, atomic on its own.
+    /// Write a batch of completions: one `complete` script call per queue
+    /// (each atomic for all its completions), pipelined into one round trip.
+    /// Outcomes come back in the order of `completions`.
     pub async fn complete(
         &self,
         completions: &[Completion],
@@ -565,20 +566,30 @@ impl Store {
         if completions.is_empty() {
             return Ok(Vec::new());
         }
-        let invocations: Vec<_> = completions
+        // Indexes into `completions`, grouped by queue.
+        let mut by_queue: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, c) in completions.iter().enumerate() {
+            match by_queue.iter_mut().find(|(q, _)| *q == c.queue) {
+                Some((_, batch)) => batch.push(i),
+                None => by_queue.push((&c.queue, vec![i])),
+            }
+        }
+        let invocations: Vec<_> = by_queue
             .iter()
-            .map(|c| self.completion_call(c))
+            .map(|(queue, batch)| {
+                let batch: Vec<&Completion> = batch.iter().map(|&i| &completions[i]).collect();
+                self.completion_call(queue, &batch)
+            })
             .collect();
         let mut pipe = redis::pipe();
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
         self.trip();
-        let replies: Vec<Vec<Value>> = match pipe.query_async(&mut self.conn.clone()).await {
+        let replies: Vec<Vec<Vec<Value>>> = match pipe.query_async(&mut self.conn.clone()).await {
             Ok(replies) => replies,
             // The scripts were flushed (a restart or failover): load them and
-            // try once more. A pipeline of EVALSHA fails call by call, so
-            // nothing was written.
+            // try once more. EVALSHA of a missing script runs nothing.
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 self.load_scripts().await?;
                 self.trip();
@@ -586,46 +597,58 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        replies
+        let mut outcomes: Vec<Option<CompleteOutcome>> = vec![None; completions.len()];
+        for ((_, batch), reply) in by_queue.iter().zip(replies) {
+            for (&i, entry) in batch.iter().zip(reply) {
+                let mut entry = entry.into_iter();
+                let code = code_of(entry.next())?;
+                let status: String = from_value(entry.next())?;
+                outcomes[i] = Some(match code {
+                    Code::Ok => CompleteOutcome::Done(status.parse()?),
+                    Code::Stale => CompleteOutcome::Stale(status),
+                    other => return Err(unexpected("complete", other)),
+                });
+            }
+        }
+        outcomes
             .into_iter()
-            .map(|reply| {
-                let mut reply = reply.into_iter();
-                let code = code_of(reply.next())?;
-                let status: String = from_value(reply.next())?;
-                match code {
-                    Code::Ok => Ok(CompleteOutcome::Done(status.parse()?)),
-                    Code::Stale => Ok(CompleteOutcome::Stale(status)),
-                    other => Err(unexpected("complete", other)),
-                }
+            .map(|o| {
+                o.ok_or_else(|| StoreError::Protocol("complete returned too few outcomes".into()))
             })
             .collect()
     }
 
-    fn completion_call<'a>(&'a self, c: &Completion) -> redis::ScriptInvocation<'a> {
-        let keys = QueueKeys::new(&c.queue);
+    fn completion_call<'a>(
+        &'a self,
+        queue: &str,
+        batch: &[&Completion],
+    ) -> redis::ScriptInvocation<'a> {
+        let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.complete.prepare_invoke();
-        inv.key(keys.task(&c.task_id))
-            .key(&keys.stream)
+        inv.key(&keys.stream)
             .key(&keys.delayed)
             .key(&keys.dlq)
-            .key(&keys.events)
-            .key(keys.idempotency(c.idempotency_key.as_deref()))
-            .arg(&c.task_id)
-            .arg(&c.msg_id)
-            .arg(GROUP)
-            .arg(c.kind.as_str())
-            .arg(&c.detail)
-            .arg(&c.log)
-            .arg(c.now)
-            .arg(flag(c.idempotency_key.is_some()))
-            .arg(if c.kind == CompletionKind::Expired {
-                String::new()
-            } else {
-                c.attempt.to_string()
-            })
-            .arg(c.retry_at)
+            .key(&keys.events);
+        inv.arg(GROUP)
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len);
+        for c in batch {
+            let attempt = match c.kind {
+                CompletionKind::Expired => String::new(),
+                _ => c.attempt.to_string(),
+            };
+            inv.key(keys.task(&c.task_id))
+                .key(keys.idempotency(c.idempotency_key.as_deref()))
+                .arg(&c.task_id)
+                .arg(&c.msg_id)
+                .arg(c.kind.as_str())
+                .arg(&c.detail)
+                .arg(&c.log)
+                .arg(c.now)
+                .arg(flag(c.idempotency_key.is_some()))
+                .arg(attempt)
+                .arg(c.retry_at);
+        }
         inv
     }
 

@@ -1,128 +1,126 @@
 --[[
-  Complete one attempt of a task. All completion writes, in the order the
-  idempotency contract fixes, in one atomic step:
+  Complete attempts of tasks of one queue: a batch, in one atomic step.
+
+  For each completion, the writes the idempotency contract orders:
     1. task hash to its new status (with result or error, and the log)
     2. lifecycle event
     3. follow-up write: retry schedule (delayed set) or DLQ entry
     4. idempotency record state (SET XX KEEPTTL; none for keyless tasks)
     5. ACK (and delete) of the stream message
+  No reader sees a task half-completed: the whole batch is one script.
 
   Input:
-    KEYS[1] task hash            dtq:task:{q}:<id>
-    KEYS[2] ready stream         dtq:stream:{q}
-    KEYS[3] delayed set          dtq:delayed:{q}
-    KEYS[4] dead-letter set      dtq:dlq:{q}
-    KEYS[5] events stream        dtq:events:{q}
-    KEYS[6] idempotency record   dtq:idempotency:{q}:<key> (ignored unless ARGV[8] == "1")
+    KEYS[1] ready stream      dtq:stream:{q}
+    KEYS[2] delayed set       dtq:delayed:{q}
+    KEYS[3] dead-letter set   dtq:dlq:{q}
+    KEYS[4] events stream     dtq:events:{q}
+    then, per completion i (from 0):
+    KEYS[5 + 2i] task hash            dtq:task:{q}:<id>
+    KEYS[6 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
-    ARGV[1]  task id
-    ARGV[2]  stream message id
-    ARGV[3]  consumer group
-    ARGV[4]  outcome: success | fatal | retry | cancelled | expired
-    ARGV[5]  result (JSON, for success) or error message
-    ARGV[6]  captured log
-    ARGV[7]  now (ms since epoch)
-    ARGV[8]  "1" when the task has an idempotency key
-    ARGV[9]  the attempt this completion belongs to ("" for expired)
-    ARGV[10] retry due time (ms since epoch), used when the outcome retries
-    ARGV[11] retention of terminal task hashes (s)
-    ARGV[12] events stream max length
+    ARGV[1] consumer group
+    ARGV[2] retention of terminal task hashes (s)
+    ARGV[3] events stream max length
+    then, per completion i, 9 values from ARGV[4 + 9i]:
+      task id; stream message id ("" for a task not in the stream);
+      outcome: success | fatal | retry | cancelled | expired;
+      result (JSON, for success) or error message; captured log;
+      now (ms since epoch); "1" when the task has an idempotency key;
+      the attempt this completion belongs to ("" for expired);
+      retry due time (ms since epoch), used when the outcome retries
 
-  Output:
+  Output: per completion, in order:
     {1, status}   OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
                   DEAD_LETTERED, CANCELLED, EXPIRED)
     {-4, status}  STALE: the task is not in the state this completion belongs
                   to (reclaimed by another worker, or already completed);
-                  nothing was written, the message is not acknowledged
+                  nothing was written for it, its message not acknowledged
 
   A retry of a task whose cancel was requested while it ran becomes
   CANCELLED; a retry with no attempts left becomes DEAD_LETTERED.
   Dead-lettered hashes keep no TTL: they stay until requeued or purged.
 
-  Events: the new status.
+  Events: the new status of each task.
 ]]
-local taskKey, streamKey, delayedKey, dlqKey, eventsKey, idemKey =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local taskId, msgId, group, outcome, detail, log, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local hasKey, attempt, retryAt = ARGV[8] == "1", ARGV[9], ARGV[10]
-local retention, eventsMaxLen = tonumber(ARGV[11]), ARGV[12]
+local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, retention, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
-local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts", "cancel_requested")
-local current, attempts, maxAttempts, cancelRequested =
-  f[1], tonumber(f[2] or "0"), tonumber(f[3] or "1"), f[4] == "1"
+local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
+local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 
-if outcome == "expired" then
-  if current ~= "QUEUED" and current ~= "SCHEDULED" and current ~= "RETRYING" then
+local function completeOne(taskKey, idemKey, a)
+  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt =
+    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
+
+  local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts", "cancel_requested")
+  local current, attempts, maxAttempts, cancelRequested =
+    f[1], tonumber(f[2] or "0"), tonumber(f[3] or "1"), f[4] == "1"
+  if outcome == "expired" then
+    if not waiting[current] then
+      return {-4, current or "MISSING"}
+    end
+  elseif current ~= "RUNNING" or tostring(attempts) ~= attempt then
     return {-4, current or "MISSING"}
   end
-elseif current ~= "RUNNING" or tostring(attempts) ~= attempt then
-  return {-4, current or "MISSING"}
-end
 
-local status
-if outcome == "success" then
-  status = "SUCCEEDED"
-elseif outcome == "fatal" then
-  status = "FAILED"
-elseif outcome == "cancelled" then
-  status = "CANCELLED"
-elseif outcome == "expired" then
-  status = "EXPIRED"
-elseif outcome == "retry" then
-  if cancelRequested then
-    status = "CANCELLED"
-  elseif attempts >= maxAttempts then
-    status = "DEAD_LETTERED"
-  else
-    status = "RETRYING"
+  local status = direct[outcome]
+  if outcome == "retry" then
+    if cancelRequested then
+      status = "CANCELLED"
+    elseif attempts >= maxAttempts then
+      status = "DEAD_LETTERED"
+    else
+      status = "RETRYING"
+    end
+  elseif not status then
+    return redis.error_reply("ERR unknown outcome " .. tostring(outcome))
   end
-else
-  return redis.error_reply("ERR unknown outcome " .. tostring(outcome))
-end
 
--- 1. The task hash.
-redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log)
-if status == "SUCCEEDED" then
-  redis.call("HSET", taskKey, "result", detail)
-  redis.call("HDEL", taskKey, "error")
-elseif status ~= "EXPIRED" or detail ~= "" then
-  redis.call("HSET", taskKey, "error", detail)
-end
-if status == "RETRYING" then
-  redis.call("HSET", taskKey, "run_at", retryAt)
-else
-  redis.call("HSET", taskKey, "finished_at", now)
-  if status ~= "DEAD_LETTERED" then
+  -- 1. The task hash.
+  if status == "SUCCEEDED" then
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, "finished_at", now,
+      "log", log, "result", detail)
+    redis.call("HDEL", taskKey, "error")
+  elseif status == "RETRYING" then
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
+      "error", detail, "run_at", retryAt)
+  else
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, "finished_at", now,
+      "log", log, "error", detail)
+  end
+  if status ~= "RETRYING" and status ~= "DEAD_LETTERED" then
     redis.call("EXPIRE", taskKey, retention)
   end
-end
 
--- 2. The lifecycle event.
-addEvent(eventsKey, eventsMaxLen, taskId, status, attempts, now)
+  -- 2. The lifecycle event.
+  addEvent(eventsKey, eventsMaxLen, taskId, status, attempts, now)
 
--- 3. The follow-up write.
-if status == "RETRYING" then
-  redis.call("ZADD", delayedKey, retryAt, taskId)
-elseif status == "DEAD_LETTERED" then
-  redis.call("ZADD", dlqKey, now, taskId)
-end
-
--- 4. The idempotency record: a retrying task stays "processing".
-if hasKey and status ~= "RETRYING" then
-  local state = "failed"
-  if status == "SUCCEEDED" then
-    state = "completed"
+  -- 3. The follow-up write.
+  if status == "RETRYING" then
+    redis.call("ZADD", delayedKey, retryAt, taskId)
+  elseif status == "DEAD_LETTERED" then
+    redis.call("ZADD", dlqKey, now, taskId)
   end
-  setIdemState(idemKey, taskId, state, now)
+
+  -- 4. The idempotency record: a retrying task stays "processing".
+  if hasKey and status ~= "RETRYING" then
+    setIdemState(idemKey, taskId, status == "SUCCEEDED" and "completed" or "failed", now)
+  end
+
+  -- 5. The ACK. An expired task may be waiting in the delayed set instead.
+  if msgId ~= "" then
+    redis.call("XACK", streamKey, group, msgId)
+    redis.call("XDEL", streamKey, msgId)
+  end
+  if outcome == "expired" then
+    redis.call("ZREM", delayedKey, taskId)
+  end
+  return {1, status}
 end
 
--- 5. The ACK. An expired task may be waiting in the delayed set instead.
-if msgId ~= "" then
-  redis.call("XACK", streamKey, group, msgId)
-  redis.call("XDEL", streamKey, msgId)
+local out = {}
+for i = 0, (#KEYS - 4) / 2 - 1 do
+  out[#out + 1] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
 end
-if outcome == "expired" then
-  redis.call("ZREM", delayedKey, taskId)
-end
-return {1, status}
+return out
