@@ -356,6 +356,15 @@ impl Dtq {
         }
     }
 
+    /// The state of the idempotency record of `key` in `queue`
+    /// (`processing`, `completed`, `failed`), or `None` without a record.
+    pub async fn idem_state(&self, queue: &str, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .idem_record(queue, key)
+            .await?
+            .map(|rec| rec["state"].as_str().unwrap_or_default().to_owned()))
+    }
+
     /// The raw idempotency record of `key` in `queue`, parsed.
     pub async fn idem_record(&self, queue: &str, key: &str) -> Result<Option<serde_json::Value>> {
         let mut conn = self.redis.conn().await?;
