@@ -191,7 +191,7 @@ pub(crate) async fn run(
         };
     }
     // Checked on every epoch tick while wasm runs: stop on cancel or
-    // deadline, otherwise yield to the executor so that the `select!` below
+    // deadline, otherwise yield to the executor so that `interruptible` below
     // (and other tasks on this thread) get a turn.
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|ctx| {

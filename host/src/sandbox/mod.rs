@@ -37,7 +37,7 @@
 //! | Redis flooding | [`Limits::max_host_calls`], [`Limits::max_key_bytes`], [`Limits::max_value_bytes`] | [`Limit::HostCalls`] trap; `invalid-key` / `value-too-large` WIT errors |
 //! | reaching other keys | every key is a suffix of `dtq:guest:<namespace>:` | — |
 //! | files, environment, network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
-//! | a task that must stop now | [`CancelHandle`] (epoch callback + the same `select!`) | [`Trap::Cancelled`] |
+//! | a task that must stop now | [`CancelHandle`] (epoch callback + the same wait as the deadline) | [`Trap::Cancelled`] |
 //!
 //! Epochs cannot be avoided by wasm code, but (see wasmtime's `Config`
 //! docs, "Limitations with malicious guests") a bulk instruction such as
