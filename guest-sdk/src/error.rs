@@ -112,16 +112,13 @@ impl Error {
     }
 
     /// Map a refusal of a host import: a request that can never succeed
-    /// (a bad key, a value too large, a call over the task's limit) is fatal;
+    /// (a bad key, a value too large) is fatal;
     /// Redis being unreachable or holding a value of another type is retryable.
     pub(crate) fn from_host(op: &str, err: HostError) -> Self {
         match err {
-            HostError::InvalidKey(key) => Error::fatal(format!("{op}: invalid key {key:?}")),
+            HostError::InvalidKey(why) => Error::fatal(format!("{op}: invalid key: {why}")),
             HostError::ValueTooLarge(size) => Error::fatal(format!(
                 "{op}: value of {size} bytes is larger than the host allows"
-            )),
-            HostError::CallLimitExceeded(limit) => Error::fatal(format!(
-                "{op}: the task made more than the {limit} host calls it is allowed"
             )),
             HostError::WrongType(detail) => {
                 Error::retryable(format!("{op}: value has the wrong type: {detail}"))

@@ -314,7 +314,6 @@ mod tests {
         let fatal = |e: HostError| Error::from_host("op", e).is_fatal();
         assert!(fatal(HostError::InvalidKey(String::new())));
         assert!(fatal(HostError::ValueTooLarge(1)));
-        assert!(fatal(HostError::CallLimitExceeded(1)));
         assert!(!fatal(HostError::WrongType("string".into())));
         assert!(!fatal(HostError::Unavailable("down".into())));
     }

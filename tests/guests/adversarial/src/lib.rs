@@ -31,8 +31,8 @@
 //! `static_counter` answers 1 on every call when no state survives between
 //! calls. `stdout` stops at the first failed write (a host may close a capped
 //! stream) and reports how far it got instead of panicking. `host_calls`
-//! fails with the mapped host error once the host's call limit refuses a call
-//! (`call-limit-exceeded` is fatal).
+//! runs until the host's call limit ends the call (a trap: the guest never
+//! sees the refusal).
 
 use std::hint::black_box;
 use std::io::Write;
