@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::config::Config;
@@ -29,11 +30,14 @@ pub(super) struct Pending {
     pub(super) done: oneshot::Sender<CompleteOutcome>,
 }
 
-/// The completer loop; ends when every sender is gone and the channel drained.
-pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
+/// The completer loop; ends when every sender is gone and the channel
+/// drained, or when `abandon` is cancelled while a write keeps failing (the
+/// unwritten tasks' messages stay pending, to be reclaimed and run again).
+pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, abandon: CancellationToken) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let completions: Vec<Completion> = batch.iter().map(|p| p.completion.clone()).collect();
+        let (completions, waiters): (Vec<Completion>, Vec<_>) =
+            batch.drain(..).map(|p| (p.completion, p.done)).unzip();
         let mut failures = 0u32;
         let outcomes = loop {
             match store.complete(&completions).await {
@@ -41,17 +45,25 @@ pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
                 Err(e) => {
                     failures += 1;
                     let wait = Duration::from_millis((50u64 << failures.min(7)).min(5_000));
-                    warn!(error = %e, batch = completions.len(), ?wait, "completion write failed; retrying");
-                    tokio::time::sleep(wait).await;
+                    warn!(error = %e, batch = completions.len(), ?wait,
+                        "completion write failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = abandon.cancelled() => {
+                            warn!(batch = completions.len(),
+                                "shutting down with completions unwritten; they will be reclaimed");
+                            return;
+                        }
+                    }
                 }
             }
         };
-        for (pending, outcome) in batch.drain(..).zip(outcomes) {
+        for ((completion, done), outcome) in completions.iter().zip(waiters).zip(outcomes) {
             if let CompleteOutcome::Stale(status) = &outcome {
-                debug!(task_id = %pending.completion.task_id, %status,
+                debug!(task_id = %completion.task_id, %status,
                     "completion was stale: the task was reclaimed or completed elsewhere");
             }
-            let _ = pending.done.send(outcome);
+            let _ = done.send(outcome);
         }
     }
 }

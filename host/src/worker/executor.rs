@@ -129,7 +129,8 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
     }
 }
 
-/// Hand a completion to the completer and wait until it is written.
+/// Hand a completion to the completer and wait until it is written (or, past
+/// the shutdown grace period, abandoned: then the message is reclaimed).
 async fn complete(shared: &Shared, completion: Completion) {
     let (done, written) = tokio::sync::oneshot::channel();
     if shared
@@ -141,7 +142,10 @@ async fn complete(shared: &Shared, completion: Completion) {
         warn!("completer gone; the message will be reclaimed");
         return;
     }
-    let _ = written.await;
+    tokio::select! {
+        _ = written => {}
+        () = shared.abandon.cancelled() => {}
+    }
 }
 
 /// Complete a task that was not started before its expiry.

@@ -196,7 +196,11 @@ pub async fn run(
         concurrency = shared.config.concurrency, "worker started");
 
     let stop = CancellationToken::new();
-    let completer = tokio::spawn(completion::run(shared.store.clone(), rx));
+    let completer = tokio::spawn(completion::run(
+        shared.store.clone(),
+        rx,
+        shared.abandon.clone(),
+    ));
     let mut loops = Vec::new();
     for queue in shared.config.queues.clone() {
         loops.push(tokio::spawn(fetch_loop(
