@@ -74,20 +74,22 @@ async fn a_worker_holds_no_more_messages_than_free_slots() -> Result<()> {
     for _ in 0..6 {
         ids.push(submit_ok(&dtq, json!({"task": "sleep", "payload": {"ms": 300}}), None).await?);
     }
+    let mut conn = dtq.redis.conn().await?;
     let start = Instant::now();
     let mut max_pending = 0;
     let mut max_running = 0;
     loop {
         max_pending = max_pending.max(pending_count(&dtq).await?);
-        let mut running = 0;
-        let mut done = 0;
+        // One atomic read of every status: polling task by task could see
+        // one task still RUNNING and, later in the same sweep, its successor.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
         for id in &ids {
-            match dtq.task("default", id).await?["status"].as_str() {
-                Some("RUNNING") => running += 1,
-                Some("SUCCEEDED") => done += 1,
-                _ => {}
-            }
+            pipe.hget(format!("dtq:task:{{default}}:{id}"), "status");
         }
+        let statuses: Vec<String> = pipe.query_async(&mut conn).await?;
+        let running = statuses.iter().filter(|s| *s == "RUNNING").count();
+        let done = statuses.iter().filter(|s| *s == "SUCCEEDED").count();
         max_running = max_running.max(running);
         if done == ids.len() {
             break;
