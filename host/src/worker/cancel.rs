@@ -7,18 +7,17 @@
 //! flag.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::Shared;
+use super::{Backoff, Shared};
 use crate::store::CANCEL_CHANNEL;
 
 /// Listen until `stop`, resubscribing with backoff when the connection drops.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut failures = 0u32;
+    let mut backoff = Backoff::default();
     loop {
         let subscribed = async {
             let mut pubsub = shared.store.client().get_async_pubsub().await?;
@@ -31,7 +30,7 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
         };
         match pubsub {
             Ok(mut pubsub) => {
-                failures = 0;
+                backoff.reset();
                 let mut messages = pubsub.on_message();
                 loop {
                     let msg = tokio::select! {
@@ -54,11 +53,8 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
             }
             Err(e) => warn!(error = %e, "cannot subscribe to the cancel channel; retrying"),
         }
-        failures += 1;
-        let wait = Duration::from_millis((50u64 << failures.min(7)).min(5_000));
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = stop.cancelled() => return,
+        if !backoff.wait(&stop).await {
+            return;
         }
     }
 }

@@ -11,13 +11,12 @@
 //! never dropped while the process lives. If the process dies first, the
 //! message stays pending and the task is reclaimed and run again.
 
-use std::time::Duration;
-
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::Backoff;
 use crate::config::Config;
 use crate::store::{CompleteOutcome, Completion, Store};
 
@@ -38,22 +37,18 @@ pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, abandon: 
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let (completions, waiters): (Vec<Completion>, Vec<_>) =
             batch.drain(..).map(|p| (p.completion, p.done)).unzip();
-        let mut failures = 0u32;
+        let mut backoff = Backoff::default();
         let outcomes = loop {
             match store.complete(&completions).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
-                    failures += 1;
-                    let wait = Duration::from_millis((50u64 << failures.min(7)).min(5_000));
-                    warn!(error = %e, batch = completions.len(), ?wait,
-                        "completion write failed; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = abandon.cancelled() => {
-                            warn!(batch = completions.len(),
-                                "shutting down with completions unwritten; they will be reclaimed");
-                            return;
-                        }
+                    warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
+                    if !backoff.wait(&abandon).await {
+                        warn!(
+                            batch = completions.len(),
+                            "shutting down with completions unwritten; they will be reclaimed"
+                        );
+                        return;
                     }
                 }
             }

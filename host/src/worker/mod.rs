@@ -329,7 +329,7 @@ async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken)
     }
 }
 
-/// Exponential backoff for reconnecting loops: 50 ms doubling to 5 s.
+/// Exponential backoff for loops that retry Redis: 50 ms doubling to 5 s.
 #[derive(Default)]
 struct Backoff {
     failures: u32,
@@ -340,12 +340,18 @@ impl Backoff {
         self.failures = 0;
     }
 
-    async fn wait(&mut self, stop: &CancellationToken) {
+    /// The next delay; each call doubles the one after it.
+    fn next_delay(&mut self) -> Duration {
         let ms = (50u64 << self.failures.min(7)).min(5_000);
         self.failures += 1;
+        Duration::from_millis(ms)
+    }
+
+    /// Sleep the next delay; `false` when `stop` ended it early.
+    async fn wait(&mut self, stop: &CancellationToken) -> bool {
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(ms)) => {}
-            () = stop.cancelled() => {}
+            () = tokio::time::sleep(self.next_delay()) => true,
+            () = stop.cancelled() => false,
         }
     }
 }
