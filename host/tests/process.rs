@@ -17,7 +17,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dtq_tests::{RedisServer, TempDir, free_port, guests};
+use dtq_tests::{ApiClient, RedisServer, TempDir, free_port, guests};
 use serde_json::{Value, json};
 
 /// The binary under test.
@@ -243,76 +243,17 @@ impl Drop for Proc {
     }
 }
 
-/// A client of one API process.
-struct Api {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Api {
-    fn of(proc: &Proc) -> Api {
-        Api {
-            base: proc.api.clone(),
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn submit(&self, body: Value, key: Option<&str>) -> Result<(u16, Value)> {
-        let mut req = self
-            .http
-            .post(format!("{}/v1/queues/default/tasks", self.base))
-            .json(&body);
-        if let Some(key) = key {
-            req = req.header("Idempotency-Key", key);
-        }
-        let resp = req.send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.json().await?))
-    }
-
-    /// Submit a new task; its id.
-    async fn submit_new(&self, body: Value, key: Option<&str>) -> Result<String> {
-        let (status, resp) = self.submit(body, key).await?;
-        ensure!(status == 202, "submission: {status} {resp}");
-        Ok(resp["task_id"].as_str().context("no task_id")?.to_owned())
-    }
-
-    async fn task(&self, id: &str) -> Result<Value> {
-        let resp = self
-            .http
-            .get(format!("{}/v1/queues/default/tasks/{id}", self.base))
-            .send()
-            .await?;
-        let status = resp.status();
-        let body: Value = resp.json().await?;
-        ensure!(status == 200, "GET task {id}: {status} {body}");
-        Ok(body)
-    }
-
-    /// Poll until the task's status is one of `statuses`.
-    async fn wait_for(&self, id: &str, statuses: &[&str], timeout: Duration) -> Result<Value> {
-        let start = Instant::now();
-        loop {
-            let task = self.task(id).await?;
-            if statuses.iter().any(|s| task["status"] == *s) {
-                return Ok(task);
-            }
-            if start.elapsed() > timeout {
-                bail!("task {id} did not reach {statuses:?} within {timeout:?}: {task:#}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+/// A client of one API process, on the default queue.
+fn client(proc: &Proc) -> ApiClient {
+    ApiClient::new(proc.api.clone())
 }
 
 /// The idempotency record of `key` in the default queue, as stored.
 async fn idem_record(redis: &RedisServer, key: &str) -> Result<Value> {
-    let mut conn = redis.conn().await?;
-    let raw: Option<String> = redis::cmd("GET")
-        .arg(format!("dtq:idempotency:{{default}}:{key}"))
-        .query_async(&mut conn)
-        .await?;
-    serde_json::from_str(&raw.context("no idempotency record")?).context("record is not JSON")
+    redis
+        .idem_record("default", key)
+        .await?
+        .context("no idempotency record")
 }
 
 fn sleep_task(ms: u64) -> Value {
@@ -326,22 +267,24 @@ async fn a_killed_workers_task_is_reclaimed_and_completes_its_key() -> Result<()
     let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
     // The API stays up across the crash in a process of its own.
     let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
-    let api = Api::of(&api_proc);
+    let api = client(&api_proc);
 
     let key = "crash-1";
-    let id = api.submit_new(sleep_task(4_000), Some(key)).await?;
-    let running = api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    let id = api
+        .submit_new("default", sleep_task(4_000), Some(key))
+        .await?;
+    let running = api.wait_for("default", &id, &["RUNNING"], WAIT).await?;
     assert_eq!(running["attempts"], 1, "{running}");
 
     a.crash()?;
     // The task is not terminal: its key is still in flight.
-    let (status, body) = api.submit(sleep_task(4_000), Some(key)).await?;
+    let (status, body) = api.submit("default", sleep_task(4_000), Some(key)).await?;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "IDEMPOTENCY_IN_PROGRESS");
     assert_eq!(body["error"]["details"]["task_id"], id.as_str());
 
     let _b = Proc::start(&dir, "worker-b", "worker", &redis, &[]).await?;
-    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    let done = api.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(
         done["attempts"], 2,
         "the reclaimed run is attempt 2: {done:#}"
@@ -352,7 +295,7 @@ async fn a_killed_workers_task_is_reclaimed_and_completes_its_key() -> Result<()
     assert_eq!(record["state"], "completed", "{record}");
     assert_eq!(record["task_id"], id.as_str(), "{record}");
 
-    let (status, body) = api.submit(sleep_task(4_000), Some(key)).await?;
+    let (status, body) = api.submit("default", sleep_task(4_000), Some(key)).await?;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["duplicate"], true, "{body}");
     assert_eq!(body["task_id"], id.as_str(), "{body}");
@@ -366,12 +309,14 @@ async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Resu
     let dir = TempDir::new("process")?;
     let a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
     let _b = Proc::start(&dir, "serve-b", "serve", &redis, &[]).await?;
-    let api = Api::of(&a);
+    let api = client(&a);
 
     // 3.5 visibility timeouts: only the owner's heartbeats keep the other
     // worker from reclaiming it.
-    let id = api.submit_new(sleep_task(3_500), Some("long-1")).await?;
-    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    let id = api
+        .submit_new("default", sleep_task(3_500), Some("long-1"))
+        .await?;
+    let done = api.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(
         done["attempts"], 1,
         "the task was reclaimed from a live worker: {done:#}"
@@ -387,10 +332,12 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
     // Default grace period (10 s).
     let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
     let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
-    let api = Api::of(&api_proc);
+    let api = client(&api_proc);
 
-    let id = api.submit_new(sleep_task(2_500), Some("drain-1")).await?;
-    api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    let id = api
+        .submit_new("default", sleep_task(2_500), Some("drain-1"))
+        .await?;
+    api.wait_for("default", &id, &["RUNNING"], WAIT).await?;
     a.signal(libc::SIGTERM)?;
     let signalled = Instant::now();
 
@@ -399,13 +346,17 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
     // run, so no message is stranded on a stopping worker) has returned.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let later = api
-        .submit_new(json!({"task": "echo", "payload": {"n": 1}}), None)
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": {"n": 1}}),
+            None,
+        )
         .await?;
 
     let status = a.wait_exit(Duration::from_secs(9)).await?;
     let took = signalled.elapsed();
     assert!(status.success(), "dtq serve exited with {status}");
-    let done = api.task(&id).await?;
+    let done = api.task("default", &id).await?;
     assert_eq!(
         done["status"], "SUCCEEDED",
         "the running task must finish in the grace period: {done:#}"
@@ -419,7 +370,7 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
 
     // Nothing runs the later task now; it must still be waiting.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let waiting = api.task(&later).await?;
+    let waiting = api.task("default", &later).await?;
     assert_eq!(
         waiting["status"], "QUEUED",
         "a stopping worker took new work: {waiting:#}"
@@ -433,21 +384,23 @@ async fn a_draining_worker_keeps_its_task_through_the_grace_period() -> Result<(
     let dir = TempDir::new("process")?;
     // Default grace period (10 s), far longer than the visibility timeout.
     let mut a = Proc::start(&dir, "serve-a", "serve", &redis, &[]).await?;
-    let id = Api::of(&a)
-        .submit_new(sleep_task(4_000), Some("grace-1"))
+    let id = client(&a)
+        .submit_new("default", sleep_task(4_000), Some("grace-1"))
         .await?;
-    Api::of(&a).wait_for(&id, &["RUNNING"], WAIT).await?;
+    client(&a)
+        .wait_for("default", &id, &["RUNNING"], WAIT)
+        .await?;
 
     // Another worker, ready to reclaim whatever goes idle for 1 s.
     let b = Proc::start(&dir, "serve-b", "serve", &redis, &[]).await?;
-    let api = Api::of(&b);
+    let api = client(&b);
     a.signal(libc::SIGTERM)?;
     let status = a.wait_exit(Duration::from_secs(12)).await?;
     assert!(status.success(), "dtq serve exited with {status}");
 
     // A finished it during its grace period; its heartbeats went on until
     // then, so B never took it over.
-    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    let done = api.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(
         done["attempts"], 1,
         "the task was reclaimed from a worker draining it: {done:#}"
@@ -468,10 +421,12 @@ async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<(
     )
     .await?;
     let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
-    let api = Api::of(&api_proc);
+    let api = client(&api_proc);
 
-    let id = api.submit_new(sleep_task(5_000), Some("abandon-1")).await?;
-    api.wait_for(&id, &["RUNNING"], WAIT).await?;
+    let id = api
+        .submit_new("default", sleep_task(5_000), Some("abandon-1"))
+        .await?;
+    api.wait_for("default", &id, &["RUNNING"], WAIT).await?;
     a.signal(libc::SIGTERM)?;
     let signalled = Instant::now();
     let status = a.wait_exit(Duration::from_secs(5)).await?;
@@ -483,7 +438,7 @@ async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<(
         "took {took:?} to exit with a 300 ms grace period"
     );
 
-    let abandoned = api.task(&id).await?;
+    let abandoned = api.task("default", &id).await?;
     assert_eq!(
         abandoned["status"], "RUNNING",
         "an abandoned task is not completed: {abandoned:#}"
@@ -495,7 +450,7 @@ async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<(
     );
 
     let _b = Proc::start(&dir, "worker-b", "worker", &redis, &[]).await?;
-    let done = api.wait_for(&id, &["SUCCEEDED"], WAIT).await?;
+    let done = api.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(done["attempts"], 2, "{done:#}");
     assert_eq!(
         idem_record(&redis, "abandon-1").await?["state"],

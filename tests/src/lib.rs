@@ -109,6 +109,16 @@ impl RedisServer {
         Ok(redis::aio::ConnectionManager::new(client).await?)
     }
 
+    /// The idempotency record of `key` in `queue`, parsed, if it exists.
+    pub async fn idem_record(&self, queue: &str, key: &str) -> Result<Option<serde_json::Value>> {
+        let mut conn = self.conn().await?;
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(format!("dtq:idempotency:{{{queue}}}:{key}"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(raw.map(|r| serde_json::from_str(&r)).transpose()?)
+    }
+
     /// Every key in the server, sorted; tests use it to prove where writes landed.
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut conn = self.conn().await?;
@@ -152,6 +162,117 @@ impl Drop for TempDir {
     }
 }
 
+/// A client of one dtq API, for tests: every call returns the status code
+/// and the JSON body.
+#[derive(Clone)]
+pub struct ApiClient {
+    /// The API's base URL, `http://127.0.0.1:<port>`.
+    pub base: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    /// A client of the API at `base`.
+    pub fn new(base: impl Into<String>) -> Self {
+        ApiClient {
+            base: base.into(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A request to the API; returns the status code and the JSON body.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, serde_json::Value)> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        let body = serde_json::from_str(&text)
+            .with_context(|| format!("response is not JSON: {text:?}"))?;
+        Ok((status, body))
+    }
+
+    /// Submit `body` to `queue`, with `Idempotency-Key: key` when given.
+    pub async fn submit(
+        &self,
+        queue: &str,
+        body: serde_json::Value,
+        key: Option<&str>,
+    ) -> Result<(u16, serde_json::Value)> {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/{queue}/tasks"),
+            Some(body),
+            &headers,
+        )
+        .await
+    }
+
+    /// Submit a task that must be new (202); its id.
+    pub async fn submit_new(
+        &self,
+        queue: &str,
+        body: serde_json::Value,
+        key: Option<&str>,
+    ) -> Result<String> {
+        let (status, resp) = self.submit(queue, body, key).await?;
+        if status != 202 {
+            bail!("submission: {status} {resp}");
+        }
+        Ok(resp["task_id"].as_str().context("no task_id")?.to_owned())
+    }
+
+    /// The task record as the API shows it.
+    pub async fn task(&self, queue: &str, id: &str) -> Result<serde_json::Value> {
+        let (status, body) = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/queues/{queue}/tasks/{id}"),
+                None,
+                &[],
+            )
+            .await?;
+        if status != 200 {
+            bail!("GET task {id}: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    /// Poll the task until its status is one of `statuses`; fail after
+    /// `timeout` with the last record seen.
+    pub async fn wait_for(
+        &self,
+        queue: &str,
+        id: &str,
+        statuses: &[&str],
+        timeout: Duration,
+    ) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            let task = self.task(queue, id).await?;
+            if statuses.iter().any(|s| task["status"] == *s) {
+                return Ok(task);
+            }
+            if start.elapsed() > timeout {
+                bail!("task {id} did not reach {statuses:?} within {timeout:?}: {task:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// A whole dtq in this process: a fresh `redis-server`, the HTTP API on a
 /// free loopback port, and (optionally) a worker running the example
 /// handlers, with test-friendly timings (retries in tens of ms, a one-second
@@ -161,13 +282,14 @@ pub struct Dtq {
     pub redis: RedisServer,
     /// The API's base URL, `http://127.0.0.1:<port>`.
     pub api: String,
+    /// A client of the API (also reached through `Deref`: `dtq.submit(..)`).
+    pub client: ApiClient,
     /// The store (for reading Redis state the API does not show).
     pub store: dtq_host::store::Store,
     /// The configuration the API and worker run with.
     pub config: dtq_host::Config,
     /// The sandbox with the example handlers loaded.
     pub sandbox: dtq_host::sandbox::Sandbox,
-    http: reqwest::Client,
     api_stop: tokio_util::sync::CancellationToken,
     worker: Option<(
         tokio_util::sync::CancellationToken,
@@ -234,12 +356,12 @@ impl Dtq {
             api_stop.clone().cancelled_owned(),
         ));
         let mut dtq = Dtq {
+            client: ApiClient::new(api.as_str()),
             redis,
             api,
             store,
             config,
             sandbox,
-            http: reqwest::Client::new(),
             api_stop,
             worker: None,
         };
@@ -278,84 +400,6 @@ impl Dtq {
         Ok(())
     }
 
-    /// A request to the API; returns the status code and the JSON body.
-    pub async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<serde_json::Value>,
-        headers: &[(&str, &str)],
-    ) -> Result<(u16, serde_json::Value)> {
-        let mut req = self.http.request(method, format!("{}{path}", self.api));
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let resp = req.send().await?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        let body = serde_json::from_str(&text)
-            .with_context(|| format!("response is not JSON: {text:?}"))?;
-        Ok((status, body))
-    }
-
-    /// Submit `body` to `queue`, with `Idempotency-Key: key` when given.
-    pub async fn submit(
-        &self,
-        queue: &str,
-        body: serde_json::Value,
-        key: Option<&str>,
-    ) -> Result<(u16, serde_json::Value)> {
-        let headers: Vec<(&str, &str)> = key.map(|k| ("Idempotency-Key", k)).into_iter().collect();
-        self.call(
-            reqwest::Method::POST,
-            &format!("/v1/queues/{queue}/tasks"),
-            Some(body),
-            &headers,
-        )
-        .await
-    }
-
-    /// The task record as the API shows it.
-    pub async fn task(&self, queue: &str, id: &str) -> Result<serde_json::Value> {
-        let (status, body) = self
-            .call(
-                reqwest::Method::GET,
-                &format!("/v1/queues/{queue}/tasks/{id}"),
-                None,
-                &[],
-            )
-            .await?;
-        if status != 200 {
-            bail!("GET task {id}: {status} {body}");
-        }
-        Ok(body)
-    }
-
-    /// Poll the task until its status is one of `statuses`; fail after
-    /// `timeout` with the last record seen.
-    pub async fn wait_for(
-        &self,
-        queue: &str,
-        id: &str,
-        statuses: &[&str],
-        timeout: Duration,
-    ) -> Result<serde_json::Value> {
-        let start = Instant::now();
-        loop {
-            let task = self.task(queue, id).await?;
-            if statuses.iter().any(|s| task["status"] == *s) {
-                return Ok(task);
-            }
-            if start.elapsed() > timeout {
-                bail!("task {id} did not reach {statuses:?} within {timeout:?}: {task:#}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// The state of the idempotency record of `key` in `queue`
     /// (`processing`, `completed`, `failed`), or `None` without a record.
     pub async fn idem_state(&self, queue: &str, key: &str) -> Result<Option<String>> {
@@ -367,12 +411,15 @@ impl Dtq {
 
     /// The raw idempotency record of `key` in `queue`, parsed.
     pub async fn idem_record(&self, queue: &str, key: &str) -> Result<Option<serde_json::Value>> {
-        let mut conn = self.redis.conn().await?;
-        let raw: Option<String> = redis::cmd("GET")
-            .arg(format!("dtq:idempotency:{{{queue}}}:{key}"))
-            .query_async(&mut conn)
-            .await?;
-        Ok(raw.map(|r| serde_json::from_str(&r)).transpose()?)
+        self.redis.idem_record(queue, key).await
+    }
+}
+
+impl std::ops::Deref for Dtq {
+    type Target = ApiClient;
+
+    fn deref(&self) -> &ApiClient {
+        &self.client
     }
 }
 
