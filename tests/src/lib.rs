@@ -39,21 +39,8 @@ impl RedisServer {
         for _ in 0..5 {
             let dir = TempDir::new("redis")?;
             let port = free_port()?;
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string()])
-                .args(["--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir.path)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context(
-                    "cannot run `redis-server`: install it (Debian: `apt-get install redis-server`) \
-                     or run the tests through .ci/run, which installs it",
-                )?;
             let mut server = RedisServer {
-                child,
+                child: spawn_redis(port, &dir)?,
                 port,
                 _dir: dir,
             };
@@ -63,6 +50,29 @@ impl RedisServer {
             }
         }
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("redis-server did not start")))
+    }
+
+    /// Kill the server and start an empty one on the same port, as a Redis
+    /// restart without persistence (or a failover to an empty replica) looks
+    /// to its clients: connections drop, and keys, consumer groups and the
+    /// script cache are gone.
+    pub fn restart(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        let start = Instant::now();
+        loop {
+            self.child = spawn_redis(self.port, &self._dir)?;
+            match self.wait_ready(Duration::from_secs(5)) {
+                Ok(()) => return Ok(()),
+                // The port may linger for a moment after the kill.
+                Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
@@ -133,6 +143,22 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn spawn_redis(port: u16, dir: &TempDir) -> Result<Child> {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir.path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context(
+            "cannot run `redis-server`: install it (Debian: `apt-get install redis-server`) \
+             or run the tests through .ci/run, which installs it",
+        )
 }
 
 /// A free TCP port on 127.0.0.1, as the OS hands it out for port 0.

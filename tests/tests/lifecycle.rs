@@ -942,3 +942,62 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_and_worker_recover_from_a_redis_restart() -> Result<()> {
+    let mut dtq = Dtq::start(true, &["--visibility-timeout-ms", "30000"]).await?;
+    let before = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
+    dtq.wait_for("default", &before, &["SUCCEEDED"], WAIT)
+        .await?;
+
+    // An empty Redis on the same port: connections drop; keys, the consumer
+    // group and the script cache are gone.
+    tokio::task::block_in_place(|| dtq.redis.restart())?;
+
+    // Submissions fail (503) only until the connection is back.
+    let start = Instant::now();
+    let after = loop {
+        let (status, body) = dtq
+            .submit(
+                "default",
+                json!({"task": "counter", "payload": {"name": "restart"}}),
+                Some("after"),
+            )
+            .await?;
+        match status {
+            202 => break id_of(&body),
+            503 if start.elapsed() < WAIT => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => panic!("submission after the restart: {status} {body}"),
+        }
+    };
+    // The worker reconnects, recreates its group, and runs the task.
+    let task = dtq
+        .wait_for("default", &after, &["SUCCEEDED"], WAIT)
+        .await?;
+    assert_eq!(
+        task["result"],
+        json!({"name": "restart", "value": 1}),
+        "{task}"
+    );
+    assert_eq!(
+        dtq.idem_state("default", "after").await?.as_deref(),
+        Some("completed")
+    );
+
+    // The cancel listener resubscribed: a running loop is interrupted at
+    // once (heartbeats, the fallback, come only every 10 s here).
+    let looping = submit_ok(
+        &dtq,
+        json!({"task": "adversarial", "payload": {"op": "loop"}}),
+        None,
+    )
+    .await?;
+    dtq.wait_for("default", &looping, &["RUNNING"], WAIT)
+        .await?;
+    let path = format!("/v1/queues/default/tasks/{looping}/cancel");
+    let (status, body) = dtq.call(Method::POST, &path, None, &[]).await?;
+    assert_eq!(status, 202, "{body}");
+    dtq.wait_for("default", &looping, &["CANCELLED"], Duration::from_secs(5))
+        .await?;
+    Ok(())
+}
