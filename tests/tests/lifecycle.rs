@@ -809,7 +809,7 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn queue_counts_and_health() -> Result<()> {
-    let dtq = Dtq::start(false, &[]).await?;
+    let mut dtq = Dtq::start(false, &[]).await?;
     submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
     submit_ok(
         &dtq,
@@ -845,6 +845,28 @@ async fn queue_counts_and_health() -> Result<()> {
     assert_eq!(
         (status, route["error"]["code"].as_str()),
         (404, Some("NOT_FOUND"))
+    );
+
+    // With a worker: the echo is done, a long task shows as running.
+    dtq.start_worker();
+    let long = submit_ok(
+        &dtq,
+        json!({"task": "sleep", "payload": {"ms": 1500}}),
+        None,
+    )
+    .await?;
+    dtq.wait_for("default", &long, &["RUNNING"], WAIT).await?;
+    let (_, stats) = dtq
+        .call(Method::GET, "/v1/queues/default", None, &[])
+        .await?;
+    assert_eq!(
+        (
+            stats["ready"].as_u64(),
+            stats["running"].as_u64(),
+            stats["delayed"].as_u64()
+        ),
+        (Some(0), Some(1), Some(1)),
+        "{stats}"
     );
     Ok(())
 }
