@@ -196,55 +196,40 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(command: Command) -> Result<(), Failure> {
-    match command {
-        Command::Serve(config) => server(config, true, true).await,
-        Command::Worker(config) => server(config, false, true).await,
-        Command::Api(config) => server(config, true, false).await,
-        Command::Submit(args) => submit(args).await,
-        Command::Status { queue, id, client } => print_json(
-            &request(
-                &client,
-                reqwest::Method::GET,
-                &format!("/v1/queues/{queue}/tasks/{id}"),
-                None,
-            )
-            .await?,
+    use reqwest::Method;
+    let (client, method, path) = match command {
+        Command::Serve(config) => return server(config, true, true).await,
+        Command::Worker(config) => return server(config, false, true).await,
+        Command::Api(config) => return server(config, true, false).await,
+        Command::Submit(args) => return submit(args).await,
+        Command::Status { queue, id, client } => (
+            client,
+            Method::GET,
+            format!("/v1/queues/{queue}/tasks/{id}"),
         ),
-        Command::Cancel { queue, id, client } => print_json(
-            &request(
-                &client,
-                reqwest::Method::POST,
-                &format!("/v1/queues/{queue}/tasks/{id}/cancel"),
-                None,
-            )
-            .await?,
+        Command::Cancel { queue, id, client } => (
+            client,
+            Method::POST,
+            format!("/v1/queues/{queue}/tasks/{id}/cancel"),
         ),
-        Command::Queues { queue, client } => {
-            let path = match queue {
-                Some(q) => format!("/v1/queues/{q}"),
-                None => "/v1/queues".to_owned(),
-            };
-            print_json(&request(&client, reqwest::Method::GET, &path, None).await?)
+        Command::Queues {
+            queue: Some(queue),
+            client,
+        } => (client, Method::GET, format!("/v1/queues/{queue}")),
+        Command::Queues {
+            queue: None,
+            client,
+        } => (client, Method::GET, "/v1/queues".to_owned()),
+        Command::Dlq(DlqCommand::List { queue, client }) => {
+            (client, Method::GET, format!("/v1/queues/{queue}/dlq"))
         }
-        Command::Dlq(DlqCommand::List { queue, client }) => print_json(
-            &request(
-                &client,
-                reqwest::Method::GET,
-                &format!("/v1/queues/{queue}/dlq"),
-                None,
-            )
-            .await?,
+        Command::Dlq(DlqCommand::Requeue { queue, id, client }) => (
+            client,
+            Method::POST,
+            format!("/v1/queues/{queue}/dlq/{id}/requeue"),
         ),
-        Command::Dlq(DlqCommand::Requeue { queue, id, client }) => print_json(
-            &request(
-                &client,
-                reqwest::Method::POST,
-                &format!("/v1/queues/{queue}/dlq/{id}/requeue"),
-                None,
-            )
-            .await?,
-        ),
-    }
+    };
+    print_json(&request(&client, method, &path, None).await?)
 }
 
 fn init_tracing() {

@@ -161,6 +161,25 @@ fn spawn_redis(port: u16, dir: &TempDir) -> Result<Child> {
         )
 }
 
+/// Assert that an API response is the error `code` with HTTP `status`, in
+/// the one error body (`{"error": {"code", "message", "details"}}`).
+#[track_caller]
+pub fn assert_error(response: &(u16, serde_json::Value), status: u16, code: &str) {
+    let (got, body) = response;
+    assert_eq!(
+        (*got, body["error"]["code"].as_str()),
+        (status, Some(code)),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(body["error"].get("details").is_some(), "{body}");
+}
+
 /// A free TCP port on 127.0.0.1, as the OS hands it out for port 0.
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -486,31 +486,27 @@ async fn cancel_of_a_queued_task_means_it_never_runs_and_replays() -> Result<()>
     );
 
     // Cancelling again: already terminal.
-    let (status, resp) = dtq
-        .call(
+    assert_error(
+        &dtq.call(
             Method::POST,
             &format!("/v1/queues/default/tasks/{id}/cancel"),
             None,
             &[],
         )
-        .await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (409, Some("TASK_TERMINAL")),
-        "{resp}"
+        .await?,
+        409,
+        "TASK_TERMINAL",
     );
-    let (status, resp) = dtq
-        .call(
+    assert_error(
+        &dtq.call(
             Method::POST,
             "/v1/queues/default/tasks/nope/cancel",
             None,
             &[],
         )
-        .await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (404, Some("TASK_NOT_FOUND")),
-        "{resp}"
+        .await?,
+        404,
+        "TASK_NOT_FOUND",
     );
     Ok(())
 }
@@ -674,11 +670,10 @@ async fn dlq_requeue_is_admin_only_and_resets_the_record_to_processing() -> Resu
     // No worker while we look at the requeued task's record.
     dtq.stop_worker().await?;
     let path = format!("/v1/queues/default/dlq/{id}/requeue");
-    let (status, resp) = dtq.call(Method::POST, &path, None, &[]).await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (401, Some("UNAUTHORIZED")),
-        "{resp}"
+    assert_error(
+        &dtq.call(Method::POST, &path, None, &[]).await?,
+        401,
+        "UNAUTHORIZED",
     );
     let (status, _) = dtq
         .call(
@@ -723,18 +718,16 @@ async fn dlq_requeue_is_admin_only_and_resets_the_record_to_processing() -> Resu
         .await?;
     assert_eq!(list["tasks"], json!([]));
     // Requeue of a task that is not dead-lettered.
-    let (status, resp) = dtq
-        .call(
+    assert_error(
+        &dtq.call(
             Method::POST,
             &path,
             None,
             &[("Authorization", "Bearer s3cret")],
         )
-        .await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (409, Some("NOT_DEAD_LETTERED")),
-        "{resp}"
+        .await?,
+        409,
+        "NOT_DEAD_LETTERED",
     );
     Ok(())
 }
@@ -742,18 +735,16 @@ async fn dlq_requeue_is_admin_only_and_resets_the_record_to_processing() -> Resu
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_routes_are_disabled_without_a_token() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let (status, resp) = dtq
-        .call(
+    assert_error(
+        &dtq.call(
             Method::POST,
             "/v1/queues/default/dlq/x/requeue",
             None,
             &[("Authorization", "Bearer anything")],
         )
-        .await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (403, Some("ADMIN_DISABLED")),
-        "{resp}"
+        .await?,
+        403,
+        "ADMIN_DISABLED",
     );
     Ok(())
 }
@@ -834,17 +825,16 @@ async fn queue_counts_and_health() -> Result<()> {
     assert_eq!(all["queues"][0]["queue"], "default", "{all}");
     let (status, health) = dtq.call(Method::GET, "/healthz", None, &[]).await?;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
-    let (status, missing) = dtq
-        .call(Method::GET, "/v1/queues/default/tasks/nope", None, &[])
-        .await?;
-    assert_eq!(
-        (status, missing["error"]["code"].as_str()),
-        (404, Some("TASK_NOT_FOUND"))
+    assert_error(
+        &dtq.call(Method::GET, "/v1/queues/default/tasks/nope", None, &[])
+            .await?,
+        404,
+        "TASK_NOT_FOUND",
     );
-    let (status, route) = dtq.call(Method::GET, "/nope", None, &[]).await?;
-    assert_eq!(
-        (status, route["error"]["code"].as_str()),
-        (404, Some("NOT_FOUND"))
+    assert_error(
+        &dtq.call(Method::GET, "/nope", None, &[]).await?,
+        404,
+        "NOT_FOUND",
     );
 
     // With a worker: the echo is done, a long task shows as running.

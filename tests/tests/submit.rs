@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, assert_error};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -350,11 +350,10 @@ async fn bad_input_gets_a_coded_4xx_and_creates_nothing() -> Result<()> {
     }
     // A body far over the limit is refused by size before it is parsed.
     let huge = json!({"task": "echo", "payload": "y".repeat(200_000)});
-    let (status, resp) = dtq.submit("default", huge, None).await?;
-    assert_eq!(
-        (status, resp["error"]["code"].as_str()),
-        (413, Some("PAYLOAD_TOO_LARGE")),
-        "{resp}"
+    assert_error(
+        &dtq.submit("default", huge, None).await?,
+        413,
+        "PAYLOAD_TOO_LARGE",
     );
 
     let dtq_keys: Vec<String> = dtq
