@@ -19,7 +19,8 @@ use crate::ingest::now_ms;
 use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, TaskRecord};
 
-/// Run `task` on its own tokio task, holding `permit` until it is completed.
+/// Run `task` on its own tokio task on the guest runtime (see
+/// [`Shared::guests`]), holding `permit` until it is completed.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
     delivery: Delivery,
@@ -27,9 +28,22 @@ pub(super) fn spawn(
     permit: OwnedSemaphorePermit,
 ) {
     let span = info_span!("task", task_id = %task.id, queue = %task.queue, task = %task.task, attempt = task.attempts);
-    shared
-        .tracker
-        .spawn(execute(shared.clone(), delivery, task, permit).instrument(span));
+    let run = execute(shared.clone(), delivery, task, permit).instrument(span);
+    shared.guests.spawn(shared.tracker.track_future(run));
+}
+
+/// A task's entry in [`Shared::running`], removed however the executor ends
+/// (even by a panic): an entry left behind would keep the heartbeat
+/// refreshing a message nobody runs, and it would never be reclaimed.
+struct Registration<'a> {
+    shared: &'a Shared,
+    task_id: String,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.shared.lock_running().remove(&self.task_id);
+    }
 }
 
 async fn execute(
@@ -47,6 +61,10 @@ async fn execute(
             cancel: cancel.clone(),
         },
     );
+    let _registration = Registration {
+        shared: &shared,
+        task_id: task.id.clone(),
+    };
     // A cancel requested between `start` and this registration would be
     // missed by the listener; the record tells.
     if task.cancel_requested {
@@ -65,26 +83,10 @@ async fn execute(
         payload: task.payload.clone(),
         deadline: task.timeout_ms.map(Duration::from_millis),
     };
-    let sandbox = shared.sandbox.clone();
-    let handle = cancel.clone();
-    let mut run = shared
-        .guests
-        .spawn(async move { sandbox.call(call, &handle).await });
     let report = tokio::select! {
-        report = &mut run => match report {
-            Ok(report) => report,
-            Err(e) => {
-                // The call panicked: a host bug, not the guest's. Leave the
-                // message to be reclaimed rather than guess an outcome.
-                shared.lock_running().remove(&task.id);
-                tracing::error!(error = %e, "sandbox call panicked; the message will be reclaimed");
-                return;
-            }
-        },
+        report = shared.sandbox.call(call, &cancel) => report,
         () = shared.abandon.cancelled() => {
             cancel.cancel();
-            run.abort();
-            shared.lock_running().remove(&task.id);
             warn!("abandoned at shutdown; the message will be reclaimed");
             return;
         }
@@ -110,7 +112,6 @@ async fn execute(
         now,
     };
     complete(&shared, completion).await;
-    shared.lock_running().remove(&task.id);
     drop(permit);
 }
 

@@ -77,10 +77,10 @@ struct Shared {
     /// Cancelled when the grace period is over: executors still running
     /// return without completing, leaving their messages to be reclaimed.
     abandon: CancellationToken,
-    /// Where sandbox calls run: a runtime of their own. A guest computing
-    /// between two epoch ticks holds its thread; on the shared runtime,
-    /// busy guests would starve the API, the heartbeats (and so get live
-    /// tasks reclaimed) and the completer.
+    /// Where executors, and so sandbox calls, run: a runtime of their own.
+    /// A guest computing between two epoch ticks holds its thread; on the
+    /// shared runtime, busy guests would starve the API, the heartbeats (and
+    /// so get live tasks reclaimed) and the completer.
     guests: tokio::runtime::Handle,
 }
 
