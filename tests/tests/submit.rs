@@ -337,16 +337,7 @@ async fn bad_input_gets_a_coded_4xx_and_creates_nothing() -> Result<()> {
         ),
     ];
     for (queue, body, key, want_status, want_code) in cases {
-        let (status, resp) = dtq.submit(queue, body.clone(), key).await?;
-        assert_eq!(status, want_status, "{body} -> {resp}");
-        assert_eq!(resp["error"]["code"], want_code, "{body} -> {resp}");
-        assert!(
-            resp["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty()),
-            "{resp}"
-        );
-        assert!(resp["error"].get("details").is_some(), "{resp}");
+        assert_error(&dtq.submit(queue, body, key).await?, want_status, want_code);
     }
     // A body far over the limit is refused by size before it is parsed.
     let huge = json!({"task": "echo", "payload": "y".repeat(200_000)});
