@@ -1,5 +1,7 @@
-//! Redis storage: the key layout ([`keys`]), the Lua scripts (`lua/`) and the
-//! typed calls the API and the workers make through them.
+//! Redis storage: the key layout (`keys.rs`), the Lua scripts (`lua/`, loaded
+//! in `scripts.rs`), the task record (`task.rs`), and [`Store`]: the typed
+//! calls the API and the workers make through them, taking and returning the
+//! values in `types.rs`.
 //!
 //! Every state change of a task is one script, so no reader ever sees a task
 //! half-submitted or half-completed. [`Store`] counts the round trips it makes
@@ -8,6 +10,7 @@
 mod keys;
 mod scripts;
 mod task;
+mod types;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +23,10 @@ use redis::{FromRedisValue, Value};
 pub use keys::{CANCEL_CHANNEL, GROUP, QUEUES, QueueKeys};
 pub use scripts::Code;
 pub use task::{TaskRecord, TaskStatus};
+pub use types::{
+    CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,
+    StartDecision, SubmitOutcome,
+};
 
 use scripts::Scripts;
 
@@ -63,172 +70,6 @@ impl Default for StoreSettings {
             events_max_len: 10_000,
         }
     }
-}
-
-/// A task to create, as validated by [`crate::ingest`].
-#[derive(Debug, Clone)]
-pub struct NewTask {
-    /// A fresh task id.
-    pub id: String,
-    /// The queue.
-    pub queue: String,
-    /// The task name.
-    pub task: String,
-    /// The payload, JSON text.
-    pub payload: String,
-    /// sha256 of task name and canonical payload, to detect key reuse.
-    pub fingerprint: String,
-    /// The submission's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Attempts allowed.
-    pub max_attempts: u32,
-    /// Deadline of one attempt (ms), if set.
-    pub timeout_ms: Option<u64>,
-    /// Submission time (ms since epoch).
-    pub now: u64,
-    /// Due time (ms since epoch); later than `now` schedules the task.
-    pub run_at: u64,
-    /// Expiry (ms since epoch) if not started by then.
-    pub expires_at: Option<u64>,
-}
-
-/// What a submission did.
-#[derive(Debug, Clone)]
-pub enum SubmitOutcome {
-    /// A new task.
-    Created {
-        /// QUEUED or SCHEDULED.
-        status: TaskStatus,
-    },
-    /// The key's task is terminal: the stored task, no new one.
-    Replay(Box<TaskRecord>),
-    /// The key's task is still in flight.
-    InProgress {
-        /// The in-flight task.
-        task_id: String,
-    },
-    /// The key was used for another payload or task name.
-    KeyMismatch {
-        /// The key's task.
-        task_id: String,
-    },
-    /// The queue is at its depth limit.
-    QueueFull {
-        /// Ready plus delayed tasks.
-        depth: u64,
-    },
-}
-
-/// A stream message: which task it delivers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// The stream entry id (needed to ACK).
-    pub msg_id: String,
-    /// The task id it carries.
-    pub task_id: String,
-}
-
-/// What `start` decided for one delivery.
-#[derive(Debug, Clone)]
-pub enum StartDecision {
-    /// Run it: the task, now RUNNING with its attempt counted.
-    Run(TaskRecord),
-    /// Terminal or gone; acknowledged already.
-    Skip(String),
-    /// Not started before its expiry; complete it as expired.
-    Expired(TaskRecord),
-    /// Its worker died with no attempts left; dead-letter it.
-    Exhausted(TaskRecord),
-}
-
-/// How an attempt ended, as the completion script takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CompletionKind {
-    /// The handler returned a result.
-    Success,
-    /// A permanent failure.
-    Fatal,
-    /// A transient failure: retry while attempts remain, else dead-letter.
-    Retry,
-    /// Interrupted by a cancel.
-    Cancelled,
-    /// Not started before its expiry.
-    Expired,
-}
-
-impl CompletionKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            CompletionKind::Success => "success",
-            CompletionKind::Fatal => "fatal",
-            CompletionKind::Retry => "retry",
-            CompletionKind::Cancelled => "cancelled",
-            CompletionKind::Expired => "expired",
-        }
-    }
-}
-
-/// One completion to write.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    /// The task's queue.
-    pub queue: String,
-    /// The task.
-    pub task_id: String,
-    /// Its stream message ("" for a task not in the stream).
-    pub msg_id: String,
-    /// The task's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// How the attempt ended.
-    pub kind: CompletionKind,
-    /// The result (JSON) for success, else the error message.
-    pub detail: String,
-    /// The attempt's captured log.
-    pub log: String,
-    /// The attempt this completes (0 for expiry, which has none).
-    pub attempt: u32,
-    /// When a retry is due (ms since epoch).
-    pub retry_at: u64,
-    /// Now (ms since epoch).
-    pub now: u64,
-}
-
-/// What a completion did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CompleteOutcome {
-    /// Written; the task's new status.
-    Done(TaskStatus),
-    /// The task was no longer this attempt's (reclaimed, or completed
-    /// already); nothing written. Carries the status found.
-    Stale(String),
-}
-
-/// What a cancel did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CancelOutcome {
-    /// The task was waiting and is now CANCELLED.
-    Cancelled,
-    /// The task is running; its worker was asked to interrupt it.
-    Requested,
-    /// The task is already terminal.
-    Terminal(TaskStatus),
-    /// No such task.
-    NotFound,
-}
-
-/// Counts of one queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct QueueStats {
-    /// The queue.
-    pub queue: String,
-    /// Tasks in the ready stream not yet delivered to a worker.
-    pub ready: u64,
-    /// Delivered and not acknowledged: running, or held by a dead worker.
-    pub running: u64,
-    /// Scheduled tasks and retries.
-    pub delayed: u64,
-    /// Dead-lettered tasks.
-    pub dead_lettered: u64,
 }
 
 /// The Redis side of dtq. Cheap to clone: clones share one multiplexed

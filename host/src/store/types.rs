@@ -1,0 +1,170 @@
+//! The values the store's operations take and return.
+
+use super::{TaskRecord, TaskStatus};
+
+/// A task to create, as validated by [`crate::ingest`].
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// A fresh task id.
+    pub id: String,
+    /// The queue.
+    pub queue: String,
+    /// The task name.
+    pub task: String,
+    /// The payload, JSON text.
+    pub payload: String,
+    /// sha256 of task name and canonical payload, to detect key reuse.
+    pub fingerprint: String,
+    /// The submission's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// Deadline of one attempt (ms), if set.
+    pub timeout_ms: Option<u64>,
+    /// Submission time (ms since epoch).
+    pub now: u64,
+    /// Due time (ms since epoch); later than `now` schedules the task.
+    pub run_at: u64,
+    /// Expiry (ms since epoch) if not started by then.
+    pub expires_at: Option<u64>,
+}
+
+/// What a submission did.
+#[derive(Debug, Clone)]
+pub enum SubmitOutcome {
+    /// A new task.
+    Created {
+        /// QUEUED or SCHEDULED.
+        status: TaskStatus,
+    },
+    /// The key's task is terminal: the stored task, no new one.
+    Replay(Box<TaskRecord>),
+    /// The key's task is still in flight.
+    InProgress {
+        /// The in-flight task.
+        task_id: String,
+    },
+    /// The key was used for another payload or task name.
+    KeyMismatch {
+        /// The key's task.
+        task_id: String,
+    },
+    /// The queue is at its depth limit.
+    QueueFull {
+        /// Ready plus delayed tasks.
+        depth: u64,
+    },
+}
+
+/// A stream message: which task it delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stream entry id (needed to ACK).
+    pub msg_id: String,
+    /// The task id it carries.
+    pub task_id: String,
+}
+
+/// What `start` decided for one delivery.
+#[derive(Debug, Clone)]
+pub enum StartDecision {
+    /// Run it: the task, now RUNNING with its attempt counted.
+    Run(TaskRecord),
+    /// Terminal or gone; acknowledged already.
+    Skip(String),
+    /// Not started before its expiry; complete it as expired.
+    Expired(TaskRecord),
+    /// Its worker died with no attempts left; dead-letter it.
+    Exhausted(TaskRecord),
+}
+
+/// How an attempt ended, as the completion script takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// The handler returned a result.
+    Success,
+    /// A permanent failure.
+    Fatal,
+    /// A transient failure: retry while attempts remain, else dead-letter.
+    Retry,
+    /// Interrupted by a cancel.
+    Cancelled,
+    /// Not started before its expiry.
+    Expired,
+}
+
+impl CompletionKind {
+    /// The outcome's name in the `complete` script's ARGV.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            CompletionKind::Success => "success",
+            CompletionKind::Fatal => "fatal",
+            CompletionKind::Retry => "retry",
+            CompletionKind::Cancelled => "cancelled",
+            CompletionKind::Expired => "expired",
+        }
+    }
+}
+
+/// One completion to write.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The task's queue.
+    pub queue: String,
+    /// The task.
+    pub task_id: String,
+    /// Its stream message ("" for a task not in the stream).
+    pub msg_id: String,
+    /// The task's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// How the attempt ended.
+    pub kind: CompletionKind,
+    /// The result (JSON) for success, else the error message.
+    pub detail: String,
+    /// The attempt's captured log.
+    pub log: String,
+    /// The attempt this completes (0 for expiry, which has none).
+    pub attempt: u32,
+    /// When a retry is due (ms since epoch).
+    pub retry_at: u64,
+    /// Now (ms since epoch).
+    pub now: u64,
+}
+
+/// What a completion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompleteOutcome {
+    /// Written; the task's new status.
+    Done(TaskStatus),
+    /// The task was no longer this attempt's (reclaimed, or completed
+    /// already); nothing written. Carries the status found.
+    Stale(String),
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The task was waiting and is now CANCELLED.
+    Cancelled,
+    /// The task is running; its worker was asked to interrupt it.
+    Requested,
+    /// The task is already terminal.
+    Terminal(TaskStatus),
+    /// No such task.
+    NotFound,
+}
+
+/// Counts of one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// Tasks in the ready stream not yet delivered to a worker.
+    pub ready: u64,
+    /// Delivered and not acknowledged: running, or held by a dead worker.
+    pub running: u64,
+    /// Scheduled tasks and retries.
+    pub delayed: u64,
+    /// Dead-lettered tasks.
+    pub dead_lettered: u64,
+}
