@@ -3,13 +3,14 @@
 //! Executors hand their completion over a channel and wait for it to be
 //! written before they release their slot and drop their heartbeat. The
 //! completer takes whatever has queued up (up to [`MAX_BATCH`]) and writes it
-//! as one pipeline: one round trip for the batch, each completion still its
-//! own atomic script. Under load, batches grow by themselves; when idle, a
+//! in one round trip: one `complete` script call per queue, atomic for all
+//! its completions. Under load, batches grow by themselves; when idle, a
 //! completion is written at once.
 //!
 //! A failed write is retried with backoff until it succeeds: a completion is
-//! never dropped while the process lives. If the process dies first, the
-//! message stays pending and the task is reclaimed and run again.
+//! not dropped while the process lives, short of the shutdown grace period
+//! running out. If the process dies first, the message stays pending and the
+//! task is reclaimed and run again.
 
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};

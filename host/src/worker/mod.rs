@@ -1,19 +1,19 @@
 //! The worker: reads tasks from the queues' streams, runs each through the
 //! sandbox, and completes it.
 //!
-//! A worker is a set of loops sharing one [`Shared`] state, each in its own
+//! A worker is a set of loops sharing one state (`Shared`), each in its own
 //! file:
 //!
 //! - the fetch loop (here): per queue, XREADGROUP of only as many messages as
 //!   there are free execution slots, then one `start` script for the batch;
-//! - [`executor`]: one task through the sandbox, its outcome mapped to a
+//! - `executor.rs`: one task through the sandbox, its outcome mapped to a
 //!   completion;
-//! - [`completion`]: writes completions in batches (one pipelined round trip
-//!   per batch; each completion one atomic script);
-//! - [`reclaim`]: heartbeats that keep a live worker's messages its own, and
+//! - `completion.rs`: writes completions in batches (one round trip per
+//!   batch; one atomic script call per queue in it);
+//! - `reclaim.rs`: heartbeats that keep a live worker's messages its own, and
 //!   XAUTOCLAIM of the messages dead workers left pending;
-//! - [`delayed`]: moves due scheduled tasks and retries to the stream;
-//! - [`cancel`]: listens for cancel requests and interrupts running calls.
+//! - `delayed.rs`: moves due scheduled tasks and retries to the stream;
+//! - `cancel.rs`: listens for cancel requests and interrupts running calls.
 //!
 //! [`run`] takes its shutdown signal as a future: when it resolves the worker
 //! stops fetching, lets running tasks finish for the grace period, and
