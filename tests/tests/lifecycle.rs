@@ -801,7 +801,7 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
 #[tokio::test(flavor = "multi_thread")]
 async fn queue_counts_and_health() -> Result<()> {
     let mut dtq = Dtq::start(false, &[]).await?;
-    submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
+    let echo = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
     submit_ok(
         &dtq,
         json!({"task": "echo", "payload": 2, "delay_ms": 60000}),
@@ -839,6 +839,7 @@ async fn queue_counts_and_health() -> Result<()> {
 
     // With a worker: the echo is done, a long task shows as running.
     dtq.start_worker();
+    dtq.wait_for("default", &echo, &["SUCCEEDED"], WAIT).await?;
     let long = submit_ok(
         &dtq,
         json!({"task": "sleep", "payload": {"ms": 1500}}),
