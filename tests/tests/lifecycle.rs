@@ -168,6 +168,10 @@ async fn retryable_errors_retry_with_backoff_then_succeed() -> Result<()> {
     let task = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(task["attempts"], 3);
     assert_eq!(task["result"], json!({"attempt": 3}));
+    assert!(
+        task["error"].is_null(),
+        "a success clears the last attempt's error: {task}"
+    );
     let statuses: Vec<String> = events(&dtq, &id)
         .await?
         .into_iter()

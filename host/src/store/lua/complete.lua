@@ -6,7 +6,8 @@
     2. lifecycle event
     3. follow-up write: retry schedule (delayed set) or DLQ entry
     4. idempotency record state (SET XX KEEPTTL; none for keyless tasks)
-    5. ACK (and delete) of the stream message
+    5. ACK (and delete) of the stream message: one XACK and one XDEL for
+       the batch, after every other write
   No reader sees a task half-completed: the whole batch is one script.
 
   Input:
@@ -46,6 +47,7 @@ local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS
 local group, retention, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
+local acks = {}
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 
 local function completeOne(taskKey, idemKey, a)
@@ -53,9 +55,10 @@ local function completeOne(taskKey, idemKey, a)
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
 
-  local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts", "cancel_requested")
-  local current, attempts, maxAttempts, cancelRequested =
-    f[1], tonumber(f[2] or "0"), tonumber(f[3] or "1"), f[4] == "1"
+  local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts",
+    "cancel_requested", "error")
+  local current, attempts, maxAttempts, cancelRequested, hadError =
+    f[1], tonumber(f[2] or "0"), tonumber(f[3] or "1"), f[4] == "1", f[5]
   if outcome == "expired" then
     if not waiting[current] then
       return {-4, current or "MISSING"}
@@ -81,7 +84,9 @@ local function completeOne(taskKey, idemKey, a)
   if status == "SUCCEEDED" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "finished_at", now,
       "log", log, "result", detail)
-    redis.call("HDEL", taskKey, "error")
+    if hadError then
+      redis.call("HDEL", taskKey, "error")
+    end
   elseif status == "RETRYING" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       "error", detail, "run_at", retryAt)
@@ -108,10 +113,10 @@ local function completeOne(taskKey, idemKey, a)
     setIdemState(idemKey, taskId, status == "SUCCEEDED" and "completed" or "failed", now)
   end
 
-  -- 5. The ACK. An expired task may be waiting in the delayed set instead.
+  -- 5. The ACK, for the whole batch at the end of the script. An expired
+  -- task may be waiting in the delayed set instead of the stream.
   if msgId ~= "" then
-    redis.call("XACK", streamKey, group, msgId)
-    redis.call("XDEL", streamKey, msgId)
+    acks[#acks + 1] = msgId
   end
   if outcome == "expired" then
     redis.call("ZREM", delayedKey, taskId)
@@ -122,5 +127,9 @@ end
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
   out[#out + 1] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
+end
+if #acks > 0 then
+  redis.call("XACK", streamKey, group, unpack(acks))
+  redis.call("XDEL", streamKey, unpack(acks))
 end
 return out

@@ -29,29 +29,53 @@ local group, now, consumer, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3], 
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local out = {}
+local acks = {}
 for i = 3, #KEYS do
   local taskKey, msgId = KEYS[i], ARGV[i + 2]
-  local f = redis.call("HMGET", taskKey, "status", "id", "expires_at", "attempts", "max_attempts")
-  local status, taskId = f[1], f[2]
+  -- One read of the whole hash: the decision needs a few fields, and a task
+  -- that runs is handed over whole.
+  local flat = redis.call("HGETALL", taskKey)
+  local at = {}
+  for j = 1, #flat, 2 do
+    at[flat[j]] = j + 1
+  end
+  local function get(name)
+    local j = at[name]
+    return j and flat[j]
+  end
+  local status = get("status")
   if not status or not (waiting[status] or status == "RUNNING") then
-    redis.call("XACK", streamKey, group, msgId)
-    redis.call("XDEL", streamKey, msgId)
+    acks[#acks + 1] = msgId
     out[#out + 1] = {0, status or "MISSING"}
   else
-    local expiresAt = tonumber(f[3] or "0")
-    local attempts = tonumber(f[4] or "0")
-    local maxAttempts = tonumber(f[5] or "1")
+    local expiresAt = tonumber(get("expires_at") or "0")
+    local attempts = tonumber(get("attempts") or "0")
+    local maxAttempts = tonumber(get("max_attempts") or "1")
     if waiting[status] and expiresAt > 0 and now >= expiresAt then
-      out[#out + 1] = {4, redis.call("HGETALL", taskKey)}
+      out[#out + 1] = {4, flat}
     elseif status == "RUNNING" and attempts >= maxAttempts then
-      out[#out + 1] = {5, redis.call("HGETALL", taskKey)}
+      out[#out + 1] = {5, flat}
     else
       attempts = attempts + 1
-      redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempts,
-        "started_at", now, "updated_at", now, "worker", consumer, "msg_id", msgId)
-      addEvent(eventsKey, eventsMaxLen, taskId, "RUNNING", attempts, now)
-      out[#out + 1] = {1, redis.call("HGETALL", taskKey)}
+      local update = {"status", "RUNNING", "attempts", attempts, "started_at", now,
+        "updated_at", now, "worker", consumer, "msg_id", msgId}
+      redis.call("HSET", taskKey, unpack(update))
+      for j = 1, #update, 2 do
+        local k = at[update[j]]
+        if k then
+          flat[k] = update[j + 1]
+        else
+          flat[#flat + 1] = update[j]
+          flat[#flat + 1] = update[j + 1]
+        end
+      end
+      addEvent(eventsKey, eventsMaxLen, get("id"), "RUNNING", attempts, now)
+      out[#out + 1] = {1, flat}
     end
   end
+end
+if #acks > 0 then
+  redis.call("XACK", streamKey, group, unpack(acks))
+  redis.call("XDEL", streamKey, unpack(acks))
 end
 return out
