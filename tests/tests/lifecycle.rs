@@ -1026,3 +1026,25 @@ async fn api_and_worker_recover_from_a_redis_restart() -> Result<()> {
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_consumes_exactly_the_queues_it_is_given() -> Result<()> {
+    let dtq = Dtq::start(true, &["--queues", "emails,reports", "--concurrency", "1"]).await?;
+    let mut ids = Vec::new();
+    for queue in ["emails", "reports", "other"] {
+        let (status, body) = dtq
+            .submit(queue, json!({"task": "echo", "payload": queue}), None)
+            .await?;
+        assert_eq!(status, 202, "{body}");
+        ids.push((queue, id_of(&body)));
+    }
+    for (queue, id) in &ids[..2] {
+        let task = dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?;
+        assert_eq!(task["result"], json!(queue));
+    }
+    // Nobody consumes "other": its task waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (queue, id) = &ids[2];
+    assert_eq!(dtq.task(queue, id).await?["status"], "QUEUED");
+    Ok(())
+}
