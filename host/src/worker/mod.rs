@@ -189,7 +189,7 @@ pub async fn run(
         completions: tx,
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
-        guests: guest_runtime.handle(),
+        guests: guest_runtime.handle.clone(),
         config,
     });
     info!(consumer = %shared.consumer, queues = ?shared.config.queues,
@@ -257,31 +257,32 @@ pub async fn run(
 /// an async context — and `run`'s future, which owns this, may be dropped in
 /// one (an embedding runtime shutting down). So it is shut down in the
 /// background instead.
-struct GuestRuntime(Option<tokio::runtime::Runtime>);
+struct GuestRuntime {
+    /// Taken only on drop.
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
 
 impl GuestRuntime {
     fn new(concurrency: usize) -> Result<Self, WorkerError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(concurrency.clamp(1, 64))
             .thread_name("dtq-guest")
             .enable_all()
             .build()
             .map_err(|e| WorkerError::Config(format!("cannot start the guest runtime: {e}")))?;
-        Ok(GuestRuntime(Some(rt)))
-    }
-
-    fn handle(&self) -> tokio::runtime::Handle {
-        match &self.0 {
-            Some(rt) => rt.handle().clone(),
-            None => unreachable!("the runtime is taken only on drop"),
-        }
+        let handle = runtime.handle().clone();
+        Ok(GuestRuntime {
+            runtime: Some(runtime),
+            handle,
+        })
     }
 }
 
 impl Drop for GuestRuntime {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
 }
