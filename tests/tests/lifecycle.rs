@@ -11,6 +11,10 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// Retries a minute apart, so a failed task sits in RETRYING while a test
+/// looks at it.
+const SLOW_RETRIES: &[&str] = &["--retry-base-ms", "60000", "--retry-max-ms", "60000"];
+
 fn id_of(body: &Value) -> String {
     body["task_id"]
         .as_str()
@@ -200,12 +204,7 @@ async fn retryable_errors_retry_with_backoff_then_succeed() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn retrying_keeps_the_record_processing_and_resubmission_gets_409() -> Result<()> {
-    // Long backoff, so the task sits in RETRYING while we look.
-    let dtq = Dtq::start(
-        true,
-        &["--retry-base-ms", "60000", "--retry-max-ms", "60000"],
-    )
-    .await?;
+    let dtq = Dtq::start(true, SLOW_RETRIES).await?;
     let id = submit_ok(
         &dtq,
         json!({"task": "flaky", "payload": {"succeed_on_attempt": 5}, "max_attempts": 5}),
@@ -370,7 +369,7 @@ async fn completion_never_creates_a_record_and_keeps_its_ttl() -> Result<()> {
     // A record deleted while its task runs is not recreated (SET XX).
     let id = submit_ok(
         &dtq,
-        json!({"task": "sleep", "payload": {"ms": 400}}),
+        json!({"task": "sleep", "payload": {"ms": 1500}}),
         Some("gone"),
     )
     .await?;
@@ -380,21 +379,26 @@ async fn completion_never_creates_a_record_and_keeps_its_ttl() -> Result<()> {
         .arg("dtq:idempotency:{default}:gone")
         .query_async(&mut conn)
         .await?;
+    // Only a deletion before the completion tests anything.
+    assert_eq!(dtq.task("default", &id).await?["status"], "RUNNING");
     dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert!(dtq.idem_record("default", "gone").await?.is_none());
 
     // The expiry is kept (KEEPTTL): a short TTL set by hand survives the completion.
     let id = submit_ok(
         &dtq,
-        json!({"task": "sleep", "payload": {"ms": 300}}),
+        json!({"task": "sleep", "payload": {"ms": 1500}}),
         Some("ttl"),
     )
     .await?;
+    dtq.wait_for("default", &id, &["RUNNING"], WAIT).await?;
     let _: () = redis::cmd("EXPIRE")
         .arg("dtq:idempotency:{default}:ttl")
         .arg(50)
         .query_async(&mut conn)
         .await?;
+    // Only an expiry set before the completion tests anything.
+    assert_eq!(dtq.task("default", &id).await?["status"], "RUNNING");
     dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     let ttl: i64 = redis::cmd("TTL")
         .arg("dtq:idempotency:{default}:ttl")
@@ -572,11 +576,7 @@ async fn cancel_interrupts_a_running_task_inside_the_sandbox() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_of_a_retrying_task_removes_it_from_the_delayed_set() -> Result<()> {
-    let dtq = Dtq::start(
-        true,
-        &["--retry-base-ms", "60000", "--retry-max-ms", "60000"],
-    )
-    .await?;
+    let dtq = Dtq::start(true, SLOW_RETRIES).await?;
     let id = submit_ok(
         &dtq,
         json!({"task": "flaky", "payload": {"succeed_on_attempt": 3}, "max_attempts": 3}),
@@ -1046,5 +1046,60 @@ async fn a_worker_consumes_exactly_the_queues_it_is_given() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (queue, id) = &ids[2];
     assert_eq!(dtq.task(queue, id).await?["status"], "QUEUED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Result<()> {
+    use dtq_host::store::StartDecision;
+    let mut dtq = Dtq::start(false, &[]).await?;
+    let id = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 1, "max_attempts": 1}),
+        Some("lost"),
+    )
+    .await?;
+    // A worker ("ghost") takes the task's only attempt, then dies.
+    let store = &dtq.store;
+    store.ensure_group("default").await?;
+    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+    let deliveries = store
+        .read(&mut conn, "default", "ghost", 1, Duration::from_millis(10))
+        .await?;
+    let started = store
+        .start("default", "ghost", &deliveries, dtq_host::ingest::now_ms())
+        .await?;
+    assert!(
+        matches!(started.as_slice(), [StartDecision::Run(_)]),
+        "{started:?}"
+    );
+
+    // A live worker reclaims it after the visibility timeout (1 s here): no
+    // attempts are left, so it is dead-lettered, not run again.
+    dtq.start_worker();
+    let task = dtq
+        .wait_for("default", &id, &["DEAD_LETTERED", "SUCCEEDED"], WAIT)
+        .await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("DEAD_LETTERED"), Some(1)),
+        "{task}"
+    );
+    assert!(
+        task["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("worker lost")),
+        "{task}"
+    );
+    assert_eq!(
+        dtq.idem_state("default", "lost").await?.as_deref(),
+        Some("failed")
+    );
+    let statuses: Vec<String> = events(&dtq, &id)
+        .await?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(statuses, ["QUEUED", "RUNNING", "DEAD_LETTERED"]);
     Ok(())
 }

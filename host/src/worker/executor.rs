@@ -98,19 +98,8 @@ async fn execute(
         }
         _ => warn!(outcome = ?kind, error = %detail, "attempt failed"),
     }
-    let now = now_ms();
-    let completion = Completion {
-        queue: task.queue.clone(),
-        task_id: task.id.clone(),
-        msg_id: delivery.msg_id,
-        idempotency_key: task.idempotency_key.clone(),
-        kind,
-        detail,
-        log: report.log,
-        attempt: task.attempts,
-        retry_at: now + backoff_ms(&shared.config, task.attempts),
-        now,
-    };
+    let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
+    let completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
     complete(&shared, completion).await;
     drop(permit);
 }
@@ -149,52 +138,56 @@ async fn complete(shared: &Shared, completion: Completion) {
     }
 }
 
-/// Complete a task that was not started before its expiry.
-pub(super) async fn expire(
-    shared: Arc<Shared>,
-    delivery: Delivery,
+/// The completion of `task`'s current attempt, delivered as `msg_id`.
+fn completion_of(
     task: TaskRecord,
-    permit: OwnedSemaphorePermit,
-) {
-    let now = now_ms();
-    let completion = Completion {
+    msg_id: String,
+    kind: CompletionKind,
+    detail: String,
+    log: String,
+    retry_at: u64,
+) -> Completion {
+    Completion {
         queue: task.queue,
         task_id: task.id,
-        msg_id: delivery.msg_id,
+        msg_id,
         idempotency_key: task.idempotency_key,
-        kind: CompletionKind::Expired,
-        detail: "expired before it started".into(),
-        log: String::new(),
-        attempt: 0,
-        retry_at: now,
-        now,
-    };
-    complete(&shared, completion).await;
-    drop(permit);
+        kind,
+        detail,
+        log,
+        attempt: task.attempts,
+        retry_at,
+        now: now_ms(),
+    }
 }
 
-/// Dead-letter a task whose worker died during its last attempt.
-pub(super) async fn exhaust(
+/// Complete a task that `start` decided not to run, holding `permit` until
+/// it is written: one not started before its expiry (EXPIRED), or one whose
+/// worker died during its last attempt (a failed attempt, so DEAD_LETTERED).
+pub(super) async fn finish_unrun(
     shared: Arc<Shared>,
     delivery: Delivery,
     task: TaskRecord,
+    expired: bool,
     permit: OwnedSemaphorePermit,
 ) {
-    let now = now_ms();
-    let completion = Completion {
-        queue: task.queue,
-        task_id: task.id,
-        msg_id: delivery.msg_id,
-        idempotency_key: task.idempotency_key,
-        kind: CompletionKind::Retry,
-        detail: format!(
+    let completion = if expired {
+        let detail = "expired before it started".to_owned();
+        completion_of(
+            task,
+            delivery.msg_id,
+            CompletionKind::Expired,
+            detail,
+            String::new(),
+            0,
+        )
+    } else {
+        let detail = format!(
             "worker lost during attempt {} of {}",
             task.attempts, task.max_attempts
-        ),
-        log: task.log.unwrap_or_default(),
-        attempt: task.attempts,
-        retry_at: now,
-        now,
+        );
+        let log = task.log.clone().unwrap_or_default();
+        completion_of(task, delivery.msg_id, CompletionKind::Retry, detail, log, 0)
     };
     complete(&shared, completion).await;
     drop(permit);

@@ -119,12 +119,13 @@ impl Shared {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
                 StartDecision::Expired(task) => {
-                    self.tracker
-                        .spawn(executor::expire(self.clone(), delivery, task, permit));
+                    let finish = executor::finish_unrun(self.clone(), delivery, task, true, permit);
+                    self.tracker.spawn(finish);
                 }
                 StartDecision::Exhausted(task) => {
-                    self.tracker
-                        .spawn(executor::exhaust(self.clone(), delivery, task, permit));
+                    let finish =
+                        executor::finish_unrun(self.clone(), delivery, task, false, permit);
+                    self.tracker.spawn(finish);
                 }
             }
         }
