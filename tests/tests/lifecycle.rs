@@ -733,6 +733,17 @@ async fn dlq_requeue_is_admin_only_and_resets_the_record_to_processing() -> Resu
         409,
         "NOT_DEAD_LETTERED",
     );
+    assert_error(
+        &dtq.call(
+            Method::POST,
+            "/v1/queues/default/dlq/nope/requeue",
+            None,
+            &[("Authorization", "Bearer s3cret")],
+        )
+        .await?,
+        404,
+        "TASK_NOT_FOUND",
+    );
     Ok(())
 }
 

@@ -570,6 +570,21 @@ impl Store {
         Ok(inv.invoke_async(&mut self.conn.clone()).await?)
     }
 
+    /// The idempotency key task `id` was submitted with: the scripts that
+    /// change a task outside the worker need its record's name in KEYS.
+    async fn idempotency_key_of(
+        &self,
+        keys: &QueueKeys,
+        id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.trip();
+        Ok(redis::cmd("HGET")
+            .arg(keys.task(id))
+            .arg("idempotency_key")
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
     /// Cancel task `id` of `queue`.
     pub async fn cancel(
         &self,
@@ -577,18 +592,16 @@ impl Store {
         id: &str,
         now: u64,
     ) -> Result<CancelOutcome, StoreError> {
-        let Some(task) = self.task(queue, id).await? else {
-            return Ok(CancelOutcome::NotFound);
-        };
         let keys = QueueKeys::new(queue);
+        let idem_key = self.idempotency_key_of(&keys, id).await?;
         let mut inv = self.scripts.cancel.prepare_invoke();
         inv.key(keys.task(id))
             .key(&keys.delayed)
             .key(&keys.events)
-            .key(keys.idempotency(task.idempotency_key.as_deref()))
+            .key(keys.idempotency(idem_key.as_deref()))
             .arg(id)
             .arg(now)
-            .arg(flag(task.idempotency_key.is_some()))
+            .arg(flag(idem_key.is_some()))
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len)
             .arg(CANCEL_CHANNEL)
@@ -615,19 +628,17 @@ impl Store {
         id: &str,
         now: u64,
     ) -> Result<Result<(), Option<TaskStatus>>, StoreError> {
-        let Some(task) = self.task(queue, id).await? else {
-            return Ok(Err(None));
-        };
         let keys = QueueKeys::new(queue);
+        let idem_key = self.idempotency_key_of(&keys, id).await?;
         let mut inv = self.scripts.requeue.prepare_invoke();
         inv.key(keys.task(id))
             .key(&keys.dlq)
             .key(&keys.stream)
             .key(&keys.events)
-            .key(keys.idempotency(task.idempotency_key.as_deref()))
+            .key(keys.idempotency(idem_key.as_deref()))
             .arg(id)
             .arg(now)
-            .arg(flag(task.idempotency_key.is_some()))
+            .arg(flag(idem_key.is_some()))
             .arg(self.settings.idem_ttl_s)
             .arg(self.settings.events_max_len);
         self.trip();
