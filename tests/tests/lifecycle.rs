@@ -1084,6 +1084,13 @@ async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Resu
         matches!(started.as_slice(), [StartDecision::Run(_)]),
         "{started:?}"
     );
+    // The log an earlier attempt would have left: dead-lettering keeps it.
+    let () = redis::cmd("HSET")
+        .arg(format!("dtq:task:{{default}}:{id}"))
+        .arg("log")
+        .arg("earlier attempt")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
 
     // A live worker reclaims it after the visibility timeout (1 s here): no
     // attempts are left, so it is dead-lettered, not run again.
@@ -1102,6 +1109,7 @@ async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Resu
             .is_some_and(|e| e.contains("worker lost")),
         "{task}"
     );
+    assert_eq!(task["log"], "earlier attempt", "{task}");
     assert_eq!(
         dtq.idem_state("default", "lost").await?.as_deref(),
         Some("failed")

@@ -25,7 +25,7 @@ pub use scripts::Code;
 pub use task::{TaskRecord, TaskStatus};
 pub use types::{
     CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,
-    StartDecision, SubmitOutcome,
+    StartDecision, StartedTask, SubmitOutcome,
 };
 
 use scripts::Scripts;
@@ -372,25 +372,30 @@ impl Store {
             .arg(consumer)
             .arg(self.settings.events_max_len);
         for d in deliveries {
-            inv.arg(&d.msg_id);
+            inv.arg(&d.msg_id).arg(&d.task_id);
         }
         self.trip();
-        let reply: Vec<Vec<Value>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        if reply.len() != deliveries.len() {
+            return Err(StoreError::Protocol(format!(
+                "start answered {} decisions for {} messages",
+                reply.len(),
+                deliveries.len()
+            )));
+        }
         reply
             .into_iter()
-            .map(|entry| {
-                let mut entry = entry.into_iter();
-                let code = code_of(entry.next())?;
-                let rest = entry.next();
+            .zip(deliveries)
+            .map(|(entry, delivery)| {
+                let (code, rest) = pair(entry)?;
+                if code == Code::Skipped {
+                    return Ok(StartDecision::Skip(String::from_redis_value(rest)?));
+                }
+                let task = StartedTask::from_reply(queue, &delivery.task_id, rest)?;
                 Ok(match code {
-                    Code::Skipped => StartDecision::Skip(from_value(rest)?),
-                    Code::Ok => StartDecision::Run(TaskRecord::from_flat(from_value(rest)?)?),
-                    Code::Expired => {
-                        StartDecision::Expired(TaskRecord::from_flat(from_value(rest)?)?)
-                    }
-                    Code::Exhausted => {
-                        StartDecision::Exhausted(TaskRecord::from_flat(from_value(rest)?)?)
-                    }
+                    Code::Ok => StartDecision::Run(task),
+                    Code::Expired => StartDecision::Expired(task),
+                    Code::Exhausted => StartDecision::Exhausted(task),
                     other => return Err(unexpected("start", other)),
                 })
             })
@@ -756,6 +761,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn from_value<T: FromRedisValue>(v: Option<Value>) -> Result<T, StoreError> {
     let v = v.ok_or_else(|| StoreError::Protocol("reply is shorter than expected".into()))?;
     Ok(redis::from_redis_value(v)?)
+}
+
+/// A `{code, value}` reply entry.
+fn pair(entry: Value) -> Result<(Code, Value), StoreError> {
+    let mut entry: Vec<Value> = redis::from_redis_value(entry)?;
+    if entry.len() != 2 {
+        return Err(StoreError::Protocol(format!(
+            "expected {{code, value}}, got {} values",
+            entry.len()
+        )));
+    }
+    let rest = entry.pop().unwrap_or(Value::Nil);
+    Ok((code_of(entry.pop())?, rest))
 }
 
 fn code_of(v: Option<Value>) -> Result<Code, StoreError> {

@@ -1,6 +1,8 @@
 //! The values the store's operations take and return.
 
-use super::{TaskRecord, TaskStatus};
+use redis::Value;
+
+use super::{StoreError, TaskRecord, TaskStatus};
 
 /// A task to create, as validated by [`crate::ingest`].
 #[derive(Debug, Clone)]
@@ -69,13 +71,83 @@ pub struct Delivery {
 #[derive(Debug, Clone)]
 pub enum StartDecision {
     /// Run it: the task, now RUNNING with its attempt counted.
-    Run(TaskRecord),
+    Run(StartedTask),
     /// Terminal or gone; acknowledged already.
     Skip(String),
     /// Not started before its expiry; complete it as expired.
-    Expired(TaskRecord),
+    Expired(StartedTask),
     /// Its worker died with no attempts left; dead-letter it.
-    Exhausted(TaskRecord),
+    Exhausted(StartedTask),
+}
+
+/// What a worker needs of a task to run and complete one attempt: the part
+/// of its record `start` returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedTask {
+    /// The task id.
+    pub id: String,
+    /// Its queue.
+    pub queue: String,
+    /// The task name, which selects the handler.
+    pub task: String,
+    /// The payload, JSON text.
+    pub payload: String,
+    /// Attempts started, this one included.
+    pub attempts: u32,
+    /// Attempts allowed before dead-lettering.
+    pub max_attempts: u32,
+    /// Deadline of one attempt (ms), when the submission set one.
+    pub timeout_ms: Option<u64>,
+    /// The submission's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Whether a cancel was requested (while it ran, or just now).
+    pub cancel_requested: bool,
+}
+
+impl StartedTask {
+    /// Parse the task `start` returns: its hash's fields in the order of
+    /// `FIELDS` in `start.lua`, nil where a field is missing.
+    pub(super) fn from_reply(queue: &str, id: &str, reply: Value) -> Result<Self, StoreError> {
+        let fields: Vec<Option<String>> = redis::from_redis_value(reply)?;
+        let [
+            _status,
+            attempts,
+            max_attempts,
+            _expires_at,
+            task,
+            payload,
+            timeout_ms,
+            idempotency_key,
+            cancel_requested,
+        ] = <[Option<String>; 9]>::try_from(fields).map_err(|f| {
+            StoreError::Protocol(format!("start returned {} task fields, not 9", f.len()))
+        })?;
+        let required = |value: Option<String>, name: &str| {
+            value.ok_or_else(|| StoreError::Corrupt(format!("task {id} lacks field {name:?}")))
+        };
+        let number = |value: Option<String>, name: &str| {
+            value
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "task {id} field {name:?} is not a number: {v:?}"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        Ok(StartedTask {
+            id: id.to_owned(),
+            queue: queue.to_owned(),
+            task: required(task, "task")?,
+            payload: required(payload, "payload")?,
+            attempts: number(attempts, "attempts")?.unwrap_or(0) as u32,
+            max_attempts: number(max_attempts, "max_attempts")?.unwrap_or(1) as u32,
+            timeout_ms: number(timeout_ms, "timeout_ms")?,
+            idempotency_key: idempotency_key.filter(|k| !k.is_empty()),
+            cancel_requested: cancel_requested.as_deref() == Some("1"),
+        })
+    }
 }
 
 /// How an attempt ended, as the completion script takes it.
@@ -89,6 +161,10 @@ pub enum CompletionKind {
     Retry,
     /// Interrupted by a cancel.
     Cancelled,
+    /// Its worker died during the attempt: a failed attempt like
+    /// [`CompletionKind::Retry`] that left no log, so the task's log (an
+    /// earlier attempt's) is left as it is.
+    Lost,
     /// Not started before its expiry.
     Expired,
 }
@@ -101,6 +177,7 @@ impl CompletionKind {
             CompletionKind::Fatal => "fatal",
             CompletionKind::Retry => "retry",
             CompletionKind::Cancelled => "cancelled",
+            CompletionKind::Lost => "lost",
             CompletionKind::Expired => "expired",
         }
     }
@@ -121,7 +198,7 @@ pub struct Completion {
     pub kind: CompletionKind,
     /// The result (JSON) for success, else the error message.
     pub detail: String,
-    /// The attempt's captured log.
+    /// The attempt's captured log (ignored for [`CompletionKind::Lost`]).
     pub log: String,
     /// The attempt this completes (0 for expiry, which has none).
     pub attempt: u32,

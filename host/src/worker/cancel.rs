@@ -44,7 +44,7 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                     let Some((queue, id)) = body.split_once('\n') else {
                         continue;
                     };
-                    if let Some(t) = shared.lock_running().get(id).filter(|t| t.queue == queue) {
+                    if let Some(t) = shared.running.lock().get(id).filter(|t| t.queue == queue) {
                         debug!(task_id = id, queue, "cancel requested: interrupting");
                         t.cancel.cancel();
                     }

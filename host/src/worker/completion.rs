@@ -1,10 +1,12 @@
 //! The completer: writes completions in batches.
 //!
-//! Executors hand their completion over a channel and wait for it to be
-//! written before they release their slot and drop their heartbeat. The
-//! completer takes whatever has queued up (up to [`MAX_BATCH`]) and writes it
-//! in one round trip: one `complete` script call per queue, atomic for all
-//! its completions. Under load, batches grow by themselves; when idle, a
+//! Executors hand their completion over a channel, with the task's execution
+//! slot and its entry in the running set: both are released only once the
+//! completion is written, so the heartbeat keeps the message until then and
+//! the worker never holds more messages than it has slots. The completer
+//! takes whatever has queued up (up to [`MAX_BATCH`]) and writes it in one
+//! round trip: one `complete` script call per queue, atomic for all its
+//! completions. Under load, batches grow by themselves; when idle, a
 //! completion is written at once.
 //!
 //! A failed write is retried with backoff until it succeeds: a completion is
@@ -13,31 +15,57 @@
 //! task is reclaimed and run again.
 
 use rand::Rng;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::Backoff;
+use super::{Backoff, Registration};
 use crate::config::Config;
 use crate::store::{CompleteOutcome, Completion, Store};
 
 /// Most completions written in one round trip.
 const MAX_BATCH: usize = 128;
 
-/// A completion and who waits for it.
+/// A completion and what its task holds until it is written; dropped
+/// (releasing both) after the write.
 pub(super) struct Pending {
     pub(super) completion: Completion,
-    pub(super) done: oneshot::Sender<CompleteOutcome>,
+    pub(super) slot: OwnedSemaphorePermit,
+    /// The task's entry in the running set; none for a task that never ran.
+    pub(super) registration: Option<Registration>,
 }
 
-/// The completer loop; ends when every sender is gone and the channel
-/// drained, or when `abandon` is cancelled while a write keeps failing (the
-/// unwritten tasks' messages stay pending, to be reclaimed and run again).
-pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, abandon: CancellationToken) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let (completions, waiters): (Vec<Completion>, Vec<_>) =
-            batch.drain(..).map(|p| (p.completion, p.done)).unzip();
+/// The completer loop. Once `finish` is cancelled it takes no new
+/// completions and ends when the channel is drained (or when every sender is
+/// gone); it ends early when `abandon` is cancelled while a write keeps
+/// failing (the unwritten tasks' messages stay pending, to be reclaimed and
+/// run again).
+pub(super) async fn run(
+    store: Store,
+    mut rx: mpsc::Receiver<Pending>,
+    finish: CancellationToken,
+    abandon: CancellationToken,
+) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
+    let mut finishing = false;
+    loop {
+        let received = tokio::select! {
+            received = rx.recv_many(&mut batch, MAX_BATCH) => received,
+            () = finish.cancelled(), if !finishing => {
+                rx.close();
+                finishing = true;
+                continue;
+            }
+        };
+        if received == 0 {
+            break;
+        }
+        // What the tasks hold is released when this goes out of scope: after
+        // the write, or when it is abandoned.
+        let (completions, _held): (Vec<Completion>, Vec<_>) = batch
+            .drain(..)
+            .map(|p| (p.completion, (p.slot, p.registration)))
+            .unzip();
         let mut backoff = Backoff::default();
         let outcomes = loop {
             match store.complete(&completions).await {
@@ -54,12 +82,11 @@ pub(super) async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, abandon: 
                 }
             }
         };
-        for ((completion, done), outcome) in completions.iter().zip(waiters).zip(outcomes) {
+        for (completion, outcome) in completions.iter().zip(outcomes) {
             if let CompleteOutcome::Stale(status) = &outcome {
                 debug!(task_id = %completion.task_id, %status,
                     "completion was stale: the task was reclaimed or completed elsewhere");
             }
-            let _ = done.send(outcome);
         }
     }
 }

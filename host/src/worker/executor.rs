@@ -14,17 +14,17 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::completion::{Pending, backoff_ms};
-use super::{RunningTask, Shared};
+use super::{Registration, RunningTask, Shared};
 use crate::ingest::now_ms;
 use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
-use crate::store::{Completion, CompletionKind, Delivery, TaskRecord};
+use crate::store::{Completion, CompletionKind, Delivery, StartedTask};
 
 /// Run `task` on its own tokio task on the guest runtime (see
-/// [`Shared::guests`]), holding `permit` until it is completed.
+/// [`Shared::guests`]); `permit` is held until its completion is written.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
     delivery: Delivery,
-    task: TaskRecord,
+    task: StartedTask,
     permit: OwnedSemaphorePermit,
 ) {
     let span = info_span!("task", task_id = %task.id, queue = %task.queue, task = %task.task, attempt = task.attempts);
@@ -32,28 +32,14 @@ pub(super) fn spawn(
     shared.guests.spawn(shared.tracker.track_future(run));
 }
 
-/// A task's entry in [`Shared::running`], removed however the executor ends
-/// (even by a panic): an entry left behind would keep the heartbeat
-/// refreshing a message nobody runs, and it would never be reclaimed.
-struct Registration<'a> {
-    shared: &'a Shared,
-    task_id: String,
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        self.shared.lock_running().remove(&self.task_id);
-    }
-}
-
 async fn execute(
     shared: Arc<Shared>,
     delivery: Delivery,
-    task: TaskRecord,
+    task: StartedTask,
     permit: OwnedSemaphorePermit,
 ) {
     let cancel = CancelHandle::new();
-    shared.lock_running().insert(
+    let registration = shared.running.register(
         task.id.clone(),
         RunningTask {
             queue: task.queue.clone(),
@@ -61,10 +47,6 @@ async fn execute(
             cancel: cancel.clone(),
         },
     );
-    let _registration = Registration {
-        shared: &shared,
-        task_id: task.id.clone(),
-    };
     // A cancel requested between `start` and this registration would be
     // missed by the listener; the record tells.
     if task.cancel_requested {
@@ -100,8 +82,7 @@ async fn execute(
     }
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
     let completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
-    complete(&shared, completion).await;
-    drop(permit);
+    hand_over(&shared, completion, permit, Some(registration)).await;
 }
 
 /// Map a sandbox outcome to what the completion script takes.
@@ -119,28 +100,27 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
     }
 }
 
-/// Hand a completion to the completer and wait until it is written (or, past
-/// the shutdown grace period, abandoned: then the message is reclaimed).
-async fn complete(shared: &Shared, completion: Completion) {
-    let (done, written) = tokio::sync::oneshot::channel();
-    if shared
-        .completions
-        .send(Pending { completion, done })
-        .await
-        .is_err()
-    {
+/// Hand a completion to the completer, with the slot and the running-set
+/// entry its task holds until it is written.
+async fn hand_over(
+    shared: &Shared,
+    completion: Completion,
+    slot: OwnedSemaphorePermit,
+    registration: Option<Registration>,
+) {
+    let pending = Pending {
+        completion,
+        slot,
+        registration,
+    };
+    if shared.completions.send(pending).await.is_err() {
         warn!("completer gone; the message will be reclaimed");
-        return;
-    }
-    tokio::select! {
-        _ = written => {}
-        () = shared.abandon.cancelled() => {}
     }
 }
 
 /// The completion of `task`'s current attempt, delivered as `msg_id`.
 fn completion_of(
-    task: TaskRecord,
+    task: StartedTask,
     msg_id: String,
     kind: CompletionKind,
     detail: String,
@@ -161,13 +141,13 @@ fn completion_of(
     }
 }
 
-/// Complete a task that `start` decided not to run, holding `permit` until
-/// it is written: one not started before its expiry (EXPIRED), or one whose
+/// Complete a task that `start` decided not to run (`permit` is held until
+/// the completion is written): one not started before its expiry (EXPIRED), or one whose
 /// worker died during its last attempt (a failed attempt, so DEAD_LETTERED).
 pub(super) async fn finish_unrun(
     shared: Arc<Shared>,
     delivery: Delivery,
-    task: TaskRecord,
+    task: StartedTask,
     expired: bool,
     permit: OwnedSemaphorePermit,
 ) {
@@ -186,9 +166,14 @@ pub(super) async fn finish_unrun(
             "worker lost during attempt {} of {}",
             task.attempts, task.max_attempts
         );
-        let log = task.log.clone().unwrap_or_default();
-        completion_of(task, delivery.msg_id, CompletionKind::Retry, detail, log, 0)
+        completion_of(
+            task,
+            delivery.msg_id,
+            CompletionKind::Lost,
+            detail,
+            String::new(),
+            0,
+        )
     };
-    complete(&shared, completion).await;
-    drop(permit);
+    hand_over(&shared, completion, permit, None).await;
 }

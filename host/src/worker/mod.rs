@@ -5,7 +5,8 @@
 //! file:
 //!
 //! - the fetch loop (here): per queue, XREADGROUP of only as many messages as
-//!   there are free execution slots, then one `start` script for the batch;
+//!   there are free execution slots, then one `start` script for the batch
+//!   (on a task of its own, while the loop reads on);
 //! - `executor.rs`: one task through the sandbox, its outcome mapped to a
 //!   completion;
 //! - `completion.rs`: writes completions in batches (one round trip per
@@ -57,6 +58,42 @@ struct RunningTask {
     cancel: CancelHandle,
 }
 
+/// The tasks this worker holds, by id: from their start until their
+/// completion is written. The heartbeat refreshes their messages and a
+/// cancel request finds their handle here.
+#[derive(Default)]
+struct Running(Mutex<HashMap<String, RunningTask>>);
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTask>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Add `task`; it stays until the returned guard is dropped.
+    fn register(self: &Arc<Self>, task_id: String, task: RunningTask) -> Registration {
+        self.lock().insert(task_id.clone(), task);
+        Registration {
+            running: self.clone(),
+            task_id,
+        }
+    }
+}
+
+/// A task's entry in [`Running`], removed when this is dropped however the
+/// task ends (even by a panic): an entry left behind would keep the
+/// heartbeat refreshing a message nobody holds, and it would never be
+/// reclaimed.
+struct Registration {
+    running: Arc<Running>,
+    task_id: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.running.lock().remove(&self.task_id);
+    }
+}
+
 /// State every loop of one worker shares.
 struct Shared {
     store: Store,
@@ -68,9 +105,8 @@ struct Shared {
     /// permits before they read, so a worker never holds more messages than
     /// it can run.
     slots: Arc<Semaphore>,
-    /// Running tasks by id: the heartbeat refreshes their messages and a
-    /// cancel request finds their handle here.
-    running: Mutex<HashMap<String, RunningTask>>,
+    /// The tasks this worker holds.
+    running: Arc<Running>,
     completions: mpsc::Sender<completion::Pending>,
     /// Every spawned executor, so shutdown can wait for them.
     tracker: TaskTracker,
@@ -85,10 +121,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTask>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Start a batch of deliveries of `queue` and dispatch each decision; one
     /// permit per delivery.
     async fn dispatch(
@@ -186,7 +218,7 @@ pub async fn run(
         store,
         sandbox,
         consumer,
-        running: Mutex::new(HashMap::new()),
+        running: Arc::default(),
         completions: tx,
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
@@ -197,9 +229,11 @@ pub async fn run(
         concurrency = shared.config.concurrency, "worker started");
 
     let stop = CancellationToken::new();
-    let completer = tokio::spawn(completion::run(
+    let finish = CancellationToken::new();
+    let mut completer = tokio::spawn(completion::run(
         shared.store.clone(),
         rx,
+        finish.clone(),
         shared.abandon.clone(),
     ));
     let mut loops = Vec::new();
@@ -229,12 +263,15 @@ pub async fn run(
         let _ = l.await;
     }
     shared.tracker.close();
-    let grace = Duration::from_millis(shared.config.shutdown_grace_ms);
-    if tokio::time::timeout(grace, shared.tracker.wait())
+    // One grace period for running tasks and the writes of their
+    // completions; heartbeats go on until both are done.
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(shared.config.shutdown_grace_ms);
+    if tokio::time::timeout_at(deadline, shared.tracker.wait())
         .await
         .is_err()
     {
-        let left = shared.lock_running().len();
+        let left = shared.running.lock().len();
         warn!(
             left,
             "grace period over: abandoning running tasks to be reclaimed"
@@ -242,12 +279,18 @@ pub async fn run(
         shared.abandon.cancel();
         shared.tracker.wait().await;
     }
+    // Every executor is done and every completion handed over.
+    finish.cancel();
+    if tokio::time::timeout_at(deadline, &mut completer)
+        .await
+        .is_err()
+    {
+        warn!("grace period over: abandoning unwritten completions to be reclaimed");
+        shared.abandon.cancel();
+        let _ = completer.await;
+    }
     beats_stop.cancel();
     let _ = beats.await;
-    // Every executor is done and every completion sent; the completer drains
-    // the channel and ends when the last sender (in `shared`) is dropped.
-    drop(shared);
-    let _ = completer.await;
     info!("worker stopped");
     Ok(())
 }
@@ -267,7 +310,10 @@ struct GuestRuntime {
 impl GuestRuntime {
     fn new(concurrency: usize) -> Result<Self, WorkerError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(concurrency.clamp(1, 64))
+            .worker_threads(concurrency.clamp(
+                1,
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ))
             .thread_name("dtq-guest")
             .enable_all()
             .build()
@@ -288,7 +334,9 @@ impl Drop for GuestRuntime {
     }
 }
 
-/// Read new messages of `queue` while slots are free, until `stop`.
+/// Read new messages of `queue` while slots are free, until `stop`. Each
+/// batch is started and dispatched on a task of its own: the next read does
+/// not wait for the last batch's `start` script.
 async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken) {
     let mut conn = None;
     let mut backoff = Backoff::default();
@@ -317,7 +365,12 @@ async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken)
             Ok(deliveries) if deliveries.is_empty() => backoff.reset(),
             Ok(deliveries) => {
                 backoff.reset();
-                shared.dispatch(&queue, deliveries, permits).await;
+                let dispatch = {
+                    let shared = shared.clone();
+                    let queue = queue.clone();
+                    async move { shared.dispatch(&queue, deliveries, permits).await }
+                };
+                shared.tracker.spawn(dispatch);
             }
             Err(e) => {
                 if e.to_string().contains("NOGROUP") {

@@ -67,7 +67,7 @@ pub(super) async fn heartbeats(shared: Arc<Shared>, stop: CancellationToken) {
 
 async fn heartbeat(shared: &Shared) {
     let mut by_queue: HashMap<String, Vec<Delivery>> = HashMap::new();
-    for (task_id, t) in shared.lock_running().iter() {
+    for (task_id, t) in shared.running.lock().iter() {
         by_queue.entry(t.queue.clone()).or_default().push(Delivery {
             msg_id: t.msg_id.clone(),
             task_id: task_id.clone(),
@@ -80,7 +80,7 @@ async fn heartbeat(shared: &Shared) {
             .await
         {
             Ok(cancelled) => {
-                let map = shared.lock_running();
+                let map = shared.running.lock();
                 for t in map.values().filter(|t| cancelled.contains(&t.msg_id)) {
                     t.cancel.cancel();
                 }

@@ -24,11 +24,15 @@
     ARGV[3] events stream max length
     then, per completion i, 9 values from ARGV[4 + 9i]:
       task id; stream message id ("" for a task not in the stream);
-      outcome: success | fatal | retry | cancelled | expired;
+      outcome: success | fatal | retry | lost | cancelled | expired;
       result (JSON, for success) or error message; captured log;
       now (ms since epoch); "1" when the task has an idempotency key;
       the attempt this completion belongs to ("" for expired);
       retry due time (ms since epoch), used when the outcome retries
+
+    "lost" is a failed attempt like "retry", for a task whose worker died
+    during it: that attempt left no log, so the task's log (an earlier
+    attempt's) is left as it is.
 
   Output: per completion, in order:
     {1, status}   OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
@@ -44,12 +48,14 @@
   Events: the new status of each task.
 ]]
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, retention, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
-local acks = {}
+local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
+local acks = {}
 
+-- Numbers stay the strings they came as: Lua formats numbers slowly.
 local function completeOne(taskKey, idemKey, a)
   local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
@@ -58,20 +64,20 @@ local function completeOne(taskKey, idemKey, a)
   local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts",
     "cancel_requested", "error")
   local current, attempts, maxAttempts, cancelRequested, hadError =
-    f[1], tonumber(f[2] or "0"), tonumber(f[3] or "1"), f[4] == "1", f[5]
+    f[1], f[2] or "0", f[3] or "1", f[4] == "1", f[5]
   if outcome == "expired" then
     if not waiting[current] then
       return {-4, current or "MISSING"}
     end
-  elseif current ~= "RUNNING" or tostring(attempts) ~= attempt then
+  elseif current ~= "RUNNING" or attempts ~= attempt then
     return {-4, current or "MISSING"}
   end
 
   local status = direct[outcome]
-  if outcome == "retry" then
+  if failed[outcome] then
     if cancelRequested then
       status = "CANCELLED"
-    elseif attempts >= maxAttempts then
+    elseif tonumber(attempts) >= tonumber(maxAttempts) then
       status = "DEAD_LETTERED"
     else
       status = "RETRYING"
@@ -81,18 +87,27 @@ local function completeOne(taskKey, idemKey, a)
   end
 
   -- 1. The task hash.
+  local update = {"status", status, "updated_at", now}
+  local function put(name, value)
+    update[#update + 1] = name
+    update[#update + 1] = value
+  end
+  if outcome ~= "lost" then
+    put("log", log)
+  end
   if status == "SUCCEEDED" then
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, "finished_at", now,
-      "log", log, "result", detail)
-    if hadError then
-      redis.call("HDEL", taskKey, "error")
-    end
-  elseif status == "RETRYING" then
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
-      "error", detail, "run_at", retryAt)
+    put("result", detail)
   else
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, "finished_at", now,
-      "log", log, "error", detail)
+    put("error", detail)
+  end
+  if status == "RETRYING" then
+    put("run_at", retryAt)
+  else
+    put("finished_at", now)
+  end
+  redis.call("HSET", taskKey, unpack(update))
+  if status == "SUCCEEDED" and hadError then
+    redis.call("HDEL", taskKey, "error")
   end
   if status ~= "RETRYING" and status ~= "DEAD_LETTERED" then
     redis.call("EXPIRE", taskKey, retention)

@@ -11,66 +11,55 @@
     ARGV[2] now (ms since epoch)
     ARGV[3] consumer (worker) name
     ARGV[4] events stream max length
-    ARGV[5..] one stream message id per task hash, in the same order
+    then, per task hash k (from 0), in the same order:
+    ARGV[5 + 2k] its stream message id
+    ARGV[6 + 2k] its task id
 
   Output: one entry per message, in order:
-    {1, fields...}  RUN: the task hash (after the update) as a flat list
-    {0, status}     SKIP: already terminal, or its hash is gone; the message
-                    was acknowledged and deleted here
-    {4, fields...}  EXPIRED: not started before its expiry; the caller
-                    completes it as EXPIRED (it needs the idempotency key)
-    {5, fields...}  EXHAUSTED: found RUNNING (its worker died) with no
-                    attempts left; the caller dead-letters it
+    {1, task}     RUN: the task, now RUNNING, counting this attempt
+    {0, status}   SKIP: already terminal, or its hash is gone; the message
+                  was acknowledged and deleted here
+    {4, task}     EXPIRED: not started before its expiry; the caller
+                  completes it as EXPIRED
+    {5, task}     EXHAUSTED: found RUNNING (its worker died) with no
+                  attempts left; the caller dead-letters it
+  where task is the list of the fields in `FIELDS` below, in that order,
+  nil for a field the hash lacks (the host's `StartedTask` mirrors it).
 
   Events: RUNNING for each started task.
 ]]
+local FIELDS = { "status", "attempts", "max_attempts", "expires_at", "task", "payload",
+  "timeout_ms", "idempotency_key", "cancel_requested" }
+local STATUS, ATTEMPTS, MAX_ATTEMPTS, EXPIRES_AT = 1, 2, 3, 4
+
 local streamKey, eventsKey = KEYS[1], KEYS[2]
-local group, now, consumer, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local group, now, consumer, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local nowMs = tonumber(now)
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local out = {}
 local acks = {}
 for i = 3, #KEYS do
-  local taskKey, msgId = KEYS[i], ARGV[i + 2]
-  -- One read of the whole hash: the decision needs a few fields, and a task
-  -- that runs is handed over whole.
-  local flat = redis.call("HGETALL", taskKey)
-  local at = {}
-  for j = 1, #flat, 2 do
-    at[flat[j]] = j + 1
-  end
-  local function get(name)
-    local j = at[name]
-    return j and flat[j]
-  end
-  local status = get("status")
+  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]
+  local task = redis.call("HMGET", taskKey, unpack(FIELDS))
+  local status = task[STATUS]
   if not status or not (waiting[status] or status == "RUNNING") then
     acks[#acks + 1] = msgId
     out[#out + 1] = {0, status or "MISSING"}
   else
-    local expiresAt = tonumber(get("expires_at") or "0")
-    local attempts = tonumber(get("attempts") or "0")
-    local maxAttempts = tonumber(get("max_attempts") or "1")
-    if waiting[status] and expiresAt > 0 and now >= expiresAt then
-      out[#out + 1] = {4, flat}
-    elseif status == "RUNNING" and attempts >= maxAttempts then
-      out[#out + 1] = {5, flat}
+    local attempts = tonumber(task[ATTEMPTS] or "0")
+    if waiting[status] and task[EXPIRES_AT] and nowMs >= tonumber(task[EXPIRES_AT]) then
+      out[#out + 1] = {4, task}
+    elseif status == "RUNNING" and attempts >= tonumber(task[MAX_ATTEMPTS] or "1") then
+      out[#out + 1] = {5, task}
     else
-      attempts = attempts + 1
-      local update = {"status", "RUNNING", "attempts", attempts, "started_at", now,
-        "updated_at", now, "worker", consumer, "msg_id", msgId}
-      redis.call("HSET", taskKey, unpack(update))
-      for j = 1, #update, 2 do
-        local k = at[update[j]]
-        if k then
-          flat[k] = update[j + 1]
-        else
-          flat[#flat + 1] = update[j]
-          flat[#flat + 1] = update[j + 1]
-        end
-      end
-      addEvent(eventsKey, eventsMaxLen, get("id"), "RUNNING", attempts, now)
-      out[#out + 1] = {1, flat}
+      -- Numbers become strings once: Lua formats them slowly.
+      local attempt = tostring(attempts + 1)
+      redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempt, "started_at", now,
+        "updated_at", now, "worker", consumer, "msg_id", msgId)
+      task[STATUS], task[ATTEMPTS] = "RUNNING", attempt
+      addEvent(eventsKey, eventsMaxLen, taskId, "RUNNING", attempt, now)
+      out[#out + 1] = {1, task}
     end
   end
 end
