@@ -24,6 +24,11 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
+/// The allocator the `dtq` binary uses, so the in-process worker measured
+/// here allocates as it does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -19,17 +19,29 @@ use crate::ingest::now_ms;
 use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask};
 
-/// Run `task` on its own tokio task on the guest runtime (see
-/// [`Shared::guests`]); `permit` is held until its completion is written.
+/// Run each task on a tokio task of its own on the guest runtime (see
+/// [`Shared::guests`]); each permit is held until its task's completion is
+/// written. The batch crosses to the guest runtime once: spawned from there,
+/// the tasks go onto its local queues instead of each waking a thread.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
-    delivery: Delivery,
-    task: StartedTask,
-    permit: OwnedSemaphorePermit,
+    runs: Vec<(Delivery, StartedTask, OwnedSemaphorePermit)>,
 ) {
-    let span = info_span!("task", task_id = %task.id, queue = %task.queue, task = %task.task, attempt = task.attempts);
-    let run = execute(shared.clone(), delivery, task, permit).instrument(span);
-    shared.guests.spawn(shared.tracker.track_future(run));
+    if runs.is_empty() {
+        return;
+    }
+    let batch = {
+        let shared = shared.clone();
+        async move {
+            for (delivery, task, permit) in runs {
+                let span = info_span!("task", task_id = %task.id, queue = %task.queue,
+                    task = %task.task, attempt = task.attempts);
+                let run = execute(shared.clone(), delivery, task, permit).instrument(span);
+                shared.tracker.spawn(run);
+            }
+        }
+    };
+    shared.guests.spawn(shared.tracker.track_future(batch));
 }
 
 async fn execute(

@@ -143,10 +143,11 @@ impl Shared {
                 return;
             }
         };
+        let mut runs = Vec::with_capacity(deliveries.len());
         for (delivery, decision) in deliveries.into_iter().zip(decisions) {
             let Some(permit) = permits.pop() else { break };
             match decision {
-                StartDecision::Run(task) => executor::spawn(self, delivery, task, permit),
+                StartDecision::Run(task) => runs.push((delivery, task, permit)),
                 StartDecision::Skip(status) => {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
@@ -161,6 +162,7 @@ impl Shared {
                 }
             }
         }
+        executor::spawn(self, runs);
     }
 
     /// Take one slot (waiting for it) and as many more as are free, up to
