@@ -77,8 +77,10 @@ async fn execute(
         payload: task.payload.clone(),
         deadline: task.timeout_ms.map(Duration::from_millis),
     };
+    // Boxed: the call's future is large, and unboxed it would make every
+    // executor's future as large, copied whole each time one is spawned.
     let report = tokio::select! {
-        report = shared.sandbox.call(call, &cancel) => report,
+        report = Box::pin(shared.sandbox.call(call, &cancel)) => report,
         () = shared.abandon.cancelled() => {
             cancel.cancel();
             warn!("abandoned at shutdown; the message will be reclaimed");
@@ -125,7 +127,8 @@ async fn hand_over(
         slot,
         registration,
     };
-    if shared.completions.send(pending).await.is_err() {
+    // Boxed for the reason the sandbox call is.
+    if Box::pin(shared.completions.send(pending)).await.is_err() {
         warn!("completer gone; the message will be reclaimed");
     }
 }
