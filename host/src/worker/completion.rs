@@ -16,6 +16,7 @@
 
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -35,22 +36,33 @@ pub(super) struct Pending {
     pub(super) registration: Option<Registration>,
 }
 
+/// Completion writes in flight at once: the next batch is on its way while
+/// Redis runs the last one's script.
+const WRITERS: usize = 2;
+
 /// The completer loop. Once `finish` is cancelled it takes no new
 /// completions and ends when the channel is drained (or when every sender is
-/// gone); it ends early when `abandon` is cancelled while a write keeps
-/// failing (the unwritten tasks' messages stay pending, to be reclaimed and
-/// run again).
+/// gone) and every write is done. A write that keeps failing is retried until
+/// `abandon` is cancelled; then its tasks' messages stay pending, to be
+/// reclaimed and run again.
 pub(super) async fn run(
     store: Store,
     mut rx: mpsc::Receiver<Pending>,
     finish: CancellationToken,
     abandon: CancellationToken,
 ) {
+    let mut writes = JoinSet::new();
     let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
     let mut finishing = false;
     loop {
+        if writes.len() >= WRITERS {
+            // Completions queue up meanwhile: the next batch is larger.
+            writes.join_next().await;
+            continue;
+        }
         let received = tokio::select! {
             received = rx.recv_many(&mut batch, MAX_BATCH) => received,
+            Some(_) = writes.join_next(), if !writes.is_empty() => continue,
             () = finish.cancelled(), if !finishing => {
                 rx.close();
                 finishing = true;
@@ -60,33 +72,38 @@ pub(super) async fn run(
         if received == 0 {
             break;
         }
-        // What the tasks hold is released when this goes out of scope: after
-        // the write, or when it is abandoned.
-        let (completions, _held): (Vec<Completion>, Vec<_>) = batch
-            .drain(..)
-            .map(|p| (p.completion, (p.slot, p.registration)))
-            .unzip();
-        let mut backoff = Backoff::default();
-        let outcomes = loop {
-            match store.complete(&completions).await {
-                Ok(outcomes) => break outcomes,
-                Err(e) => {
-                    warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
-                    if !backoff.wait(&abandon).await {
-                        warn!(
-                            batch = completions.len(),
-                            "shutting down with completions unwritten; they will be reclaimed"
-                        );
-                        return;
-                    }
+        writes.spawn(write(store.clone(), std::mem::take(&mut batch), abandon.clone()));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Write one batch, retrying with backoff until it is written or `abandon`
+/// is cancelled. What the tasks hold is released when this returns.
+async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
+    let (completions, _held): (Vec<Completion>, Vec<_>) = batch
+        .into_iter()
+        .map(|p| (p.completion, (p.slot, p.registration)))
+        .unzip();
+    let mut backoff = Backoff::default();
+    let outcomes = loop {
+        match store.complete(&completions).await {
+            Ok(outcomes) => break outcomes,
+            Err(e) => {
+                warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
+                if !backoff.wait(&abandon).await {
+                    warn!(
+                        batch = completions.len(),
+                        "shutting down with completions unwritten; they will be reclaimed"
+                    );
+                    return;
                 }
             }
-        };
-        for (completion, outcome) in completions.iter().zip(outcomes) {
-            if let CompleteOutcome::Stale(status) = &outcome {
-                debug!(task_id = %completion.task_id, %status,
-                    "completion was stale: the task was reclaimed or completed elsewhere");
-            }
+        }
+    };
+    for (completion, outcome) in completions.iter().zip(outcomes) {
+        if let CompleteOutcome::Stale(status) = &outcome {
+            debug!(task_id = %completion.task_id, %status,
+                "completion was stale: the task was reclaimed or completed elsewhere");
         }
     }
 }
