@@ -3,7 +3,7 @@
 //!
 //! 1. **drain**: `DTQ_BENCH_TASKS` (default 20 000) `echo` tasks are
 //!    submitted through the submission path, then one in-process worker
-//!    (concurrency `DTQ_BENCH_CONCURRENCY`, default 32) runs them all; the
+//!    (concurrency `DTQ_BENCH_CONCURRENCY`, default 256) runs them all; the
 //!    figure is tasks/s from the worker's start until the queue is empty,
 //!    after which every task is checked to be SUCCEEDED.
 //! 2. **round trips per executed task**: from [`Store::round_trips`] (the
@@ -24,11 +24,6 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
-/// The allocator the `dtq` binary uses, so the in-process worker measured
-/// here allocates as it does.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -42,6 +37,11 @@ use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
 const QUEUE: &str = "default";
+
+/// The allocator the `dtq` binary uses, so the in-process worker measured
+/// here allocates as it does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -62,7 +62,7 @@ fn env_usize(name: &str, default: usize) -> Result<usize> {
 async fn bench() -> Result<()> {
     let tasks = env_usize("DTQ_BENCH_TASKS", 20_000)?;
     let submits = env_usize("DTQ_BENCH_SUBMITS", 10_000)?;
-    let concurrency = env_usize("DTQ_BENCH_CONCURRENCY", 32)?;
+    let concurrency = env_usize("DTQ_BENCH_CONCURRENCY", 256)?;
     let in_flight = env_usize("DTQ_BENCH_IN_FLIGHT", 64)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -250,6 +250,12 @@ async fn bench() -> Result<()> {
     row(
         "  this process's CPU during the drain (cores)",
         format!("{:.2}", worker_cpu / drain.as_secs_f64()),
+        "",
+        "",
+    );
+    row(
+        "  this process's CPU per task (µs)",
+        format!("{:.1}", worker_cpu / drained * 1e6),
         "",
         "",
     );

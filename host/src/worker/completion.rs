@@ -72,7 +72,11 @@ pub(super) async fn run(
         if received == 0 {
             break;
         }
-        writes.spawn(write(store.clone(), std::mem::take(&mut batch), abandon.clone()));
+        writes.spawn(write(
+            store.clone(),
+            std::mem::take(&mut batch),
+            abandon.clone(),
+        ));
     }
     while writes.join_next().await.is_some() {}
 }
