@@ -52,6 +52,11 @@ impl RedisServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("redis-server did not start")))
     }
 
+    /// The server's process id (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kill the server and start an empty one on the same port, as a Redis
     /// restart without persistence (or a failover to an empty replica) looks
     /// to its clients: connections drop, and keys, consumer groups and the

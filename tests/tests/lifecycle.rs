@@ -1122,3 +1122,40 @@ async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Resu
     assert_eq!(statuses, ["QUEUED", "RUNNING", "DEAD_LETTERED"]);
     Ok(())
 }
+
+/// Send `signal` (STOP or CONT) to the Redis server.
+fn signal_redis(dtq: &Dtq, signal: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(dtq.redis.pid().to_string())
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} failed");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completion_redis_cannot_take_does_not_hold_up_shutdown_and_is_not_lost() -> Result<()> {
+    let mut dtq = Dtq::start(true, &["--shutdown-grace-ms", "300"]).await?;
+    let id = submit_ok(&dtq, json!({"task": "sleep", "payload": {"ms": 600}}), None).await?;
+    dtq.wait_for("default", &id, &["RUNNING"], WAIT).await?;
+    // Redis stops answering while the task runs: its completion cannot be
+    // written.
+    signal_redis(&dtq, "STOP")?;
+    let stopped = async {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        dtq.stop_worker().await
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(40), stopped).await;
+    signal_redis(&dtq, "CONT")?;
+    // Shutdown gives up on the write once the grace period is over (and the
+    // calls in flight have timed out) instead of retrying for ever.
+    outcome.map_err(|_| anyhow::anyhow!("the worker did not stop"))??;
+
+    // Nothing is lost: the message is still pending, and a new worker
+    // reclaims and completes it (unless the write Redis had queued while
+    // paused went through once it resumed).
+    dtq.start_worker();
+    let task = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(task["result"], json!({"slept_ms": 600}), "{task}");
+    Ok(())
+}
