@@ -137,23 +137,27 @@ pub struct TaskRecord {
     pub cancel_requested: bool,
 }
 
+/// Field `name` of a task hash, which every task has.
+pub(super) fn required(value: Option<String>, name: &str) -> Result<String, StoreError> {
+    value.ok_or_else(|| StoreError::Corrupt(format!("task hash lacks field {name:?}")))
+}
+
+/// Numeric field `name` of a task hash, if present.
+pub(super) fn number(value: Option<String>, name: &str) -> Result<Option<u64>, StoreError> {
+    value
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                StoreError::Corrupt(format!("task field {name:?} is not a number: {v:?}"))
+            })
+        })
+        .transpose()
+}
+
 impl TaskRecord {
     /// Parse a task hash as HGETALL returns it.
     pub fn from_fields(fields: HashMap<String, String>) -> Result<TaskRecord, StoreError> {
         let mut fields = fields;
         let mut take = |name: &str| fields.remove(name).filter(|v| !v.is_empty());
-        let required = |value: Option<String>, name: &str| {
-            value.ok_or_else(|| StoreError::Corrupt(format!("task hash lacks field {name:?}")))
-        };
-        let number = |value: Option<String>, name: &str| -> Result<Option<u64>, StoreError> {
-            value
-                .map(|v| {
-                    v.parse::<u64>().map_err(|_| {
-                        StoreError::Corrupt(format!("task field {name:?} is not a number: {v:?}"))
-                    })
-                })
-                .transpose()
-        };
         let id = required(take("id"), "id")?;
         let status = required(take("status"), "status")?.parse()?;
         Ok(TaskRecord {

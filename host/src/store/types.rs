@@ -2,6 +2,7 @@
 
 use redis::Value;
 
+use super::task::{number, required};
 use super::{StoreError, TaskRecord, TaskStatus};
 
 /// A task to create, as validated by [`crate::ingest`].
@@ -122,20 +123,6 @@ impl StartedTask {
         ] = <[Option<String>; 9]>::try_from(fields).map_err(|f| {
             StoreError::Protocol(format!("start returned {} task fields, not 9", f.len()))
         })?;
-        let required = |value: Option<String>, name: &str| {
-            value.ok_or_else(|| StoreError::Corrupt(format!("task {id} lacks field {name:?}")))
-        };
-        let number = |value: Option<String>, name: &str| {
-            value
-                .map(|v| {
-                    v.parse::<u64>().map_err(|_| {
-                        StoreError::Corrupt(format!(
-                            "task {id} field {name:?} is not a number: {v:?}"
-                        ))
-                    })
-                })
-                .transpose()
-        };
         Ok(StartedTask {
             id: id.to_owned(),
             queue: queue.to_owned(),

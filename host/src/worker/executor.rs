@@ -157,8 +157,9 @@ fn completion_of(
 }
 
 /// Complete a task that `start` decided not to run (`permit` is held until
-/// the completion is written): one not started before its expiry (EXPIRED), or one whose
-/// worker died during its last attempt (a failed attempt, so DEAD_LETTERED).
+/// the completion is written): one not started before its expiry (EXPIRED),
+/// or one whose worker died during its last attempt (a failed attempt, so
+/// DEAD_LETTERED).
 pub(super) async fn finish_unrun(
     shared: Arc<Shared>,
     delivery: Delivery,
