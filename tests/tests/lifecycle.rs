@@ -980,6 +980,77 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_order() -> Result<()> {
+    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind, StartDecision, TaskStatus};
+    let dtq = Dtq::start(false, &[]).await?;
+    let store = &dtq.store;
+    for i in 0..4 {
+        submit_ok(&dtq, json!({"task": "echo", "payload": i}), None).await?;
+    }
+    store.ensure_group("default").await?;
+    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+    let deliveries = store
+        .read(
+            &mut conn,
+            "default",
+            "tester",
+            10,
+            Duration::from_millis(10),
+        )
+        .await?;
+    let decisions = store
+        .start("default", "tester", &deliveries, dtq_host::ingest::now_ms())
+        .await?;
+    assert_eq!(deliveries.len(), 4);
+    assert!(
+        decisions.iter().all(|d| matches!(d, StartDecision::Run(_))),
+        "{decisions:?}"
+    );
+    let complete = |i: usize| Completion {
+        queue: "default".into(),
+        task_id: deliveries[i].task_id.clone(),
+        msg_id: deliveries[i].msg_id.clone(),
+        idempotency_key: None,
+        kind: CompletionKind::Success,
+        detail: "null".into(),
+        log: String::new(),
+        attempt: 1,
+        retry_at: 0,
+        now: dtq_host::ingest::now_ms(),
+    };
+    let mut redis = dtq.redis.conn().await?;
+    // Completions out of order: a newer entry before older pending ones
+    // (deleted), the oldest (trimmed), the newest, then the last one.
+    for (done, left) in [
+        (1, vec![0, 2, 3]),
+        (0, vec![2, 3]),
+        (3, vec![2]),
+        (2, vec![]),
+    ] {
+        let outcomes = store.complete(&[complete(done)]).await?;
+        assert_eq!(outcomes, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg("dtq:stream:{default}")
+            .arg("-")
+            .arg("+")
+            .query_async(&mut redis)
+            .await?;
+        let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+        let expected: Vec<&str> = left
+            .iter()
+            .map(|&i: &usize| deliveries[i].msg_id.as_str())
+            .collect();
+        assert_eq!(ids, expected, "after completing task {done}");
+        // A pending entry keeps its body, which a reclaim needs.
+        assert!(
+            entries.iter().all(|(_, body)| !body.is_empty()),
+            "{entries:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn api_and_worker_recover_from_a_redis_restart() -> Result<()> {
     let mut dtq = Dtq::start(true, &["--visibility-timeout-ms", "30000"]).await?;
     let before = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), None).await?;

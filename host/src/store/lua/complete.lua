@@ -6,8 +6,8 @@
     2. lifecycle event
     3. follow-up write: retry schedule (delayed set) or DLQ entry
     4. idempotency record state (SET XX KEEPTTL; none for keyless tasks)
-    5. ACK (and delete) of the stream message: one XACK and one XDEL for
-       the batch, after every other write
+    5. ACK (and removal) of the stream message: one XACK for the batch,
+       after every other write
   No reader sees a task half-completed: the whole batch is one script.
 
   Input:
@@ -139,12 +139,42 @@ local function completeOne(taskKey, idemKey, a)
   return {1, status}
 end
 
+-- The ids among `ids` not older than stream id `from`.
+local function notOlder(ids, from)
+  local fromMs, fromSeq = string.match(from, "^(%d+)-(%d+)$")
+  fromMs, fromSeq = tonumber(fromMs), tonumber(fromSeq)
+  local out = {}
+  for _, id in ipairs(ids) do
+    local ms, seq = string.match(id, "^(%d+)-(%d+)$")
+    ms, seq = tonumber(ms), tonumber(seq)
+    if ms > fromMs or (ms == fromMs and seq >= fromSeq) then
+      out[#out + 1] = id
+    end
+  end
+  return out
+end
+
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
   out[#out + 1] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
 end
+
+-- 5. The ACK, then the acknowledged entries leave the stream, so that it
+-- holds only what is ready or running and its length is that depth. Every
+-- entry older than the oldest pending one is acknowledged (the group reads
+-- in order, ids only grow, and it is the stream's only group): one XTRIM
+-- MINID removes those, usually most of this batch, far cheaper than
+-- deleting them one by one; XDEL removes the rest.
 if #acks > 0 then
   redis.call("XACK", streamKey, group, unpack(acks))
-  redis.call("XDEL", streamKey, unpack(acks))
+  local oldest = redis.call("XPENDING", streamKey, group, "-", "+", 1)[1]
+  local rest = acks
+  if oldest then
+    redis.call("XTRIM", streamKey, "MINID", oldest[1])
+    rest = notOlder(acks, oldest[1])
+  end
+  if #rest > 0 then
+    redis.call("XDEL", streamKey, unpack(rest))
+  end
 end
 return out
