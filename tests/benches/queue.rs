@@ -129,7 +129,7 @@ async fn bench() -> Result<()> {
     dtq.start_worker();
     let keys = QueueKeys::new(QUEUE);
     loop {
-        // The completion script deletes each entry it acknowledges, so an
+        // The completion script removes each entry it acknowledges, so an
         // empty stream with nothing delayed means every task has finished.
         polls += 1;
         let (len, delayed): (u64, u64) = redis::pipe()
