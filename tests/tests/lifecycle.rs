@@ -5,6 +5,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use dtq_host::store::{
+    CompleteOutcome, Completion, CompletionKind, Delivery, StartDecision, TaskStatus,
+};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -69,6 +72,43 @@ async fn pending_count(dtq: &Dtq) -> Result<u64> {
         }
         _ => 0,
     })
+}
+
+/// Read and start up to `count` messages of `queue` as worker `consumer`
+/// does, without running them: the deliveries and what `start` decided.
+async fn read_and_start(
+    dtq: &Dtq,
+    queue: &str,
+    consumer: &str,
+    count: usize,
+) -> Result<(Vec<Delivery>, Vec<StartDecision>)> {
+    let store = &dtq.store;
+    store.ensure_group(queue).await?;
+    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+    let deliveries = store
+        .read(&mut conn, queue, consumer, count, Duration::from_millis(10))
+        .await?;
+    let decisions = store
+        .start(queue, consumer, &deliveries, dtq_host::ingest::now_ms())
+        .await?;
+    Ok((deliveries, decisions))
+}
+
+/// The success completion, with `result`, of attempt `attempt` of the task
+/// `delivery` carries.
+fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Completion {
+    Completion {
+        queue: queue.into(),
+        task_id: delivery.task_id.clone(),
+        msg_id: delivery.msg_id.clone(),
+        idempotency_key: None,
+        kind: CompletionKind::Success,
+        detail: result.into(),
+        log: String::new(),
+        attempt,
+        retry_at: 0,
+        now: dtq_host::ingest::now_ms(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -414,7 +454,6 @@ async fn completion_never_creates_a_record_and_keeps_its_ttl() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stale_completion_writes_nothing() -> Result<()> {
-    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind};
     let dtq = Dtq::start(false, &[]).await?;
     let id = submit_ok(&dtq, json!({"task": "echo", "payload": 1}), Some("stale-c")).await?;
     let before = dtq.task("default", &id).await?;
@@ -423,16 +462,16 @@ async fn a_stale_completion_writes_nothing() -> Result<()> {
     let outcome = dtq
         .store
         .complete(&[Completion {
-            queue: "default".into(),
-            task_id: id.clone(),
-            msg_id: "0-1".into(),
             idempotency_key: Some("stale-c".into()),
-            kind: CompletionKind::Success,
-            detail: "{}".into(),
-            log: String::new(),
-            attempt: 1,
-            retry_at: 0,
-            now: dtq_host::ingest::now_ms(),
+            ..success(
+                "default",
+                &Delivery {
+                    msg_id: "0-1".into(),
+                    task_id: id.clone(),
+                },
+                1,
+                "{}",
+            )
         }])
         .await?;
     assert_eq!(outcome, vec![CompleteOutcome::Stale("QUEUED".into())]);
@@ -921,23 +960,15 @@ async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Resu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
-    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind, StartDecision, TaskStatus};
     let dtq = Dtq::start(false, &[]).await?;
     let store = &dtq.store;
-    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
     let mut started = Vec::new();
     for queue in ["qa", "qb"] {
         let (status, _) = dtq
             .submit(queue, json!({"task": "echo", "payload": 1}), None)
             .await?;
         assert_eq!(status, 202);
-        store.ensure_group(queue).await?;
-        let deliveries = store
-            .read(&mut conn, queue, "tester", 10, Duration::from_millis(10))
-            .await?;
-        let decisions = store
-            .start(queue, "tester", &deliveries, dtq_host::ingest::now_ms())
-            .await?;
+        let (deliveries, decisions) = read_and_start(&dtq, queue, "tester", 10).await?;
         let [StartDecision::Run(task)] = decisions.as_slice() else {
             panic!("expected one runnable task, got {decisions:?}");
         };
@@ -945,18 +976,7 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
     }
     let completion = |i: usize, attempt: u32| {
         let (delivery, task) = &started[i];
-        Completion {
-            queue: task.queue.clone(),
-            task_id: task.id.clone(),
-            msg_id: delivery.msg_id.clone(),
-            idempotency_key: None,
-            kind: CompletionKind::Success,
-            detail: format!("{{\"i\":{i}}}"),
-            log: String::new(),
-            attempt,
-            retry_at: 0,
-            now: dtq_host::ingest::now_ms(),
-        }
+        success(&task.queue, delivery, attempt, &format!("{{\"i\":{i}}}"))
     };
     let outcomes = store
         .complete(&[completion(1, 1), completion(0, 7), completion(0, 1)])
@@ -981,43 +1001,16 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_order() -> Result<()> {
-    use dtq_host::store::{CompleteOutcome, Completion, CompletionKind, StartDecision, TaskStatus};
     let dtq = Dtq::start(false, &[]).await?;
-    let store = &dtq.store;
     for i in 0..4 {
         submit_ok(&dtq, json!({"task": "echo", "payload": i}), None).await?;
     }
-    store.ensure_group("default").await?;
-    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
-    let deliveries = store
-        .read(
-            &mut conn,
-            "default",
-            "tester",
-            10,
-            Duration::from_millis(10),
-        )
-        .await?;
-    let decisions = store
-        .start("default", "tester", &deliveries, dtq_host::ingest::now_ms())
-        .await?;
+    let (deliveries, decisions) = read_and_start(&dtq, "default", "tester", 10).await?;
     assert_eq!(deliveries.len(), 4);
     assert!(
         decisions.iter().all(|d| matches!(d, StartDecision::Run(_))),
         "{decisions:?}"
     );
-    let complete = |i: usize| Completion {
-        queue: "default".into(),
-        task_id: deliveries[i].task_id.clone(),
-        msg_id: deliveries[i].msg_id.clone(),
-        idempotency_key: None,
-        kind: CompletionKind::Success,
-        detail: "null".into(),
-        log: String::new(),
-        attempt: 1,
-        retry_at: 0,
-        now: dtq_host::ingest::now_ms(),
-    };
     let mut redis = dtq.redis.conn().await?;
     // Completions out of order: a newer entry before older pending ones
     // (deleted), the oldest (trimmed), the newest, then the last one.
@@ -1027,7 +1020,10 @@ async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_orde
         (3, vec![2]),
         (2, vec![]),
     ] {
-        let outcomes = store.complete(&[complete(done)]).await?;
+        let outcomes = dtq
+            .store
+            .complete(&[success("default", &deliveries[done], 1, "null")])
+            .await?;
         assert_eq!(outcomes, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
         let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
             .arg("dtq:stream:{default}")
@@ -1133,7 +1129,6 @@ async fn a_worker_consumes_exactly_the_queues_it_is_given() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Result<()> {
-    use dtq_host::store::StartDecision;
     let mut dtq = Dtq::start(false, &[]).await?;
     let id = submit_ok(
         &dtq,
@@ -1142,15 +1137,7 @@ async fn a_task_whose_worker_dies_on_its_last_attempt_is_dead_lettered() -> Resu
     )
     .await?;
     // A worker ("ghost") takes the task's only attempt, then dies.
-    let store = &dtq.store;
-    store.ensure_group("default").await?;
-    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
-    let deliveries = store
-        .read(&mut conn, "default", "ghost", 1, Duration::from_millis(10))
-        .await?;
-    let started = store
-        .start("default", "ghost", &deliveries, dtq_host::ingest::now_ms())
-        .await?;
+    let (_, started) = read_and_start(&dtq, "default", "ghost", 1).await?;
     assert!(
         matches!(started.as_slice(), [StartDecision::Run(_)]),
         "{started:?}"
