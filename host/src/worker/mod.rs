@@ -212,7 +212,9 @@ pub async fn run(
     for queue in &config.queues {
         store.ensure_group(queue).await?;
     }
-    let (tx, rx) = mpsc::channel(config.concurrency.max(1) * 4);
+    // Each completion holds its task's slot until written: room for one per
+    // slot means handing one over never waits.
+    let (tx, rx) = mpsc::channel(config.concurrency.max(1));
     let guest_runtime = GuestRuntime::new(config.concurrency)?;
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
     let shared = Arc::new(Shared {
