@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dtq_host::store::{
-    CompleteOutcome, Completion, CompletionKind, Delivery, StartDecision, TaskStatus,
+    CompleteOutcome, Completion, CompletionKind, Delivery, GROUP, StartDecision, TaskStatus,
 };
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
@@ -1005,15 +1005,58 @@ async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_orde
     for i in 0..4 {
         submit_ok(&dtq, json!({"task": "echo", "payload": i}), None).await?;
     }
-    let (deliveries, decisions) = read_and_start(&dtq, "default", "tester", 10).await?;
+    complete_out_of_order(&dtq).await
+}
+
+/// As above, with stream ids whose parts differ in length, as they do once
+/// more than ten entries share a millisecond: "10-1" is newer than "9-10"
+/// though it is not the greater string.
+#[tokio::test(flavor = "multi_thread")]
+async fn acknowledged_entries_leave_the_stream_whatever_the_lengths_of_their_ids() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(submit_ok(&dtq, json!({"task": "echo", "payload": i}), None).await?);
+    }
+    // The same tasks, in a new stream under ids of their own.
+    let mut redis = dtq.redis.conn().await?;
+    let stream = "dtq:stream:{default}";
+    redis::cmd("DEL")
+        .arg(stream)
+        .query_async::<()>(&mut redis)
+        .await?;
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut redis)
+        .await?;
+    for (msg_id, task_id) in ["9-10", "10-1", "10-10", "11-0"].iter().zip(&ids) {
+        redis::cmd("XADD")
+            .arg(stream)
+            .arg(*msg_id)
+            .arg("id")
+            .arg(task_id)
+            .query_async::<()>(&mut redis)
+            .await?;
+    }
+    complete_out_of_order(&dtq).await
+}
+
+/// Start the 4 queued tasks and complete them out of order, checking after
+/// each completion that the stream holds exactly the pending entries.
+async fn complete_out_of_order(dtq: &Dtq) -> Result<()> {
+    let (deliveries, decisions) = read_and_start(dtq, "default", "tester", 10).await?;
     assert_eq!(deliveries.len(), 4);
     assert!(
         decisions.iter().all(|d| matches!(d, StartDecision::Run(_))),
         "{decisions:?}"
     );
     let mut redis = dtq.redis.conn().await?;
-    // Completions out of order: a newer entry before older pending ones
-    // (deleted), the oldest (trimmed), the newest, then the last one.
+    // A newer entry before older pending ones (deleted), the oldest
+    // (trimmed), the newest, then the last one.
     for (done, left) in [
         (1, vec![0, 2, 3]),
         (0, vec![2, 3]),

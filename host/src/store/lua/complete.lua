@@ -87,25 +87,18 @@ local function completeOne(taskKey, idemKey, a)
   end
 
   -- 1. The task hash.
-  local update = {"status", status, "updated_at", now}
-  local function put(name, value)
-    update[#update + 1] = name
-    update[#update + 1] = value
-  end
-  if outcome ~= "lost" then
-    put("log", log)
-  end
-  if status == "SUCCEEDED" then
-    put("result", detail)
-  else
-    put("error", detail)
-  end
+  local detailField = status == "SUCCEEDED" and "result" or "error"
+  local timeField, at = "finished_at", now
   if status == "RETRYING" then
-    put("run_at", retryAt)
-  else
-    put("finished_at", now)
+    timeField, at = "run_at", retryAt
   end
-  redis.call("HSET", taskKey, unpack(update))
+  if outcome == "lost" then
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, detailField, detail,
+      timeField, at)
+  else
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
+      detailField, detail, timeField, at)
+  end
   if status == "SUCCEEDED" and hadError then
     redis.call("HDEL", taskKey, "error")
   end
@@ -139,15 +132,33 @@ local function completeOne(taskKey, idemKey, a)
   return {1, status}
 end
 
--- The ids among `ids` not older than stream id `from`.
+local DASH = string.byte("-")
+
+local function parseId(id)
+  local ms, seq = string.match(id, "^(%d+)-(%d+)$")
+  return tonumber(ms), tonumber(seq)
+end
+
+-- The ids among `ids` not older than stream id `from`. Ids are
+-- "<ms>-<seq>", both parts decimal without leading zeros, so two ids of one
+-- length with the dash in one place compare as strings (digits collate in
+-- order in every locale); others are compared as numbers.
 local function notOlder(ids, from)
-  local fromMs, fromSeq = string.match(from, "^(%d+)-(%d+)$")
-  fromMs, fromSeq = tonumber(fromMs), tonumber(fromSeq)
+  local len, dash = #from, string.find(from, "-", 1, true)
+  local fromMs, fromSeq
   local out = {}
   for _, id in ipairs(ids) do
-    local ms, seq = string.match(id, "^(%d+)-(%d+)$")
-    ms, seq = tonumber(ms), tonumber(seq)
-    if ms > fromMs or (ms == fromMs and seq >= fromSeq) then
+    local newer
+    if #id == len and string.byte(id, dash) == DASH then
+      newer = id >= from
+    else
+      if not fromMs then
+        fromMs, fromSeq = parseId(from)
+      end
+      local ms, seq = parseId(id)
+      newer = ms > fromMs or (ms == fromMs and seq >= fromSeq)
+    end
+    if newer then
       out[#out + 1] = id
     end
   end
