@@ -33,6 +33,16 @@ impl RedisServer {
     /// A missing `redis-server` binary is an error that says how to install it,
     /// never a silently skipped test.
     pub fn start() -> Result<Self> {
+        Self::start_under(&[])
+    }
+
+    /// [`RedisServer::start`], with `redis-server` run by `wrapper` (a
+    /// command and its arguments, such as `valgrind --tool=callgrind`), which
+    /// must run it in its own process so that [`RedisServer::pid`] is the
+    /// server's.
+    pub fn start_under(wrapper: &[&str]) -> Result<Self> {
+        // Instrumented servers start slowly.
+        let ready_within = Duration::from_secs(if wrapper.is_empty() { 10 } else { 120 });
         let mut last_err = None;
         // A port free when probed may be taken before redis binds it, so a
         // failed start is retried on another port.
@@ -40,11 +50,11 @@ impl RedisServer {
             let dir = TempDir::new("redis")?;
             let port = free_port()?;
             let mut server = RedisServer {
-                child: spawn_redis(port, &dir)?,
+                child: spawn_redis(wrapper, port, &dir)?,
                 port,
                 _dir: dir,
             };
-            match server.wait_ready(Duration::from_secs(10)) {
+            match server.wait_ready(ready_within) {
                 Ok(()) => return Ok(server),
                 Err(e) => last_err = Some(e),
             }
@@ -66,7 +76,7 @@ impl RedisServer {
         self.child.wait()?;
         let start = Instant::now();
         loop {
-            self.child = spawn_redis(self.port, &self._dir)?;
+            self.child = spawn_redis(&[], self.port, &self._dir)?;
             match self.wait_ready(Duration::from_secs(5)) {
                 Ok(()) => return Ok(()),
                 // The port may linger for a moment after the kill.
@@ -150,8 +160,16 @@ impl Drop for RedisServer {
     }
 }
 
-fn spawn_redis(port: u16, dir: &TempDir) -> Result<Child> {
-    Command::new("redis-server")
+fn spawn_redis(wrapper: &[&str], port: u16, dir: &TempDir) -> Result<Child> {
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg("redis-server");
+            command
+        }
+        None => Command::new("redis-server"),
+    };
+    command
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
@@ -160,10 +178,12 @@ fn spawn_redis(port: u16, dir: &TempDir) -> Result<Child> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .context(
-            "cannot run `redis-server`: install it (Debian: `apt-get install redis-server`) \
-             or run the tests through .ci/run, which installs it",
-        )
+        .with_context(|| match wrapper.first() {
+            Some(program) => format!("cannot run `{program}`: is it installed?"),
+            None => "cannot run `redis-server`: install it (Debian: `apt-get install \
+                     redis-server`) or run the tests through .ci/run, which installs it"
+                .into(),
+        })
 }
 
 /// Assert that an API response is the error `code` with HTTP `status`, in

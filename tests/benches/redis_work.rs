@@ -1,0 +1,252 @@
+//! Redis's own work per task, in instructions counted by callgrind
+//! (`cargo bench -p dtq-tests --bench redis_work`; needs valgrind).
+//!
+//! The queue bench times a drain, and its figures move with whatever else
+//! the machine is doing. This one counts what `redis-server` executes per
+//! task for each step of a task's life, the same from run to run, so that a
+//! change to a script or to what the host sends shows as a number:
+//!
+//! 1. **submit**: `DTQ_BENCH_TASKS` (default 2 000) `echo` tasks through the
+//!    submission path (`ingest::submit`), without an idempotency key;
+//! 2. **read + start**: the worker's reads (XREADGROUP, batches of 64) and
+//!    the `start` script for each batch;
+//! 3. **complete**: a success completion of each, in the same batches;
+//! 4. the same three steps with an idempotency key per task.
+//!
+//! Only user-space instructions of the server count: not the kernel's
+//! socket work, which callgrind does not see, so these are not a measure of
+//! time. The server runs under callgrind, one instruction stream per step,
+//! dumped with `callgrind_control` between steps.
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use dtq_host::Config;
+use dtq_host::ingest::{self, SubmitRequest};
+use dtq_host::store::{
+    CompleteOutcome, Completion, CompletionKind, Delivery, StartDecision, StartedTask, Store,
+};
+use dtq_tests::{RedisServer, TempDir};
+use futures::StreamExt;
+use serde_json::json;
+
+const QUEUE: &str = "default";
+
+/// Messages per read and per completion batch, as the worker's reads are
+/// at most.
+const BATCH: usize = 64;
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench())
+}
+
+async fn bench() -> Result<()> {
+    let tasks = match std::env::var("DTQ_BENCH_TASKS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .with_context(|| format!("DTQ_BENCH_TASKS={v:?} is not a count"))?,
+        Err(_) => 2_000,
+    };
+    ensure!(tasks > 0, "DTQ_BENCH_TASKS must be at least 1");
+    Command::new("callgrind_control")
+        .arg("--version")
+        .output()
+        .context(
+            "cannot run `callgrind_control`: install valgrind (Debian: `apt-get install valgrind`)",
+        )?;
+
+    let dumps = TempDir::new("callgrind")?;
+    let out_file = format!("--callgrind-out-file={}/cg.%p", dumps.path.display());
+    let redis =
+        RedisServer::start_under(&["valgrind", "--tool=callgrind", "--dump-instr=no", &out_file])?;
+    let counter = Counter {
+        pid: redis.pid(),
+        dir: dumps.path.clone(),
+        seen: HashSet::new(),
+    };
+    let config = Config::from_args(["--redis", &redis.url(), "--max-queue-depth", "0"])?;
+    let store = Store::connect(&redis.url(), config.store_settings()).await?;
+    store.ensure_group(QUEUE).await?;
+    let settings = config.ingest_settings();
+
+    println!(
+        "Redis instructions per task (callgrind, user space only), {tasks} echo tasks, \
+         batches of {BATCH}"
+    );
+    println!("{:<34} {:>12} {:>12}", "step", "no key", "with key");
+    let mut counter = counter;
+    let mut rows: Vec<(&str, [f64; 2])> = vec![
+        ("submit (one ingest script)", [0.0; 2]),
+        ("read + start", [0.0; 2]),
+        ("complete (success)", [0.0; 2]),
+        ("all three", [0.0; 2]),
+    ];
+    for (column, keyed) in [false, true].into_iter().enumerate() {
+        counter.step()?;
+        submit(&store, &settings, tasks, keyed).await?;
+        let submitted = counter.step()?;
+        let batches = read_and_start(&store, tasks).await?;
+        let started = counter.step()?;
+        complete(&store, &batches).await?;
+        let completed = counter.step()?;
+        let per_task = |n: u64| n as f64 / tasks as f64;
+        rows[0].1[column] = per_task(submitted);
+        rows[1].1[column] = per_task(started);
+        rows[2].1[column] = per_task(completed);
+        rows[3].1[column] = per_task(submitted + started + completed);
+    }
+    for (name, [plain, keyed]) in rows {
+        println!("{name:<34} {plain:>12.0} {keyed:>12.0}");
+    }
+    Ok(())
+}
+
+/// Submit `tasks` echo tasks, each with its own key when `keyed`.
+async fn submit(
+    store: &Store,
+    settings: &ingest::IngestSettings,
+    tasks: usize,
+    keyed: bool,
+) -> Result<()> {
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let results: Vec<Result<()>> = futures::stream::iter(0..tasks)
+        .map(|n| {
+            let req = SubmitRequest {
+                task: "echo".into(),
+                payload: json!({"n": n}),
+                idempotency_key: keyed.then(|| format!("{run}-{n}")),
+                max_attempts: None,
+                timeout_ms: None,
+                delay_ms: None,
+                expires_in_ms: None,
+            };
+            async move {
+                ingest::submit(store, settings, QUEUE, None, req, |_| true).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// Read every queued message in batches and start each batch, as the
+/// worker does; the batches of started tasks.
+async fn read_and_start(store: &Store, tasks: usize) -> Result<Vec<Vec<(Delivery, StartedTask)>>> {
+    let mut conn = store.dedicated_connection(Duration::from_secs(30)).await?;
+    let mut batches = Vec::new();
+    let mut read = 0;
+    while read < tasks {
+        let deliveries = store
+            .read(&mut conn, QUEUE, "bench", BATCH, Duration::from_millis(100))
+            .await?;
+        ensure!(
+            !deliveries.is_empty(),
+            "only {read} of {tasks} tasks were read"
+        );
+        read += deliveries.len();
+        let decisions = store
+            .start(QUEUE, "bench", &deliveries, ingest::now_ms())
+            .await?;
+        let batch = deliveries
+            .into_iter()
+            .zip(decisions)
+            .map(|(delivery, decision)| match decision {
+                StartDecision::Run(task) => Ok((delivery, task)),
+                other => bail!("task {} did not start: {other:?}", delivery.task_id),
+            })
+            .collect::<Result<_>>()?;
+        batches.push(batch);
+    }
+    Ok(batches)
+}
+
+/// Complete every started task with success, a batch per script call.
+async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Result<()> {
+    for batch in batches {
+        let completions: Vec<Completion> = batch
+            .iter()
+            .map(|(delivery, task)| Completion {
+                queue: QUEUE.into(),
+                task_id: delivery.task_id.clone(),
+                msg_id: delivery.msg_id.clone(),
+                idempotency_key: task.idempotency_key.clone(),
+                kind: CompletionKind::Success,
+                detail: r#"{"n":1}"#.into(),
+                log: String::new(),
+                attempt: task.attempts,
+                retry_at: 0,
+                now: ingest::now_ms(),
+            })
+            .collect();
+        let outcomes = store.complete(&completions).await?;
+        ensure!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, CompleteOutcome::Done(_))),
+            "not every completion was written: {outcomes:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Instructions the server ran, step by step: each `step` dumps callgrind's
+/// counts (which zeroes them) and returns those since the previous step.
+struct Counter {
+    pid: u32,
+    dir: PathBuf,
+    /// Dump files already counted.
+    seen: HashSet<PathBuf>,
+}
+
+impl Counter {
+    fn step(&mut self) -> Result<u64> {
+        let out = Command::new("callgrind_control")
+            .arg("--dump")
+            .arg(self.pid.to_string())
+            .output()
+            .context("run callgrind_control")?;
+        ensure!(
+            out.status.success(),
+            "callgrind_control --dump failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut total = 0;
+        let mut new = 0;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            // Dumps are `cg.<pid>.<part>`; `cg.<pid>`, without a part, is
+            // the start-up's (and, at exit, the rest's).
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let is_part = name.starts_with(&format!("cg.{}.", self.pid));
+            if is_part && self.seen.insert(path.clone()) {
+                total += instructions(&path)?;
+                new += 1;
+            }
+        }
+        ensure!(new == 1, "expected one new callgrind dump, found {new}");
+        Ok(total)
+    }
+}
+
+/// The instruction total of one callgrind dump.
+fn instructions(path: &Path) -> Result<u64> {
+    let text = std::fs::read_to_string(path)?;
+    let total = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .with_context(|| format!("no totals in {}", path.display()))?;
+    Ok(total.trim().parse()?)
+}
