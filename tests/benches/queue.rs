@@ -1,13 +1,13 @@
 //! Queue throughput against a real redis-server, in one run
 //! (`cargo bench -p dtq-tests --bench queue`):
 //!
-//! 1. **drain rounds** (`DTQ_BENCH_ROUNDS`, default 3), each:
+//! 1. **drain rounds** (`DTQ_BENCH_ROUNDS`, default 5), each:
 //!    `DTQ_BENCH_TASKS` (default 20 000) `echo` tasks are submitted through
 //!    the submission path, then one in-process worker (concurrency
 //!    `DTQ_BENCH_CONCURRENCY`, default 256) runs them all — tasks/s from the
 //!    worker's start until the queue is empty, after which every task is
-//!    checked to be SUCCEEDED — and then `redis-benchmark -t set` measures
-//!    the same server. The ratio of the two is taken per round, so a round's
+//!    checked to be SUCCEEDED — and then `redis-benchmark -t set -n 50000`
+//!    measures the same server. The ratio of the two is taken per round, so a round's
 //!    figures share the machine's state, and the verdict is on the median.
 //! 2. **round trips per executed task**: from [`Store::round_trips`] (the
 //!    worker's clones share the counter), cross-checked by Redis: socket
@@ -43,8 +43,9 @@ use serde_json::json;
 
 const QUEUE: &str = "default";
 
-/// Requests of each redis-benchmark test (`-n`).
-const SET_REQUESTS: usize = 100_000;
+/// SETs of each round's redis-benchmark run: about as long as the drain
+/// before it, so that the two see the machine in the same state.
+const ROUND_SETS: usize = 50_000;
 
 /// The allocator the `dtq` binary uses, so the in-process worker measured
 /// here allocates as it does.
@@ -262,7 +263,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
 
     // --- the same server's SET rate, right after ---------------------
     let cpu = RedisStats::read(probe).await?.cpu();
-    let set = redis_benchmark(dtq.redis.port(), "set", 1)?
+    let set = redis_benchmark(dtq.redis.port(), "set", ROUND_SETS, 1)?
         .get("SET")
         .copied()
         .context("no SET figure")?;
@@ -292,7 +293,7 @@ fn median(values: &[f64]) -> f64 {
 
 async fn bench(pinning: Option<Pinning>) -> Result<()> {
     let tasks = env_usize("DTQ_BENCH_TASKS", 20_000)?;
-    let rounds = env_usize("DTQ_BENCH_ROUNDS", 3)?.max(1);
+    let rounds = env_usize("DTQ_BENCH_ROUNDS", 5)?.max(1);
     let submits = env_usize("DTQ_BENCH_SUBMITS", 10_000)?;
     let concurrency = env_usize("DTQ_BENCH_CONCURRENCY", 256)?;
     let in_flight = env_usize("DTQ_BENCH_IN_FLIGHT", 64)?;
@@ -435,8 +436,8 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     let api_rate = submits as f64 / api_time.as_secs_f64();
 
     // --- 4. redis-benchmark on the same server ---------------------------
-    let plain = redis_benchmark(dtq.redis.port(), "set,get", 1)?;
-    let piped = redis_benchmark(dtq.redis.port(), "set,get", 16)?;
+    let plain = redis_benchmark(dtq.redis.port(), "set,get", 100_000, 1)?;
+    let piped = redis_benchmark(dtq.redis.port(), "set,get", 100_000, 16)?;
 
     // --- the table --------------------------------------------------------
     let n = |x: f64| format!("{x:.0}");
@@ -491,7 +492,7 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     );
     // SET's cost by the same measure: what a task costs in SETs, whatever
     // share of a CPU Redis got in either measurement.
-    let set_usec = sum(&|r| r.set_cpu) / (SET_REQUESTS * rounds) as f64 * 1e6;
+    let set_usec = sum(&|r| r.set_cpu) / (ROUND_SETS * rounds) as f64 * 1e6;
     row(
         "  Redis CPU per SET of redis-benchmark (µs)",
         format!("{set_usec:.1}"),
@@ -741,12 +742,17 @@ fn process_cpu() -> Result<f64> {
     Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// `redis-benchmark -t <tests> -n SET_REQUESTS` with 50 clients and `pipeline`
+/// `redis-benchmark -t <tests> -n <requests>` with 50 clients and `pipeline`
 /// commands per round trip; ops/s by test name.
-fn redis_benchmark(port: u16, tests: &str, pipeline: usize) -> Result<HashMap<String, f64>> {
+fn redis_benchmark(
+    port: u16,
+    tests: &str,
+    requests: usize,
+    pipeline: usize,
+) -> Result<HashMap<String, f64>> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-t", tests, "-n", &SET_REQUESTS.to_string(), "--csv"])
+        .args(["-t", tests, "-n", &requests.to_string(), "--csv"])
         .args(["-P", &pipeline.to_string()])
         .output()
         .context("cannot run redis-benchmark (Debian: apt-get install redis-tools)")?;
