@@ -448,6 +448,8 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     let row = |name: &str, value: String, target: &str, status: &str| {
         println!("{name:<58} {value:>14}  {target:<8} {status}");
     };
+    // A figure with no target.
+    let info = |name: &str, value: String| row(name, value, "", "");
     row(
         &format!("drain: {tasks} echo tasks, 1 worker, concurrency {concurrency} (tasks/s)"),
         n(rate),
@@ -466,56 +468,40 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "≥ 0.333",
         verdict(ratio >= 1.0 / 3.0),
     );
-    row(
+    info(
         "  lowest and highest round",
         format!("{low:.3} – {high:.3}"),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis CPU during the drains (cores)",
         format!("{:.2}", redis_cpu / drain_secs),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis waiting for a CPU during the drains (share)",
         format!("{:.0}%", redis_wait / drain_secs * 100.0),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis CPU per task (µs)",
         format!("{:.1}", redis_cpu / drained * 1e6),
-        "",
-        "",
     );
     // SET's cost by the same measure: what a task costs in SETs, whatever
     // share of a CPU Redis got in either measurement.
     let set_usec = sum(&|r| r.set_cpu) / (ROUND_SETS * rounds) as f64 * 1e6;
-    row(
+    info(
         "  Redis CPU per SET of redis-benchmark (µs)",
         format!("{set_usec:.1}"),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis CPU per task ÷ per SET",
         format!("{:.2}", redis_cpu / drained * 1e6 / set_usec),
-        "",
-        "",
     );
-    row(
+    info(
         "  this process's CPU during the drains (cores)",
         format!("{:.2}", worker_cpu / drain_secs),
-        "",
-        "",
     );
-    row(
+    info(
         "  this process's CPU per task (µs)",
         format!("{:.1}", worker_cpu / drained * 1e6),
-        "",
-        "",
     );
     let per_task = drain_trips / drained;
     row(
@@ -524,48 +510,36 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "≤ 2",
         verdict(per_task <= 2.0),
     );
-    row(
+    info(
         "  Redis read events per task (total_reads_processed)",
         r(redis_reads / drained),
-        "",
-        "",
     );
-    row(
+    info(
         "  top-level calls per task (EVALSHA+XREADGROUP+XAUTOCLAIM)",
         r(top / drained),
-        "",
-        "",
     );
-    row("    EVALSHA per task", r(evalsha / drained), "", "");
-    row(
+    info("    EVALSHA per task", r(evalsha / drained));
+    info(
         "    tasks per XREADGROUP",
         format!("{:.1}", drained / xreadgroup.max(1.0)),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis commands per task, script-internal included",
         format!("{:.1}", commands / drained),
-        "",
-        "",
     );
     // Where Redis spends its time per task; a script's own time includes
     // the commands it runs, which are listed again by name.
     let mut top: Vec<_> = breakdown.iter().collect();
     top.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
     for (command, (calls, usec)) in top.into_iter().take(10) {
-        row(
+        info(
             &format!("    {command}: calls per task, µs per task"),
             format!("{:.2}, {:.2}", *calls as f64 / drained, usec / drained),
-            "",
-            "",
         );
     }
-    row(
+    info(
         "submission path without HTTP, 256 in flight (tasks/s)",
         n(drained / preload_secs),
-        "",
-        "",
     );
     row(
         "  round trips per submission",
@@ -573,11 +547,9 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "1",
         verdict(preload_trips / drained < 1.01),
     );
-    row(
+    info(
         &format!("API: {submits} keyed submissions, {in_flight} in flight (submissions/s)"),
         n(api_rate),
-        "",
-        "",
     );
     let per_submit = api_trips as f64 / submits as f64;
     row(
@@ -586,32 +558,24 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "1",
         verdict(per_submit < 1.01),
     );
-    row(
+    info(
         "  EVALSHA per submission (commandstats)",
         r(api_evalsha / submits as f64),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis read events per submission",
         r(api_reads / submits as f64),
-        "",
-        "",
     );
-    row(
+    info(
         "  Redis CPU per submission (µs)",
         format!("{:.1}", api_redis_cpu / submits as f64 * 1e6),
-        "",
-        "",
     );
     for (name, figures) in [("", &plain), (" -P 16", &piped)] {
         for test in ["SET", "GET"] {
             if let Some(ops) = figures.get(test) {
-                row(
+                info(
                     &format!("redis-benchmark -t {}{name} (ops/s)", test.to_lowercase()),
                     n(*ops),
-                    "",
-                    "",
                 );
             }
         }
