@@ -23,6 +23,8 @@ pub mod guests {
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// The command `redis-server` runs under, if any.
+    wrapper: Vec<String>,
     _dir: TempDir,
 }
 
@@ -52,6 +54,7 @@ impl RedisServer {
             let mut server = RedisServer {
                 child: spawn_redis(wrapper, port, &dir)?,
                 port,
+                wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
                 _dir: dir,
             };
             match server.wait_ready(ready_within) {
@@ -76,7 +79,8 @@ impl RedisServer {
         self.child.wait()?;
         let start = Instant::now();
         loop {
-            self.child = spawn_redis(&[], self.port, &self._dir)?;
+            let wrapper: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
+            self.child = spawn_redis(&wrapper, self.port, &self._dir)?;
             match self.wait_ready(Duration::from_secs(5)) {
                 Ok(()) => return Ok(()),
                 // The port may linger for a moment after the kill.
