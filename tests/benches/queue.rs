@@ -7,8 +7,9 @@
 //!    `DTQ_BENCH_CONCURRENCY`, default 256) runs them all — tasks/s from the
 //!    worker's start until the queue is empty, after which every task is
 //!    checked to be SUCCEEDED — and then `redis-benchmark -t set -n 50000`
-//!    measures the same server. The ratio of the two is taken per round, so a round's
-//!    figures share the machine's state, and the verdict is on the median.
+//!    measures the same server. The ratio of the two is taken per round, so
+//!    a round's figures share the machine's state, and the verdict is on
+//!    the median.
 //! 2. **round trips per executed task**: from [`Store::round_trips`] (the
 //!    worker's clones share the counter), cross-checked by Redis: socket
 //!    read events (`total_reads_processed`) and top-level calls
@@ -145,19 +146,21 @@ fn set_cpus(tid: libc::pid_t, cpus: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Time process `pid`'s threads have spent running and waiting for a CPU
-/// (`/proc/<pid>/task/*/schedstat`), in seconds.
-fn sched_times(pid: u32) -> Result<(f64, f64)> {
-    let (mut run, mut wait) = (0u64, 0u64);
+/// Seconds process `pid`'s threads have spent runnable but waiting for a
+/// CPU (the second field of `/proc/<pid>/task/*/schedstat`).
+fn cpu_wait(pid: u32) -> Result<f64> {
+    let mut wait = 0u64;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = task?.path().join("schedstat");
         let text =
             std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-        let mut fields = text.split_whitespace().map(str::parse::<u64>);
-        run += fields.next().context("empty schedstat")??;
-        wait += fields.next().context("short schedstat")??;
+        wait += text
+            .split_whitespace()
+            .nth(1)
+            .context("short schedstat")?
+            .parse::<u64>()?;
     }
-    Ok((run as f64 / 1e9, wait as f64 / 1e9))
+    Ok(wait as f64 / 1e9)
 }
 
 /// One drain round's figures.
@@ -226,7 +229,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
     let before = RedisStats::read(probe).await?;
     let trips = dtq.store.round_trips();
     let cpu = process_cpu()?;
-    let (_, wait) = sched_times(redis_pid)?;
+    let wait = cpu_wait(redis_pid)?;
     let mut polls = 0u64;
     let started = Instant::now();
     dtq.start_worker();
@@ -251,7 +254,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
     let drain = started.elapsed();
     let trips = dtq.store.round_trips() - trips;
     let worker_cpu = process_cpu()? - cpu;
-    let redis_wait = sched_times(redis_pid)?.1 - wait;
+    let redis_wait = cpu_wait(redis_pid)? - wait;
     let after = RedisStats::read(probe).await?;
     dtq.stop_worker().await?;
     let succeeded = count_succeeded(probe, &keys, &ids).await?;
