@@ -67,7 +67,7 @@ async fn bench() -> Result<()> {
     let out_file = format!("--callgrind-out-file={}/cg.%p", dumps.path.display());
     let redis =
         RedisServer::start_under(&["valgrind", "--tool=callgrind", "--dump-instr=no", &out_file])?;
-    let counter = Counter {
+    let mut counter = Counter {
         pid: redis.pid(),
         dir: dumps.path.clone(),
         seen: HashSet::new(),
@@ -82,7 +82,6 @@ async fn bench() -> Result<()> {
          batches of {BATCH}"
     );
     println!("{:<34} {:>12} {:>12}", "step", "no key", "with key");
-    let mut counter = counter;
     let mut rows: Vec<(&str, [f64; 2])> = vec![
         ("submit (one ingest script)", [0.0; 2]),
         ("read + start", [0.0; 2]),

@@ -45,6 +45,7 @@ impl RedisServer {
     pub fn start_under(wrapper: &[&str]) -> Result<Self> {
         // Instrumented servers start slowly.
         let ready_within = Duration::from_secs(if wrapper.is_empty() { 10 } else { 120 });
+        let wrapper: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
         let mut last_err = None;
         // A port free when probed may be taken before redis binds it, so a
         // failed start is retried on another port.
@@ -52,9 +53,9 @@ impl RedisServer {
             let dir = TempDir::new("redis")?;
             let port = free_port()?;
             let mut server = RedisServer {
-                child: spawn_redis(wrapper, port, &dir)?,
+                child: spawn_redis(&wrapper, port, &dir)?,
                 port,
-                wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
+                wrapper: wrapper.clone(),
                 _dir: dir,
             };
             match server.wait_ready(ready_within) {
@@ -79,8 +80,7 @@ impl RedisServer {
         self.child.wait()?;
         let start = Instant::now();
         loop {
-            let wrapper: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
-            self.child = spawn_redis(&wrapper, self.port, &self._dir)?;
+            self.child = spawn_redis(&self.wrapper, self.port, &self._dir)?;
             match self.wait_ready(Duration::from_secs(5)) {
                 Ok(()) => return Ok(()),
                 // The port may linger for a moment after the kill.
@@ -164,7 +164,7 @@ impl Drop for RedisServer {
     }
 }
 
-fn spawn_redis(wrapper: &[&str], port: u16, dir: &TempDir) -> Result<Child> {
+fn spawn_redis(wrapper: &[String], port: u16, dir: &TempDir) -> Result<Child> {
     let mut command = match wrapper.split_first() {
         Some((program, args)) => {
             let mut command = Command::new(program);

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dtq_host::store::{
-    CompleteOutcome, Completion, CompletionKind, Delivery, GROUP, StartDecision, TaskStatus,
+    CompleteOutcome, Completion, CompletionKind, Delivery, GROUP, QueueKeys, StartDecision,
+    TaskStatus,
 };
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
@@ -31,17 +32,21 @@ async fn submit_ok(dtq: &Dtq, body: Value, key: Option<&str>) -> Result<String> 
     Ok(id_of(&resp))
 }
 
-/// The lifecycle events of one task, in order: (status, attempt).
-async fn events(dtq: &Dtq, id: &str) -> Result<Vec<(String, u64)>> {
+/// Every entry of stream `key`, oldest first: (id, fields and values).
+async fn stream_entries(dtq: &Dtq, key: &str) -> Result<Vec<(String, Vec<String>)>> {
     let mut conn = dtq.redis.conn().await?;
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg("dtq:events:{default}")
+    Ok(redis::cmd("XRANGE")
+        .arg(key)
         .arg("-")
         .arg("+")
         .query_async(&mut conn)
-        .await?;
+        .await?)
+}
+
+/// The lifecycle events of one task, in order: (status, attempt).
+async fn events(dtq: &Dtq, id: &str) -> Result<Vec<(String, u64)>> {
     let mut out = Vec::new();
-    for (_, fields) in entries {
+    for (_, fields) in stream_entries(dtq, &QueueKeys::new("default").events).await? {
         let get = |name: &str| {
             fields
                 .chunks(2)
@@ -1020,7 +1025,7 @@ async fn acknowledged_entries_leave_the_stream_whatever_the_lengths_of_their_ids
     }
     // The same tasks, in a new stream under ids of their own.
     let mut redis = dtq.redis.conn().await?;
-    let stream = "dtq:stream:{default}";
+    let stream = &QueueKeys::new("default").stream;
     redis::cmd("DEL")
         .arg(stream)
         .query_async::<()>(&mut redis)
@@ -1054,7 +1059,7 @@ async fn complete_out_of_order(dtq: &Dtq) -> Result<()> {
         decisions.iter().all(|d| matches!(d, StartDecision::Run(_))),
         "{decisions:?}"
     );
-    let mut redis = dtq.redis.conn().await?;
+    let stream = QueueKeys::new("default").stream;
     // A newer entry before older pending ones (deleted), the oldest
     // (trimmed), the newest, then the last one.
     for (done, left) in [
@@ -1068,12 +1073,7 @@ async fn complete_out_of_order(dtq: &Dtq) -> Result<()> {
             .complete(&[success("default", &deliveries[done], 1, "null")])
             .await?;
         assert_eq!(outcomes, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
-        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-            .arg("dtq:stream:{default}")
-            .arg("-")
-            .arg("+")
-            .query_async(&mut redis)
-            .await?;
+        let entries = stream_entries(dtq, &stream).await?;
         let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
         let expected: Vec<&str> = left
             .iter()
