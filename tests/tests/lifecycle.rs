@@ -1005,6 +1005,110 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let keys = QueueKeys::new("default");
+    let full = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": {"x": [1, "two"]}, "max_attempts": 4,
+               "timeout_ms": 1500}),
+        Some("start-key"),
+    )
+    .await?;
+    let gone = submit_ok(&dtq, json!({"task": "echo", "payload": 2}), None).await?;
+    let late = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 3, "max_attempts": 2, "expires_in_ms": 50}),
+        None,
+    )
+    .await?;
+    let plain = submit_ok(&dtq, json!({"task": "echo", "payload": "4"}), None).await?;
+    let done = submit_ok(&dtq, json!({"task": "echo", "payload": 5}), None).await?;
+    let mut conn = dtq.redis.conn().await?;
+    let () = redis::cmd("DEL")
+        .arg(keys.task(&gone))
+        .query_async(&mut conn)
+        .await?;
+    let () = redis::cmd("HSET")
+        .arg(keys.task(&done))
+        .arg("status")
+        .arg("SUCCEEDED")
+        .query_async(&mut conn)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let (deliveries, decisions) = read_and_start(&dtq, "default", "tester", 10).await?;
+    let delivered: Vec<&str> = deliveries.iter().map(|d| d.task_id.as_str()).collect();
+    assert_eq!(delivered, [&full, &gone, &late, &plain, &done]);
+    let [
+        StartDecision::Run(full_task),
+        StartDecision::Skip(gone_status),
+        StartDecision::Expired(late_task),
+        StartDecision::Run(plain_task),
+        StartDecision::Skip(done_status),
+    ] = decisions.as_slice()
+    else {
+        panic!("expected run, skip, expired, run, skip; got {decisions:?}");
+    };
+    assert_eq!(
+        (gone_status.as_str(), done_status.as_str()),
+        ("MISSING", "SUCCEEDED")
+    );
+    assert_eq!(
+        (
+            full_task.id.as_str(),
+            full_task.task.as_str(),
+            full_task.attempts,
+            full_task.max_attempts,
+            full_task.timeout_ms,
+            full_task.idempotency_key.as_deref(),
+            full_task.cancel_requested,
+        ),
+        (
+            full.as_str(),
+            "echo",
+            1,
+            4,
+            Some(1500),
+            Some("start-key"),
+            false
+        )
+    );
+    let payload: Value = serde_json::from_str(&full_task.payload)?;
+    assert_eq!(payload, json!({"x": [1, "two"]}));
+    // Not started: the attempt is not counted and the task is left as it was.
+    assert_eq!(
+        (
+            late_task.id.as_str(),
+            late_task.attempts,
+            late_task.max_attempts,
+            late_task.payload.as_str()
+        ),
+        (late.as_str(), 0, 2, "3")
+    );
+    assert_eq!(
+        (
+            plain_task.id.as_str(),
+            plain_task.attempts,
+            plain_task.timeout_ms,
+            plain_task.idempotency_key.as_deref(),
+            plain_task.payload.as_str(),
+        ),
+        (plain.as_str(), 1, None, None, "\"4\"")
+    );
+    for (id, status) in [(&full, "RUNNING"), (&late, "QUEUED"), (&plain, "RUNNING")] {
+        assert_eq!(
+            dtq.task("default", id).await?["status"].as_str(),
+            Some(status),
+            "{id}"
+        );
+    }
+    // The skipped messages were acknowledged; the other three are pending.
+    assert_eq!(pending_count(&dtq).await?, 3);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_order() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     for i in 0..4 {

@@ -198,28 +198,31 @@ impl Store {
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };
-        field("id", new.id.clone());
-        field("queue", new.queue.clone());
+        // The hash is a listpack while small, where a field is found by a
+        // scan from the front: the fields the worker's scripts read and
+        // write on every attempt come first, after `status` (ingest.lua).
+        field("attempts", "0".into());
+        field("updated_at", new.now.to_string());
+        field("max_attempts", new.max_attempts.to_string());
         field("task", new.task.clone());
         field("payload", new.payload.clone());
-        field("fingerprint", new.fingerprint.clone());
-        field("attempts", "0".into());
-        field("max_attempts", new.max_attempts.to_string());
-        field("budget", new.max_attempts.to_string());
-        field("created_at", new.now.to_string());
-        field("updated_at", new.now.to_string());
-        if new.run_at > new.now {
-            field("run_at", new.run_at.to_string());
+        if let Some(t) = new.timeout_ms {
+            field("timeout_ms", t.to_string());
         }
         if let Some(key) = &new.idempotency_key {
             field("idempotency_key", key.clone());
         }
-        if let Some(t) = new.timeout_ms {
-            field("timeout_ms", t.to_string());
-        }
         if let Some(at) = new.expires_at {
             field("expires_at", at.to_string());
         }
+        if new.run_at > new.now {
+            field("run_at", new.run_at.to_string());
+        }
+        field("budget", new.max_attempts.to_string());
+        field("created_at", new.now.to_string());
+        field("id", new.id.clone());
+        field("queue", new.queue.clone());
+        field("fingerprint", new.fingerprint.clone());
         self.trip();
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
@@ -376,22 +379,15 @@ impl Store {
         }
         self.trip();
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
-        if reply.len() != deliveries.len() {
-            return Err(StoreError::Protocol(format!(
-                "start answered {} decisions for {} messages",
-                reply.len(),
-                deliveries.len()
-            )));
-        }
-        reply
-            .into_iter()
-            .zip(deliveries)
-            .map(|(entry, delivery)| {
-                let (code, rest) = pair(entry)?;
+        let mut reply = reply.into_iter();
+        let decisions = deliveries
+            .iter()
+            .map(|delivery| {
+                let code = code_of(reply.next())?;
                 if code == Code::Skipped {
-                    return Ok(StartDecision::Skip(String::from_redis_value(rest)?));
+                    return Ok(StartDecision::Skip(from_value(reply.next())?));
                 }
-                let task = StartedTask::from_reply(queue, &delivery.task_id, rest)?;
+                let task = StartedTask::from_reply(queue, &delivery.task_id, &mut reply)?;
                 Ok(match code {
                     Code::Ok => StartDecision::Run(task),
                     Code::Expired => StartDecision::Expired(task),
@@ -399,7 +395,14 @@ impl Store {
                     other => return Err(unexpected("start", other)),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if reply.next().is_some() {
+            return Err(StoreError::Protocol(format!(
+                "start answered more than {} decisions",
+                deliveries.len()
+            )));
+        }
+        Ok(decisions)
     }
 
     /// Write a batch of completions: one `complete` script call per queue
@@ -432,7 +435,7 @@ impl Store {
             pipe.invoke_script(inv);
         }
         self.trip();
-        let replies: Vec<Vec<Vec<Value>>> = match pipe.query_async(&mut self.conn.clone()).await {
+        let replies: Vec<Vec<Value>> = match pipe.query_async(&mut self.conn.clone()).await {
             Ok(replies) => replies,
             // The scripts were flushed (a restart or failover): load them and
             // try once more. EVALSHA of a missing script runs nothing.
@@ -445,10 +448,10 @@ impl Store {
         };
         let mut outcomes: Vec<Option<CompleteOutcome>> = vec![None; completions.len()];
         for ((_, batch), reply) in by_queue.iter().zip(replies) {
-            for (&i, entry) in batch.iter().zip(reply) {
-                let mut entry = entry.into_iter();
-                let code = code_of(entry.next())?;
-                let status: String = from_value(entry.next())?;
+            let mut reply = reply.into_iter();
+            for &i in batch {
+                let code = code_of(reply.next())?;
+                let status: String = from_value(reply.next())?;
                 outcomes[i] = Some(match code {
                     Code::Ok => CompleteOutcome::Done(status.parse()?),
                     Code::Stale => CompleteOutcome::Stale(status),
@@ -761,19 +764,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn from_value<T: FromRedisValue>(v: Option<Value>) -> Result<T, StoreError> {
     let v = v.ok_or_else(|| StoreError::Protocol("reply is shorter than expected".into()))?;
     Ok(redis::from_redis_value(v)?)
-}
-
-/// A `{code, value}` reply entry.
-fn pair(entry: Value) -> Result<(Code, Value), StoreError> {
-    let mut entry: Vec<Value> = redis::from_redis_value(entry)?;
-    if entry.len() != 2 {
-        return Err(StoreError::Protocol(format!(
-            "expected {{code, value}}, got {} values",
-            entry.len()
-        )));
-    }
-    let rest = entry.pop().unwrap_or(Value::Nil);
-    Ok((code_of(entry.pop())?, rest))
 }
 
 fn code_of(v: Option<Value>) -> Result<Code, StoreError> {

@@ -106,23 +106,27 @@ pub struct StartedTask {
 }
 
 impl StartedTask {
-    /// Parse the task `start` returns: its hash's fields in the order of
-    /// `FIELDS` in `start.lua`, nil where a field is missing.
-    pub(super) fn from_reply(queue: &str, id: &str, reply: Value) -> Result<Self, StoreError> {
-        let fields: Vec<Option<String>> = redis::from_redis_value(reply)?;
-        let [
-            _status,
-            attempts,
-            max_attempts,
-            _expires_at,
-            task,
-            payload,
-            timeout_ms,
-            idempotency_key,
-            cancel_requested,
-        ] = <[Option<String>; 9]>::try_from(fields).map_err(|f| {
-            StoreError::Protocol(format!("start returned {} task fields, not 9", f.len()))
-        })?;
+    /// Take the task `start` returns from its flat reply: the values of
+    /// `RETURNED` in `start.lua`, in that order, nil where the hash lacks a
+    /// field.
+    pub(super) fn from_reply(
+        queue: &str,
+        id: &str,
+        reply: &mut impl Iterator<Item = Value>,
+    ) -> Result<Self, StoreError> {
+        let mut next = || -> Result<Option<String>, StoreError> {
+            let v = reply.next().ok_or_else(|| {
+                StoreError::Protocol(format!("start's reply ends inside task {id}"))
+            })?;
+            Ok(redis::from_redis_value(v)?)
+        };
+        let attempts = next()?;
+        let max_attempts = next()?;
+        let task = next()?;
+        let payload = next()?;
+        let timeout_ms = next()?;
+        let idempotency_key = next()?;
+        let cancel_requested = next()?;
         Ok(StartedTask {
             id: id.to_owned(),
             queue: queue.to_owned(),

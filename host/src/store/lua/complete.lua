@@ -34,12 +34,13 @@
     during it: that attempt left no log, so the task's log (an earlier
     attempt's) is left as it is.
 
-  Output: per completion, in order:
-    {1, status}   OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
+  Output: one flat array, a code and a status per completion, in order:
+    1, status     OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
                   DEAD_LETTERED, CANCELLED, EXPIRED)
-    {-4, status}  STALE: the task is not in the state this completion belongs
+    -4, status    STALE: the task is not in the state this completion belongs
                   to (reclaimed by another worker, or already completed);
                   nothing was written for it, its message not acknowledged
+  An unknown outcome is an error, before anything is written.
 
   A retry of a task whose cancel was requested while it ran becomes
   CANCELLED; a retry with no attempts left becomes DEAD_LETTERED.
@@ -55,7 +56,14 @@ local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 local acks = {}
 
+for a = 6, #ARGV, 9 do
+  if not (direct[ARGV[a]] or failed[ARGV[a]]) then
+    return redis.error_reply("ERR unknown outcome " .. ARGV[a])
+  end
+end
+
 -- Numbers stay the strings they came as: Lua formats numbers slowly.
+-- Returns the completion's code and the task's status.
 local function completeOne(taskKey, idemKey, a)
   local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
@@ -67,10 +75,10 @@ local function completeOne(taskKey, idemKey, a)
     f[1], f[2] or "0", f[3] or "1", f[4] == "1", f[5]
   if outcome == "expired" then
     if not waiting[current] then
-      return {-4, current or "MISSING"}
+      return -4, current or "MISSING"
     end
   elseif current ~= "RUNNING" or attempts ~= attempt then
-    return {-4, current or "MISSING"}
+    return -4, current or "MISSING"
   end
 
   local status = direct[outcome]
@@ -82,8 +90,6 @@ local function completeOne(taskKey, idemKey, a)
     else
       status = "RETRYING"
     end
-  elseif not status then
-    return redis.error_reply("ERR unknown outcome " .. tostring(outcome))
   end
 
   -- 1. The task hash.
@@ -129,7 +135,7 @@ local function completeOne(taskKey, idemKey, a)
   if outcome == "expired" then
     redis.call("ZREM", delayedKey, taskId)
   end
-  return {1, status}
+  return 1, status
 end
 
 local DASH = string.byte("-")
@@ -167,7 +173,7 @@ end
 
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
-  out[#out + 1] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
+  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
 end
 
 -- 5. The ACK, then the acknowledged entries leave the stream, so that it
