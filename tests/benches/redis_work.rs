@@ -17,6 +17,11 @@
 //! socket work, which callgrind does not see, so these are not a measure of
 //! time. The server runs under callgrind, one instruction stream per step,
 //! dumped with `callgrind_control` between steps.
+//!
+//! `DTQ_BENCH_KEEP=DIR` keeps the dumps in DIR and names each step's file,
+//! for `callgrind_annotate --inclusive=yes FILE`. Debian's `redis-server`
+//! has no symbols; one built from the same source (`apt-get source redis`,
+//! `make`) and put first in `PATH` shows where each step's work goes.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -63,13 +68,22 @@ async fn bench() -> Result<()> {
             "cannot run `callgrind_control`: install valgrind (Debian: `apt-get install valgrind`)",
         )?;
 
-    let dumps = TempDir::new("callgrind")?;
-    let out_file = format!("--callgrind-out-file={}/cg.%p", dumps.path.display());
+    let temp = TempDir::new("callgrind")?;
+    let kept = std::env::var_os("DTQ_BENCH_KEEP").map(PathBuf::from);
+    let dir = match &kept {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("create DTQ_BENCH_KEEP={}", dir.display()))?;
+            std::path::absolute(dir)?
+        }
+        None => temp.path.clone(),
+    };
+    let out_file = format!("--callgrind-out-file={}/cg.%p", dir.display());
     let redis =
         RedisServer::start_under(&["valgrind", "--tool=callgrind", "--dump-instr=no", &out_file])?;
     let mut counter = Counter {
         pid: redis.pid(),
-        dir: dumps.path.clone(),
+        dir,
         seen: HashSet::new(),
     };
     let config = Config::from_args(["--redis", &redis.url(), "--max-queue-depth", "0"])?;
@@ -88,14 +102,18 @@ async fn bench() -> Result<()> {
         ("complete (success)", [0.0; 2]),
         ("all three", [0.0; 2]),
     ];
+    let mut files = Vec::new();
     for (column, keyed) in [false, true].into_iter().enumerate() {
         counter.step()?;
         submit(&store, &settings, tasks, keyed).await?;
-        let submitted = counter.step()?;
+        let (submitted, file) = counter.step()?;
+        files.push((rows[0].0, column, file));
         let batches = read_and_start(&store, tasks).await?;
-        let started = counter.step()?;
+        let (started, file) = counter.step()?;
+        files.push((rows[1].0, column, file));
         complete(&store, &batches).await?;
-        let completed = counter.step()?;
+        let (completed, file) = counter.step()?;
+        files.push((rows[2].0, column, file));
         let per_task = |n: u64| n as f64 / tasks as f64;
         rows[0].1[column] = per_task(submitted);
         rows[1].1[column] = per_task(started);
@@ -104,6 +122,13 @@ async fn bench() -> Result<()> {
     }
     for (name, [plain, keyed]) in rows {
         println!("{name:<34} {plain:>12.0} {keyed:>12.0}");
+    }
+    if kept.is_some() {
+        println!("callgrind dumps, kept:");
+        for (step, column, file) in files {
+            let key = if column == 0 { "no key" } else { "with key" };
+            println!("  {step}, {key}: {}", file.display());
+        }
     }
     Ok(())
 }
@@ -199,7 +224,8 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
 }
 
 /// Instructions the server ran, step by step: each `step` dumps callgrind's
-/// counts (which zeroes them) and returns those since the previous step.
+/// counts (which zeroes them) and returns those since the previous step,
+/// with the dump's file.
 struct Counter {
     pid: u32,
     dir: PathBuf,
@@ -208,7 +234,7 @@ struct Counter {
 }
 
 impl Counter {
-    fn step(&mut self) -> Result<u64> {
+    fn step(&mut self) -> Result<(u64, PathBuf)> {
         let out = Command::new("callgrind_control")
             .arg("--dump")
             .arg(self.pid.to_string())
@@ -219,8 +245,7 @@ impl Counter {
             "callgrind_control --dump failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut total = 0;
-        let mut new = 0;
+        let mut new = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             // Dumps are `cg.<pid>.<part>`; `cg.<pid>`, without a part, is
@@ -228,12 +253,13 @@ impl Counter {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             let is_part = name.starts_with(&format!("cg.{}.", self.pid));
             if is_part && self.seen.insert(path.clone()) {
-                total += instructions(&path)?;
-                new += 1;
+                new.push(path);
             }
         }
-        ensure!(new == 1, "expected one new callgrind dump, found {new}");
-        Ok(total)
+        let [file] = <[PathBuf; 1]>::try_from(new).map_err(|new| {
+            anyhow::anyhow!("expected one new callgrind dump, found {}", new.len())
+        })?;
+        Ok((instructions(&file)?, file))
     }
 }
 
