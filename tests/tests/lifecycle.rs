@@ -1109,6 +1109,56 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn start_counts_the_attempt_across_every_digit_boundary() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let keys = QueueKeys::new("default");
+    let mut conn = dtq.redis.conn().await?;
+    let mut ids = Vec::new();
+    // A queued task's count is taken as found; max_attempts does not bound
+    // it here (only a RUNNING one is checked for exhaustion).
+    let before = ["0", "1", "8", "9", "10", "19", "99", "109"];
+    for attempts in before {
+        let id = submit_ok(
+            &dtq,
+            json!({"task": "echo", "payload": 1, "max_attempts": 100}),
+            None,
+        )
+        .await?;
+        let () = redis::cmd("HSET")
+            .arg(keys.task(&id))
+            .arg("attempts")
+            .arg(attempts)
+            .query_async(&mut conn)
+            .await?;
+        ids.push(id);
+    }
+    let (_, decisions) = read_and_start(&dtq, "default", "tester", 20).await?;
+    let started: Vec<u32> = decisions
+        .iter()
+        .map(|d| match d {
+            StartDecision::Run(task) => task.attempts,
+            other => panic!("expected every task to run, got {other:?}"),
+        })
+        .collect();
+    let expected = [1, 2, 9, 10, 11, 20, 100, 110];
+    assert_eq!(started, expected);
+    for (id, attempt) in ids.iter().zip(expected) {
+        let stored: String = redis::cmd("HGET")
+            .arg(keys.task(id))
+            .arg("attempts")
+            .query_async(&mut conn)
+            .await?;
+        assert_eq!(stored, attempt.to_string(), "{id}");
+        assert_eq!(
+            events(&dtq, id).await?.last(),
+            Some(&("RUNNING".to_owned(), u64::from(attempt))),
+            "{id}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn acknowledged_entries_leave_the_stream_and_pending_ones_stay_in_any_order() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     for i in 0..4 {

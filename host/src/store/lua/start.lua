@@ -46,6 +46,17 @@ local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local out, n = {}, 0
 local acks = {}
 
+-- The decimal string `count` + 1. Lua's tostring formats through sprintf,
+-- a cost per task; a one-digit count, the usual case, needs no formatting.
+local NINE = string.byte("9")
+local function nextCount(count)
+  local digit = string.byte(count)
+  if #count == 1 and digit < NINE then
+    return string.char(digit + 1)
+  end
+  return tostring(tonumber(count) + 1)
+end
+
 local function emit(code, task)
   out[n + 1] = code
   for j = 1, #RETURNED do
@@ -63,14 +74,13 @@ for i = 3, #KEYS do
     out[n + 1], out[n + 2] = 0, status or "MISSING"
     n = n + 2
   else
-    local attempts = tonumber(task[ATTEMPTS] or "0")
+    local attempts = task[ATTEMPTS] or "0"
     if waiting[status] and task[EXPIRES_AT] and nowMs >= tonumber(task[EXPIRES_AT]) then
       emit(4, task)
-    elseif status == "RUNNING" and attempts >= tonumber(task[MAX_ATTEMPTS] or "1") then
+    elseif status == "RUNNING" and tonumber(attempts) >= tonumber(task[MAX_ATTEMPTS] or "1") then
       emit(5, task)
     else
-      -- Numbers become strings once: Lua formats them slowly.
-      local attempt = tostring(attempts + 1)
+      local attempt = nextCount(attempts)
       redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempt, "started_at", now,
         "updated_at", now, "worker", consumer, "msg_id", msgId)
       task[ATTEMPTS] = attempt
