@@ -20,8 +20,9 @@
 //!
 //! `DTQ_BENCH_KEEP=DIR` keeps the dumps in DIR and names each step's file,
 //! for `callgrind_annotate --inclusive=yes FILE`. Debian's `redis-server`
-//! has no symbols; one built from the same source (`apt-get source redis`,
-//! `make`) and put first in `PATH` shows where each step's work goes.
+//! has no symbols; one built from the same source (Debian's source package
+//! of the installed version, `make`) and put first in `PATH` shows where
+//! each step's work goes.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
