@@ -458,6 +458,12 @@ impl Store {
                     other => return Err(unexpected("complete", other)),
                 });
             }
+            if reply.next().is_some() {
+                return Err(StoreError::Protocol(format!(
+                    "complete answered more than {} outcomes",
+                    batch.len()
+                )));
+            }
         }
         outcomes
             .into_iter()
