@@ -69,15 +69,16 @@ async fn bench() -> Result<()> {
             "cannot run `callgrind_control`: install valgrind (Debian: `apt-get install valgrind`)",
         )?;
 
-    let temp = TempDir::new("callgrind")?;
     let kept = std::env::var_os("DTQ_BENCH_KEEP").map(PathBuf::from);
+    // Removed on drop, unless the dumps are kept.
+    let mut temp = None;
     let dir = match &kept {
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("create DTQ_BENCH_KEEP={}", dir.display()))?;
             std::path::absolute(dir)?
         }
-        None => temp.path.clone(),
+        None => temp.insert(TempDir::new("callgrind")?).path.clone(),
     };
     let out_file = format!("--callgrind-out-file={}/cg.%p", dir.display());
     let redis =

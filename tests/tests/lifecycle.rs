@@ -1035,6 +1035,17 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
         .arg("SUCCEEDED")
         .query_async(&mut conn)
         .await?;
+    // As a dead worker leaves it: running its first attempt, cancel asked.
+    let () = redis::cmd("HSET")
+        .arg(keys.task(&plain))
+        .arg("status")
+        .arg("RUNNING")
+        .arg("attempts")
+        .arg("1")
+        .arg("cancel_requested")
+        .arg("1")
+        .query_async(&mut conn)
+        .await?;
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     let (deliveries, decisions) = read_and_start(&dtq, "default", "tester", 10).await?;
@@ -1093,8 +1104,9 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
             plain_task.timeout_ms,
             plain_task.idempotency_key.as_deref(),
             plain_task.payload.as_str(),
+            plain_task.cancel_requested,
         ),
-        (plain.as_str(), 1, None, None, "\"4\"")
+        (plain.as_str(), 2, None, None, "\"4\"", true)
     );
     for (id, status) in [(&full, "RUNNING"), (&late, "QUEUED"), (&plain, "RUNNING")] {
         assert_eq!(
