@@ -26,7 +26,7 @@ const EXAMPLES: &[&str] = &[
 ];
 
 /// Test guests in `guests/`.
-const TEST_GUESTS: &[&str] = &["adversarial", "namespaced"];
+const TEST_GUESTS: &[&str] = &["adversarial", "namespaced", "operations"];
 
 fn main() {
     let manifest_dir =

@@ -42,6 +42,51 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 pub struct Error {
     fatal: bool,
     message: String,
+    refusal: Option<Refusal>,
+}
+
+/// Why a host import refused a request, for a handler that reacts to one
+/// case: [`Error::refusal`].
+///
+/// ```no_run
+/// use dtq_guest::{Refusal, kv};
+///
+/// # fn run() -> dtq_guest::Result<()> {
+/// match kv::incr("visits") {
+///     Err(e) if e.refusal() == Some(Refusal::OutcomeUnknown) => {
+///         // The increment may have happened: do not add it again blindly.
+///         return Err(e);
+///     }
+///     other => { other?; }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The key is empty or too long (fatal).
+    InvalidKey,
+    /// A value, or an operation's staged writes, larger than the host
+    /// allows (fatal).
+    ValueTooLarge,
+    /// The stored value is not what the operation needs (retryable).
+    WrongType,
+    /// Redis could not be reached, or refused the request, and nothing was
+    /// written (retryable).
+    Unavailable,
+    /// An argument out of range: a TTL of 0 or too long, an operation begun
+    /// inside another (fatal).
+    InvalidArgument,
+    /// A write may or may not have taken effect: the connection broke
+    /// before Redis answered (retryable).
+    OutcomeUnknown,
+    /// The idempotency claim was taken over by another attempt, or expired,
+    /// before the operation committed; nothing of it applied (retryable).
+    ClaimLost,
+    /// The write would take the handler's namespace over the Redis budget
+    /// the operator set; nothing was written (retryable: keys may expire or
+    /// the budget grow).
+    QuotaExceeded,
 }
 
 impl Error {
@@ -55,6 +100,7 @@ impl Error {
         Error {
             fatal: true,
             message: message.to_string(),
+            refusal: None,
         }
     }
 
@@ -68,6 +114,7 @@ impl Error {
         Error {
             fatal: false,
             message: message.to_string(),
+            refusal: None,
         }
     }
 
@@ -111,21 +158,58 @@ impl Error {
         self
     }
 
+    /// Which refusal of a host import this error is, if it is one.
+    ///
+    /// ```
+    /// assert_eq!(dtq_guest::Error::retryable("busy").refusal(), None);
+    /// ```
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.refusal
+    }
+
     /// Map a refusal of a host import: a request that can never succeed
-    /// (a bad key, a value too large) is fatal;
-    /// Redis being unreachable or holding a value of another type is retryable.
+    /// (a bad key or argument, a value too large) is fatal; the rest are
+    /// retryable.
     pub(crate) fn from_host(op: &str, err: HostError) -> Self {
-        match err {
-            HostError::InvalidKey(why) => Error::fatal(format!("{op}: invalid key: {why}")),
-            HostError::ValueTooLarge(size) => Error::fatal(format!(
-                "{op}: value of {size} bytes is larger than the host allows"
-            )),
-            HostError::WrongType(detail) => {
-                Error::retryable(format!("{op}: value has the wrong type: {detail}"))
-            }
-            HostError::Unavailable(detail) => {
-                Error::retryable(format!("{op}: storage unavailable: {detail}"))
-            }
+        let (refusal, error) = match err {
+            HostError::InvalidKey(why) => (
+                Refusal::InvalidKey,
+                Error::fatal(format!("{op}: invalid key: {why}")),
+            ),
+            HostError::ValueTooLarge(size) => (
+                Refusal::ValueTooLarge,
+                Error::fatal(format!("{op}: {size} bytes is larger than the host allows")),
+            ),
+            HostError::WrongType(detail) => (
+                Refusal::WrongType,
+                Error::retryable(format!("{op}: value has the wrong type: {detail}")),
+            ),
+            HostError::Unavailable(detail) => (
+                Refusal::Unavailable,
+                Error::retryable(format!("{op}: storage unavailable: {detail}")),
+            ),
+            HostError::InvalidArgument(detail) => (
+                Refusal::InvalidArgument,
+                Error::fatal(format!("{op}: invalid argument: {detail}")),
+            ),
+            HostError::OutcomeUnknown(detail) => (
+                Refusal::OutcomeUnknown,
+                Error::retryable(format!(
+                    "{op}: outcome unknown, the write may or may not have applied: {detail}"
+                )),
+            ),
+            HostError::ClaimLost(detail) => (
+                Refusal::ClaimLost,
+                Error::retryable(format!("{op}: claim lost: {detail}")),
+            ),
+            HostError::QuotaExceeded(detail) => (
+                Refusal::QuotaExceeded,
+                Error::retryable(format!("{op}: namespace quota exceeded: {detail}")),
+            ),
+        };
+        Error {
+            refusal: Some(refusal),
+            ..error
         }
     }
 }

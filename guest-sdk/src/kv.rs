@@ -1,7 +1,7 @@
 //! A namespaced slice of Redis.
 //!
 //! Every key is a suffix: the host stores it under
-//! `dtq:guest:<namespace>:<key>`, where the namespace is the handler's (its
+//! `dtq:guest:{<namespace>}:<key>`, where the namespace is the handler's (its
 //! task name unless [`handler!`](crate::handler!) names one). No key a handler
 //! names reaches outside the namespace.
 //!

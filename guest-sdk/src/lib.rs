@@ -47,10 +47,13 @@
 //!
 //! # Namespaces
 //!
-//! The host puts every [`kv`] key and idempotency claim of a handler under
-//! `dtq:guest:<namespace>:`. The namespace is the task name, unless the
-//! handler names one with `handler!(f, namespace = "...")` — for example to
-//! let two task types share counters. See [`handler!`].
+//! The host puts every [`kv`] key of a handler under
+//! `dtq:guest:{<namespace>}:` and its idempotency claims in a keyspace of
+//! their own that no kv key can name. The namespace is the operator's to
+//! give: the task name unless `dtq` runs with `--namespace TASK=NS`, for
+//! example to let two task types share counters. A handler may ask for one
+//! with `handler!(f, namespace = "...")`; it is then loaded only where the
+//! operator gave it exactly that namespace. See [`handler!`].
 //!
 //! # Building natively
 //!
@@ -69,7 +72,7 @@ pub mod kv;
 pub mod log;
 
 pub use context::Context;
-pub use error::{Error, Result, ResultExt};
+pub use error::{Error, Refusal, Result, ResultExt};
 pub use idempotency::{idempotent_operation, stored_result};
 pub use json::{FromJson, IntoJson, RawJson};
 
@@ -110,16 +113,17 @@ pub mod bindings {
 ///
 /// # Choosing the namespace
 ///
-/// `handler!(f, namespace = "billing")` puts the handler's [`kv`] keys and
-/// idempotency claims under `dtq:guest:billing:` instead of under its task
+/// `handler!(f, namespace = "billing")` asks for the handler's [`kv`] keys
+/// and idempotency claims to live in namespace `billing` instead of its task
 /// name, so that handlers deployed under different task names can share
 /// state. The namespace must be 1 to 64 ASCII letters, digits, `-`, `_` or
 /// `.` (checked at compile time).
 ///
 /// The macro embeds the namespace, as UTF-8 bytes, in a custom section named
-/// `dtq-namespace` of the handler's core module; the host reads that section
-/// when it loads the component. Which namespaces a deployment may claim is
-/// the host operator's decision.
+/// `dtq-namespace` of the handler's core module. The namespace is the
+/// operator's decision: the host loads such a component only when it runs
+/// with `--namespace TASK=billing` for its task, and refuses it otherwise,
+/// so a handler cannot make itself a co-tenant of another's keys.
 ///
 /// ```no_run
 /// use dtq_guest::{Context, Result, kv};
@@ -314,8 +318,18 @@ mod tests {
         let fatal = |e: HostError| Error::from_host("op", e).is_fatal();
         assert!(fatal(HostError::InvalidKey(String::new())));
         assert!(fatal(HostError::ValueTooLarge(1)));
+        assert!(fatal(HostError::InvalidArgument("ttl 0".into())));
         assert!(!fatal(HostError::WrongType("string".into())));
         assert!(!fatal(HostError::Unavailable("down".into())));
+        assert!(!fatal(HostError::OutcomeUnknown("reset".into())));
+        assert!(!fatal(HostError::ClaimLost("taken over".into())));
+        assert!(!fatal(HostError::QuotaExceeded("full".into())));
+        let unknown = Error::from_host("kv incr-by", HostError::OutcomeUnknown("reset".into()));
+        assert_eq!(unknown.refusal(), Some(crate::Refusal::OutcomeUnknown));
+        assert!(
+            unknown.message().contains("may or may not have applied"),
+            "{unknown}"
+        );
     }
 
     #[test]

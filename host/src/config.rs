@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::ingest::IngestSettings;
-use crate::sandbox::{Limits, SandboxConfig};
+use crate::sandbox::{HandlerSettings, Limits, SandboxConfig};
 use crate::store::StoreSettings;
 
 /// Everything a `dtq` server process (API, worker, or both) is configured by.
@@ -107,6 +107,31 @@ pub struct Config {
     /// before the process exits and leaves them to be reclaimed.
     #[arg(long, env = "DTQ_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
     pub shutdown_grace_ms: u64,
+
+    /// Run TASK's handler in namespace NS instead of its task name: its kv
+    /// keys and idempotency claims live under NS, so handlers given one
+    /// namespace share them. Repeatable, or comma-separated in the
+    /// variable. A component that asks for a namespace
+    /// (`handler!(f, namespace = "NS")`) is loaded only when given exactly
+    /// that one here.
+    #[arg(
+        long = "namespace",
+        env = "DTQ_NAMESPACES",
+        value_name = "TASK=NS",
+        value_delimiter = ',',
+        value_parser = parse_namespace
+    )]
+    pub namespaces: Vec<(String, String)>,
+}
+
+/// `TASK=NS`.
+fn parse_namespace(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((task, ns)) if !task.is_empty() && !ns.is_empty() => {
+            Ok((task.to_string(), ns.to_string()))
+        }
+        _ => Err(format!("{text:?} is not TASK=NAMESPACE")),
+    }
 }
 
 impl Config {
@@ -153,6 +178,16 @@ impl Config {
                 .clone()
                 .or_else(SandboxConfig::default_cache_dir),
             max_concurrent_calls: self.concurrency as u32,
+            handlers: self
+                .namespaces
+                .iter()
+                .map(|(task, namespace)| {
+                    let settings = HandlerSettings {
+                        namespace: Some(namespace.clone()),
+                    };
+                    (task.clone(), settings)
+                })
+                .collect(),
             ..SandboxConfig::default()
         }
     }

@@ -525,7 +525,7 @@ async fn cancel_of_a_queued_task_means_it_never_runs_and_replays() -> Result<()>
     );
     let mut conn = dtq.redis.conn().await?;
     let counter: Option<i64> = redis::cmd("GET")
-        .arg("dtq:guest:counter:counter:never")
+        .arg("dtq:guest:{counter}:counter:never")
         .query_async(&mut conn)
         .await?;
     assert_eq!(counter, None, "the handler ran");
@@ -855,7 +855,7 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
             "started early: {task}"
         );
         let value: i64 = redis::cmd("GET")
-            .arg(format!("dtq:guest:counter:counter:d{i}"))
+            .arg(format!("dtq:guest:{{counter}}:counter:d{i}"))
             .query_async(&mut conn)
             .await?;
         assert_eq!(value, 1, "task {i} ran {value} times");

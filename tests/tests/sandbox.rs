@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use dtq_host::sandbox::{
-    Call, CallReport, CancelHandle, Limit, Limits, Outcome, Sandbox, SandboxConfig, TaskContext,
-    Trap,
+    Call, CallReport, CancelHandle, HandlerSettings, Limit, Limits, Outcome, Sandbox,
+    SandboxConfig, TaskContext, Trap,
 };
 use dtq_tests::guests;
 use dtq_tests::{RedisServer, TempDir};
@@ -145,14 +145,14 @@ async fn counter_increments_in_its_namespace() -> Result<()> {
     assert_eq!(success(&second)?, json!({"name": "visits", "value": 6}));
 
     assert_eq!(
-        get(&redis, "dtq:guest:counter:counter:visits")
+        get(&redis, "dtq:guest:{counter}:counter:visits")
             .await?
             .as_deref(),
         Some("6")
     );
     assert_eq!(
         redis.keys().await?,
-        vec!["dtq:guest:counter:counter:visits"]
+        vec!["dtq:guest:{counter}:counter:visits"]
     );
     Ok(())
 }
@@ -257,30 +257,31 @@ async fn send_receipt_charges_once_then_dedupes() -> Result<()> {
     assert_eq!(success(&second)?, json!({"deduped": true}));
 
     assert_eq!(
-        get(&redis, "dtq:guest:send_receipt:charges:A-1")
+        get(&redis, "dtq:guest:{send_receipt}:charges:A-1")
             .await?
             .as_deref(),
         Some("1")
     );
     let email: Value = serde_json::from_str(
-        &get(&redis, "dtq:guest:send_receipt:emails:A-1")
+        &get(&redis, "dtq:guest:{send_receipt}:emails:A-1")
             .await?
             .context("no email record")?,
     )?;
     assert_eq!(email["amount_cents"], 1999);
-    // The claim holds the stored result, with the TTL the guest asked for.
-    let claim = get(&redis, "dtq:guest:send_receipt:idem:receipt:A-1")
-        .await?
-        .context("no claim")?;
-    assert!(
-        claim.starts_with(dtq_host::sandbox::RESULT_PREFIX),
-        "{claim}"
-    );
+    // The claim is done, holds the stored result, and has the TTL the guest
+    // asked for.
+    let claim = "dtq:claim:{send_receipt}:receipt:A-1";
     let mut conn = redis.conn().await?;
-    let ttl: i64 = redis::cmd("TTL")
-        .arg("dtq:guest:send_receipt:idem:receipt:A-1")
+    let (state, result): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(claim)
+        .arg("state")
+        .arg("result")
         .query_async(&mut conn)
         .await?;
+    assert_eq!(state.as_deref(), Some("done"));
+    // The effect's result: `kv::set` returns `()`.
+    assert_eq!(result.as_deref(), Some("null"));
+    let ttl: i64 = redis::cmd("TTL").arg(claim).query_async(&mut conn).await?;
     assert!(ttl > 86_000, "ttl {ttl}");
     Ok(())
 }
@@ -297,10 +298,18 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
         let order = order.clone();
         tokio::spawn(async move { run(&sandbox, "send_receipt", order).await })
     });
-    let mut charged = 0;
-    let mut deduped = 0;
+    // One call charges. The others find the operation done, or still in
+    // progress in the one that charges: a retryable error, never a success
+    // that claims the charge happened.
+    let (mut charged, mut deduped, mut in_progress) = (0, 0, 0);
     for report in futures::future::join_all(calls).await {
-        let result = success(&report?)?;
+        let report = report?;
+        if let Outcome::Retryable(msg) = &report.outcome {
+            assert!(msg.contains("in progress"), "{msg}");
+            in_progress += 1;
+            continue;
+        }
+        let result = success(&report)?;
         if result == json!({"charged": true, "order_id": "race-7"}) {
             charged += 1;
         } else if result == json!({"deduped": true}) {
@@ -309,9 +318,9 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
             bail!("unexpected result {result}");
         }
     }
-    assert_eq!((charged, deduped), (1, 49));
+    assert_eq!((charged, deduped + in_progress), (1, 49));
     assert_eq!(
-        get(&redis, "dtq:guest:send_receipt:charges:race-7")
+        get(&redis, "dtq:guest:{send_receipt}:charges:race-7")
             .await?
             .as_deref(),
         Some("1")
@@ -320,18 +329,21 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn namespaced_guest_writes_under_its_declared_namespace() -> Result<()> {
+async fn namespaced_guest_writes_under_its_granted_namespace() -> Result<()> {
     let redis = RedisServer::start()?;
     let sandbox = sandbox(&redis, Limits::default()).await?;
     let wasm = std::fs::read(guests::NAMESPACED)?;
-    let report = sandbox.load("billing-v2", &wasm)?;
+    let granted = HandlerSettings {
+        namespace: Some("shared-ns".into()),
+    };
+    let report = sandbox.load_with("billing-v2", &wasm, &granted)?;
     assert_eq!(report.namespace, "shared-ns");
 
     let result = run(&sandbox, "billing-v2", json!({"key": "k", "value": "v"})).await;
     assert_eq!(success(&result)?, json!({"ok": true}));
-    assert_eq!(redis.keys().await?, vec!["dtq:guest:shared-ns:k"]);
+    assert_eq!(redis.keys().await?, vec!["dtq:guest:{shared-ns}:k"]);
     assert_eq!(
-        get(&redis, "dtq:guest:shared-ns:k").await?.as_deref(),
+        get(&redis, "dtq:guest:{shared-ns}:k").await?.as_deref(),
         Some("v")
     );
     Ok(())
@@ -360,7 +372,7 @@ async fn wrong_type_and_unavailable_redis_reach_the_guest_as_host_errors() -> Re
 
     let mut conn = redis.conn().await?;
     let () = redis::cmd("SET")
-        .arg("dtq:guest:counter:counter:text")
+        .arg("dtq:guest:{counter}:counter:text")
         .arg("not a number")
         .query_async(&mut conn)
         .await?;
@@ -371,7 +383,17 @@ async fn wrong_type_and_unavailable_redis_reach_the_guest_as_host_errors() -> Re
         report.outcome
     );
 
+    // Redis goes away. The increment in flight when the connection broke may
+    // or may not have reached it: an unknown outcome, never "not applied".
+    // Once the server refuses connections, nothing can have been written.
     drop(redis);
+    let report = run(&sandbox, "counter", json!({"name": "visits"})).await;
+    assert!(
+        matches!(&report.outcome, Outcome::Retryable(msg)
+            if msg.contains("outcome unknown") || msg.contains("unavailable")),
+        "{:?}",
+        report.outcome
+    );
     let report = run(&sandbox, "counter", json!({"name": "visits"})).await;
     assert!(
         matches!(&report.outcome, Outcome::Retryable(msg) if msg.contains("unavailable")),
@@ -664,7 +686,7 @@ async fn key_size_obeyed_and_violated() -> Result<()> {
     }
     assert_eq!(
         redis.keys().await?,
-        vec![format!("dtq:guest:adversarial:{}", "k".repeat(512))]
+        vec![format!("dtq:guest:{{adversarial}}:{}", "k".repeat(512))]
     );
     Ok(())
 }
@@ -699,7 +721,7 @@ async fn value_size_obeyed_and_violated() -> Result<()> {
         "{:?}",
         report.outcome
     );
-    assert_eq!(redis.keys().await?, vec!["dtq:guest:adversarial:a"]);
+    assert_eq!(redis.keys().await?, vec!["dtq:guest:{adversarial}:a"]);
     Ok(())
 }
 
@@ -832,7 +854,7 @@ async fn keys_cannot_leave_the_namespace() -> Result<()> {
         "dtq:task:{default}:victim",
         "\u{0}dtq:stream:{q}",
         "*",
-        " dtq:guest:other:k",
+        " dtq:guest:{other}:k",
     ]);
     let report = run(
         &sandbox,
@@ -852,10 +874,14 @@ async fn keys_cannot_leave_the_namespace() -> Result<()> {
     let found = redis.keys().await?;
     assert_eq!(found.len(), 8, "{found:?}");
     for key in &found {
-        assert!(key.starts_with("dtq:guest:adversarial:"), "{key}");
+        assert!(
+            key.starts_with("dtq:guest:{adversarial}:")
+                || key.starts_with("dtq:claim:{adversarial}:"),
+            "{key}"
+        );
     }
-    assert!(found.contains(&"dtq:guest:adversarial:../../dtq:task:{q}:x".to_string()));
-    assert!(found.contains(&"dtq:guest:adversarial:idem:dtq:idempotency:{q}:k".to_string()));
+    assert!(found.contains(&"dtq:guest:{adversarial}:../../dtq:task:{q}:x".to_string()));
+    assert!(found.contains(&"dtq:claim:{adversarial}:dtq:idempotency:{q}:k".to_string()));
     Ok(())
 }
 
@@ -889,7 +915,7 @@ async fn idempotent_operation_runs_once() -> Result<()> {
     .await;
     assert_eq!(success(&second)?, json!({"executed": false}));
     assert_eq!(
-        get(&redis, "dtq:guest:adversarial:claimed:once")
+        get(&redis, "dtq:guest:{adversarial}:claimed:once")
             .await?
             .as_deref(),
         Some("1")

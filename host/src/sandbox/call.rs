@@ -12,8 +12,8 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::imports::HostCtx;
 use super::imports::bindings::{self, HandlerError, HandlerPre};
+use super::imports::{Caller, HostCtx};
 use super::limits::{Limit, Limits, StoreLimiter};
 use super::log::{StreamKind, TaskLog};
 use super::outcome::{Interrupt, Outcome, Trap, classify};
@@ -120,13 +120,16 @@ impl WasiView for TaskState {
 /// A loaded handler, ready to instantiate.
 pub(crate) struct LoadedHandler {
     pub(crate) pre: HandlerPre<TaskState>,
-    pub(crate) namespace: Arc<str>,
+    /// `dtq:guest:{<namespace>}:`
+    pub(crate) kv_prefix: Arc<str>,
+    /// `dtq:claim:{<namespace>}:`
+    pub(crate) claim_prefix: Arc<str>,
 }
 
 /// What [`run`] needs from the sandbox.
 pub(crate) struct CallEnv<'a> {
     pub(crate) engine: &'a wasmtime::Engine,
-    pub(crate) limits: &'a Limits,
+    pub(crate) limits: &'a Arc<Limits>,
     pub(crate) redis: &'a redis::aio::ConnectionManager,
 }
 
@@ -168,12 +171,18 @@ pub(crate) async fn run(
         limiter: StoreLimiter::new(limits),
         host: HostCtx {
             redis: env.redis.clone(),
-            namespace: handler.namespace.clone(),
+            kv_prefix: handler.kv_prefix.clone(),
+            claim_prefix: handler.claim_prefix.clone(),
             log: log.clone(),
+            limits: limits.clone(),
             host_calls: 0,
-            max_host_calls: limits.max_host_calls,
-            max_key_bytes: limits.max_key_bytes,
-            max_value_bytes: limits.max_value_bytes,
+            caller: Caller {
+                task_id: call.ctx.task_id.clone(),
+                attempt: call.ctx.attempt,
+                token: None,
+            },
+            deadline_at,
+            operation: None,
         },
         deadline_at,
         cancel: cancel.clone(),

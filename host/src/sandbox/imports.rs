@@ -7,18 +7,23 @@
 //!
 //! Every import call counts toward
 //! [`Limits::max_host_calls`](super::Limits::max_host_calls); every key is
-//! put under `dtq:guest:<namespace>:` (see [`namespace`](super::namespace)).
+//! put under the handler's namespace (see [`namespace`](super::namespace)).
 //!
-//! An idempotency claim is a string key holding [`CLAIMED`] until a result
-//! is stored, then [`RESULT_PREFIX`] followed by the result, so that "claimed,
-//! no result yet" and "claimed, result stored" can be told apart.
+//! A Redis error reaches the guest by what it says about the request: a read
+//! that met a broken connection is tried once more; a write that may have
+//! reached Redis without a reply coming back is `outcome-unknown`, never
+//! "not applied"; a write Redis refused is `unavailable`. Inside an
+//! idempotent operation kv writes are staged instead (`operation.rs`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::limits::{Limit, LimitTrap};
+use super::limits::{Limit, LimitTrap, Limits};
 use super::log::TaskLog;
-use super::namespace::{claim_key, kv_key};
+use super::operation::{Operation, Staged};
 
 /// Bindings generated from the WIT contract in `wit/`.
 #[allow(
@@ -40,52 +45,73 @@ use bindings::dtq::handler::kv::SetOptions;
 use bindings::dtq::handler::log::Level;
 use bindings::dtq::handler::types::HostError;
 
-/// Value of a claim key before a result is stored.
-pub const CLAIMED: &str = "claimed";
-
-/// Prefix of a claim key's value once a result is stored.
-pub const RESULT_PREFIX: &str = "result:";
+/// Who is calling: the task attempt a call runs, as an idempotency claim
+/// records its owner.
+pub(crate) struct Caller {
+    pub(crate) task_id: String,
+    pub(crate) attempt: u32,
+    /// Unique to this call; made on the first `begin`, so calls that open no
+    /// operation pay nothing for it.
+    pub(crate) token: Option<String>,
+}
 
 /// What one call's host imports work with.
 pub(crate) struct HostCtx {
     pub(crate) redis: ConnectionManager,
-    pub(crate) namespace: std::sync::Arc<str>,
+    /// `dtq:guest:{<namespace>}:`
+    pub(crate) kv_prefix: Arc<str>,
+    /// `dtq:claim:{<namespace>}:`
+    pub(crate) claim_prefix: Arc<str>,
     pub(crate) log: TaskLog,
+    pub(crate) limits: Arc<Limits>,
     pub(crate) host_calls: u64,
-    pub(crate) max_host_calls: u64,
-    pub(crate) max_key_bytes: usize,
-    pub(crate) max_value_bytes: usize,
+    pub(crate) caller: Caller,
+    /// When the call is interrupted; Redis retries stop before it.
+    pub(crate) deadline_at: Instant,
+    /// The open idempotent operation, whose kv writes are staged.
+    pub(crate) operation: Option<Operation>,
 }
 
-type HostResult<T> = wasmtime::Result<Result<T, HostError>>;
+pub(crate) type HostResult<T> = wasmtime::Result<Result<T, HostError>>;
 
 impl HostCtx {
     /// Count one import call; trap once the cap is crossed.
-    fn count(&mut self) -> wasmtime::Result<()> {
+    pub(crate) fn count(&mut self) -> wasmtime::Result<()> {
         self.host_calls += 1;
-        if self.host_calls > self.max_host_calls {
+        if self.host_calls > self.limits.max_host_calls {
             return Err(wasmtime::Error::new(LimitTrap::Exceeded(Limit::HostCalls)));
         }
         Ok(())
     }
 
-    fn check_key(&self, key: &str) -> Result<(), HostError> {
+    pub(crate) fn check_key(&self, key: &str) -> Result<(), HostError> {
         if key.is_empty() {
             return Err(HostError::InvalidKey("the key is empty".to_string()));
         }
-        if key.len() > self.max_key_bytes {
+        if key.len() > self.limits.max_key_bytes {
             return Err(HostError::InvalidKey(format!(
                 "the key is {} bytes, longer than the limit of {}",
                 key.len(),
-                self.max_key_bytes
+                self.limits.max_key_bytes
             )));
         }
         Ok(())
     }
 
-    fn check_value(&self, value: &str) -> Result<(), HostError> {
-        if value.len() > self.max_value_bytes {
+    pub(crate) fn check_value(&self, value: &str) -> Result<(), HostError> {
+        if value.len() > self.limits.max_value_bytes {
             return Err(HostError::ValueTooLarge(value.len() as u64));
+        }
+        Ok(())
+    }
+
+    /// A TTL the guest asks for: 1 s up to [`Limits::max_ttl_seconds`].
+    pub(crate) fn check_ttl(&self, seconds: u32) -> Result<(), HostError> {
+        if seconds == 0 || seconds > self.limits.max_ttl_seconds {
+            return Err(HostError::InvalidArgument(format!(
+                "a TTL must be 1 to {} seconds, not {seconds}",
+                self.limits.max_ttl_seconds
+            )));
         }
         Ok(())
     }
@@ -93,23 +119,87 @@ impl HostCtx {
     /// Count the call, check the key and name it in Redis.
     fn kv_key(&mut self, key: &str) -> wasmtime::Result<Result<String, HostError>> {
         self.count()?;
-        Ok(self.check_key(key).map(|()| kv_key(&self.namespace, key)))
-    }
-
-    fn claim_key(&mut self, key: &str) -> wasmtime::Result<Result<String, HostError>> {
-        self.count()?;
         Ok(self
             .check_key(key)
-            .map(|()| claim_key(&self.namespace, key)))
+            .map(|()| format!("{}{key}", self.kv_prefix)))
     }
 
-    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T, HostError> {
-        cmd.query_async(&mut self.redis).await.map_err(host_error)
+    /// Send a command that changes nothing, once more if the connection
+    /// broke under it.
+    pub(crate) async fn read<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, HostError> {
+        match cmd.query_async(&mut self.redis).await {
+            Err(e) if e.is_io_error() => cmd.query_async(&mut self.redis).await,
+            result => result,
+        }
+        .map_err(|e| host_error(e, false))
+    }
+
+    /// Send a command that changes something, once.
+    async fn write<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T, HostError> {
+        cmd.query_async(&mut self.redis)
+            .await
+            .map_err(|e| host_error(e, true))
+    }
+
+    /// Run an invocation that its owner token makes safe to repeat (the
+    /// idempotency scripts), retrying while Redis cannot be reached or is
+    /// loading, until shortly before the call's deadline.
+    pub(crate) async fn repeatable<T: redis::FromRedisValue>(
+        &mut self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, HostError> {
+        /// Left for the guest to act on the answer before its deadline.
+        const RESERVE: Duration = Duration::from_millis(500);
+        let mut delay = Duration::from_millis(25);
+        loop {
+            let err = match invocation.invoke_async(&mut self.redis).await {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            let transient = err.is_io_error() || err.code() == Some("LOADING");
+            if !transient || Instant::now() + delay + RESERVE >= self.deadline_at {
+                return Err(host_error(err, true));
+            }
+            tracing::debug!(error = %err, "idempotency script failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The value of `key` as the guest sees it: staged by the open
+    /// operation, else in Redis.
+    async fn current(&mut self, key: &str) -> Result<Option<String>, HostError> {
+        if let Some(staged) = self.operation.as_ref().and_then(|op| op.value(key)) {
+            return Ok(staged.map(str::to_string));
+        }
+        self.read(redis::cmd("GET").arg(key)).await
+    }
+
+    /// Whether `key` exists as the guest sees it.
+    async fn exists_now(&mut self, key: &str) -> Result<bool, HostError> {
+        if let Some(staged) = self.operation.as_ref().and_then(|op| op.value(key)) {
+            return Ok(staged.is_some());
+        }
+        let n: u64 = self.read(redis::cmd("EXISTS").arg(key)).await?;
+        Ok(n > 0)
+    }
+
+    /// Stage `write` in the open operation, within its byte budget.
+    fn stage(&mut self, write: Staged) -> Result<(), HostError> {
+        let max = self.limits.max_operation_bytes;
+        match &mut self.operation {
+            Some(op) => op.stage(write, max),
+            None => unreachable!("staged without an open operation"),
+        }
     }
 }
 
-/// The guest's view of a Redis failure.
-fn host_error(err: RedisError) -> HostError {
+/// The guest's view of a Redis failure. `write`: the request may change
+/// something, so an answer that never came is an unknown outcome.
+pub(crate) fn host_error(err: RedisError, write: bool) -> HostError {
     let wrong_type = match err.kind() {
         ErrorKind::UnexpectedReturnType | ErrorKind::Parse => true,
         ErrorKind::Extension => err.code() == Some("WRONGTYPE"),
@@ -119,9 +209,12 @@ fn host_error(err: RedisError) -> HostError {
         _ => false,
     };
     if wrong_type {
-        HostError::WrongType(err.to_string())
+        return HostError::WrongType(err.to_string());
+    }
+    tracing::debug!(error = %err, "guest redis call failed");
+    if write && err.is_io_error() && !err.is_connection_refusal() {
+        HostError::OutcomeUnknown(err.to_string())
     } else {
-        tracing::debug!(error = %err, "guest redis call failed");
         HostError::Unavailable(err.to_string())
     }
 }
@@ -135,18 +228,34 @@ macro_rules! guest_try {
         }
     };
 }
+pub(crate) use guest_try;
 
 impl bindings::dtq::handler::types::Host for HostCtx {}
 
 impl bindings::dtq::handler::kv::Host for HostCtx {
     async fn get(&mut self, key: String) -> HostResult<Option<String>> {
         let key = guest_try!(self.kv_key(&key)?);
-        Ok(self.query(redis::cmd("GET").arg(key)).await)
+        Ok(self.current(&key).await)
     }
 
     async fn set(&mut self, key: String, value: String, options: SetOptions) -> HostResult<bool> {
         let key = guest_try!(self.kv_key(&key)?);
         guest_try!(self.check_value(&value));
+        if let Some(seconds) = options.expire_seconds {
+            guest_try!(self.check_ttl(seconds));
+        }
+        if self.operation.is_some() {
+            if options.only_if_absent && guest_try!(self.exists_now(&key).await) {
+                return Ok(Ok(false));
+            }
+            guest_try!(self.stage(Staged::Set {
+                key,
+                value,
+                only_if_absent: options.only_if_absent,
+                expire_seconds: options.expire_seconds,
+            }));
+            return Ok(Ok(true));
+        }
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(value);
         if options.only_if_absent {
@@ -156,76 +265,62 @@ impl bindings::dtq::handler::kv::Host for HostCtx {
             cmd.arg("EX").arg(seconds);
         }
         // `OK` when written, nil when NX found the key.
-        let reply: Option<String> = guest_try!(self.query(&cmd).await);
+        let reply: Option<String> = guest_try!(self.write(&cmd).await);
         Ok(Ok(reply.is_some()))
     }
 
     async fn incr_by(&mut self, key: String, delta: i64) -> HostResult<i64> {
         let key = guest_try!(self.kv_key(&key)?);
-        Ok(self.query(redis::cmd("INCRBY").arg(key).arg(delta)).await)
+        if self.operation.is_none() {
+            return Ok(self.write(redis::cmd("INCRBY").arg(key).arg(delta)).await);
+        }
+        let current = guest_try!(self.current(&key).await);
+        let value = match current.as_deref().map(str::parse::<i64>) {
+            None => 0,
+            Some(Ok(n)) => n,
+            Some(Err(_)) => {
+                return Ok(Err(HostError::WrongType(
+                    "the value is not an integer".to_string(),
+                )));
+            }
+        };
+        let Some(value) = value.checked_add(delta) else {
+            return Ok(Err(HostError::WrongType(
+                "increment or decrement would overflow".to_string(),
+            )));
+        };
+        guest_try!(self.stage(Staged::IncrBy { key, delta, value }));
+        Ok(Ok(value))
     }
 
     async fn del(&mut self, key: String) -> HostResult<bool> {
         let key = guest_try!(self.kv_key(&key)?);
-        let n: u64 = guest_try!(self.query(redis::cmd("DEL").arg(key)).await);
+        if self.operation.is_some() {
+            let existed = guest_try!(self.exists_now(&key).await);
+            guest_try!(self.stage(Staged::Del { key }));
+            return Ok(Ok(existed));
+        }
+        let n: u64 = guest_try!(self.write(redis::cmd("DEL").arg(key)).await);
         Ok(Ok(n > 0))
     }
 
     async fn expire(&mut self, key: String, seconds: u32) -> HostResult<bool> {
         let key = guest_try!(self.kv_key(&key)?);
-        let n: u64 = guest_try!(self.query(redis::cmd("EXPIRE").arg(key).arg(seconds)).await);
+        guest_try!(self.check_ttl(seconds));
+        if self.operation.is_some() {
+            let exists = guest_try!(self.exists_now(&key).await);
+            if exists {
+                guest_try!(self.stage(Staged::Expire { key, seconds }));
+            }
+            return Ok(Ok(exists));
+        }
+        let n: u64 = guest_try!(self.write(redis::cmd("EXPIRE").arg(key).arg(seconds)).await);
         Ok(Ok(n > 0))
     }
 
     async fn exists(&mut self, key: String) -> HostResult<bool> {
         let key = guest_try!(self.kv_key(&key)?);
-        let n: u64 = guest_try!(self.query(redis::cmd("EXISTS").arg(key)).await);
-        Ok(Ok(n > 0))
-    }
-}
-
-impl bindings::dtq::handler::idempotency::Host for HostCtx {
-    async fn claim(&mut self, key: String, ttl_seconds: u32) -> HostResult<bool> {
-        let key = guest_try!(self.claim_key(&key)?);
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key)
-            .arg(CLAIMED)
-            .arg("NX")
-            .arg("EX")
-            .arg(ttl_seconds);
-        let reply: Option<String> = guest_try!(self.query(&cmd).await);
-        Ok(Ok(reply.is_some()))
-    }
-
-    async fn store_result(&mut self, key: String, value: String) -> HostResult<()> {
-        let key = guest_try!(self.claim_key(&key)?);
-        guest_try!(self.check_value(&value));
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key)
-            .arg(format!("{RESULT_PREFIX}{value}"))
-            .arg("XX")
-            .arg("KEEPTTL");
-        let reply: Option<String> = guest_try!(self.query(&cmd).await);
-        if reply.is_none() {
-            return Ok(Err(HostError::InvalidKey(
-                "the key is not claimed (or its claim expired)".to_string(),
-            )));
-        }
-        Ok(Ok(()))
-    }
-
-    async fn get_result(&mut self, key: String) -> HostResult<Option<String>> {
-        let key = guest_try!(self.claim_key(&key)?);
-        let value: Option<String> = guest_try!(self.query(redis::cmd("GET").arg(key)).await);
-        Ok(Ok(value.and_then(|v| {
-            v.strip_prefix(RESULT_PREFIX).map(str::to_string)
-        })))
-    }
-
-    async fn release(&mut self, key: String) -> HostResult<()> {
-        let key = guest_try!(self.claim_key(&key)?);
-        let _: u64 = guest_try!(self.query(redis::cmd("DEL").arg(key)).await);
-        Ok(Ok(()))
+        Ok(self.exists_now(&key).await)
     }
 }
 

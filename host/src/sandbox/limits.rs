@@ -108,6 +108,30 @@ pub struct Limits {
     /// Stops a guest from filling Redis; a bigger value gets the WIT error
     /// `value-too-large`.
     pub max_value_bytes: usize,
+
+    /// Longest TTL a guest may set on a kv key or an idempotency claim, in
+    /// seconds. Default 30 days.
+    ///
+    /// Stops keys a guest means to expire from staying for decades; a TTL
+    /// of 0 or past this gets the WIT error `invalid-argument`.
+    pub max_ttl_seconds: u32,
+
+    /// Bytes of kv writes one idempotent operation may stage (keys and
+    /// values). Default 1 MiB.
+    ///
+    /// Staged writes are held in host memory until the operation commits;
+    /// past this a write gets the WIT error `value-too-large`.
+    pub max_operation_bytes: usize,
+
+    /// How long the owner of a running idempotency claim counts as alive
+    /// without renewing it. Default 5 s.
+    ///
+    /// A call renews its claim's lease every fifth of this while it runs,
+    /// so a worker that dies mid-operation frees the key for the next
+    /// caller within about this long. A live owner cut off from Redis for
+    /// longer may lose the claim; its commit is then refused, so kv effects
+    /// still apply once.
+    pub claim_lease: Duration,
 }
 
 impl Default for Limits {
@@ -127,6 +151,9 @@ impl Default for Limits {
             max_host_calls: 10_000,
             max_key_bytes: 512,
             max_value_bytes: 1 << 20,
+            max_ttl_seconds: 30 * 86_400,
+            max_operation_bytes: 1 << 20,
+            claim_lease: Duration::from_secs(5),
         }
     }
 }

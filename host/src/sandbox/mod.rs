@@ -64,6 +64,7 @@ mod imports;
 mod limits;
 mod log;
 mod namespace;
+mod operation;
 mod outcome;
 
 use std::collections::HashMap;
@@ -76,9 +77,8 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 pub use call::{Call, CancelHandle, TaskContext};
-pub use imports::{CLAIMED, RESULT_PREFIX};
 pub use limits::{Limit, Limits};
-pub use namespace::{GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
+pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
 pub use outcome::{CallReport, Outcome, Trap};
 
 use cache::ArtifactCache;
@@ -107,6 +107,19 @@ pub struct SandboxConfig {
     /// Sizes the pooling allocator (its slots are reserved up front); more
     /// concurrent calls wait for a free slot.
     pub max_concurrent_calls: u32,
+    /// The operator's settings of each task's handler, by task name; a task
+    /// without an entry gets [`HandlerSettings::default`].
+    pub handlers: HashMap<String, HandlerSettings>,
+}
+
+/// What the operator decides for one task's handler, whatever its component
+/// asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandlerSettings {
+    /// The namespace its kv keys and idempotency claims live in; `None`:
+    /// the task name. A component whose `dtq-namespace` section asks for
+    /// another is refused at load.
+    pub namespace: Option<String>,
 }
 
 impl Default for SandboxConfig {
@@ -116,6 +129,7 @@ impl Default for SandboxConfig {
             cache_dir: None,
             epoch_tick: Duration::from_millis(10),
             max_concurrent_calls: 64,
+            handlers: HashMap::new(),
         }
     }
 }
@@ -164,6 +178,20 @@ pub enum SandboxError {
     /// the host does not provide, or does not export `handle`.
     #[error("component does not fit the handler world: {0}")]
     Link(String),
+    /// The component asks for a namespace the operator did not give its
+    /// task.
+    #[error(
+        "the component asks for namespace {asked:?}, but task {task:?} runs in {granted:?}; \
+         to let it share {asked:?}, start dtq with --namespace {task}={asked}"
+    )]
+    NamespaceNotGranted {
+        /// The task name.
+        task: String,
+        /// The namespace the component's `dtq-namespace` section names.
+        asked: String,
+        /// The namespace the operator gave the task (by default its name).
+        granted: String,
+    },
     /// The handler's namespace is not acceptable.
     #[error("invalid namespace {namespace:?}: {reason}")]
     InvalidNamespace {
@@ -211,7 +239,8 @@ pub struct Sandbox {
 struct Inner {
     engine: Engine,
     linker: Linker<TaskState>,
-    limits: Limits,
+    limits: Arc<Limits>,
+    settings: HashMap<String, HandlerSettings>,
     cache: ArtifactCache,
     redis: redis::aio::ConnectionManager,
     handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
@@ -251,7 +280,8 @@ impl Sandbox {
             inner: Arc::new(Inner {
                 engine,
                 linker,
-                limits: config.limits,
+                limits: Arc::new(config.limits),
+                settings: config.handlers,
                 cache,
                 redis,
                 handlers: RwLock::new(HashMap::new()),
@@ -305,20 +335,39 @@ impl Sandbox {
     /// Compiles it (or takes it from the artifact cache), decides its
     /// namespace and pre-instantiates it. Blocking and CPU-heavy when it
     /// compiles: call it from a blocking context.
+    ///
+    /// The handler runs with the operator's settings of `task` from
+    /// [`SandboxConfig::handlers`].
     pub fn load(&self, task: &str, wasm: &[u8]) -> Result<LoadReport, SandboxError> {
-        self.load_inner(task, wasm)
+        let settings = self.inner.settings.get(task).cloned().unwrap_or_default();
+        self.load_with(task, wasm, &settings)
+    }
+
+    /// [`Sandbox::load`] with the given settings.
+    pub fn load_with(
+        &self,
+        task: &str,
+        wasm: &[u8],
+        settings: &HandlerSettings,
+    ) -> Result<LoadReport, SandboxError> {
+        self.load_inner(task, wasm, settings)
             .map_err(|source| SandboxError::Handler {
                 task: task.to_string(),
                 source: Box::new(source),
             })
     }
 
-    fn load_inner(&self, task: &str, wasm: &[u8]) -> Result<LoadReport, SandboxError> {
+    fn load_inner(
+        &self,
+        task: &str,
+        wasm: &[u8],
+        settings: &HandlerSettings,
+    ) -> Result<LoadReport, SandboxError> {
         let started = Instant::now();
         if task.is_empty() || task.chars().any(|c| c.is_control()) {
             return Err(SandboxError::InvalidTaskName(task.to_string()));
         }
-        let namespace = namespace::namespace_of(task, wasm)?;
+        let namespace = namespace::namespace_of(task, wasm, settings.namespace.as_deref())?;
         let sha256 = cache::sha256_hex(wasm);
         let compiled = self
             .inner
@@ -332,7 +381,8 @@ impl Sandbox {
             .map_err(|e| SandboxError::Link(error_chain(&e)))?;
         let handler = Arc::new(LoadedHandler {
             pre,
-            namespace: namespace.as_str().into(),
+            kv_prefix: namespace::kv_prefix(&namespace).into(),
+            claim_prefix: namespace::claim_prefix(&namespace).into(),
         });
         self.inner
             .handlers

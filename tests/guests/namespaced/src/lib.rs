@@ -9,7 +9,8 @@
 //! ```
 //!
 //! It sets kv key `key` to `value`, which the host stores at
-//! `dtq:guest:shared-ns:<key>` whatever task name the module is deployed under.
+//! `dtq:guest:{shared-ns}:<key>` when the operator grants it that namespace
+//! (`--namespace TASK=shared-ns`); without the grant the host refuses to load it.
 
 use dtq_guest::{Context, Result, kv};
 use serde::Deserialize;

@@ -1,0 +1,368 @@
+//! The host side of `idempotency`: claims with an owner and a state, and the
+//! kv writes of an open operation, staged until they commit with the claim.
+//!
+//! | step | Redis | if the attempt dies here |
+//! |---|---|---|
+//! | `begin` | `claim_begin.lua`: the claim is this call's, *running*, with a lease of [`Limits::claim_lease`](super::Limits::claim_lease) renewed every fifth of it while the call runs | the renewals stop; once the lease ends, the next caller takes the claim over |
+//! | kv writes | none: staged in [`Operation`]; reads see them | nothing was written |
+//! | `commit` | `claim_commit.lua`: the writes and *done* with the result, one atomic step, only while the claim is this call's | applied wholly or not at all; a lost reply is resolved by sending it again (the owner token makes it apply once) |
+//! | `abort` | `claim_abort.lua`: the claim is released | the claim is taken over once its lease ends, as above |
+//!
+//! A live owner cut off from Redis for longer than the lease may find its
+//! claim taken over: its commit is then refused (`claim-lost`), so the kv
+//! writes still apply once.
+//!
+//! The scripts live with the others in `store/lua/`; every key they touch is
+//! in the namespace's hash tag.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimState, Host};
+use super::imports::bindings::dtq::handler::types::HostError;
+use super::imports::{HostCtx, HostResult, guest_try};
+
+static BEGIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_begin.lua")));
+static COMMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_commit.lua")));
+static ABORT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_abort.lua")));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_renew.lua")));
+
+/// A kv write staged by an open operation; the Redis key is already
+/// namespaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Staged {
+    Set {
+        key: String,
+        value: String,
+        only_if_absent: bool,
+        expire_seconds: Option<u32>,
+    },
+    /// `value` is what the guest was told the key holds afterwards; the
+    /// commit adds `delta`, so increments made outside the operation
+    /// meanwhile are kept.
+    IncrBy {
+        key: String,
+        delta: i64,
+        value: i64,
+    },
+    Del {
+        key: String,
+    },
+    Expire {
+        key: String,
+        seconds: u32,
+    },
+}
+
+impl Staged {
+    fn key(&self) -> &str {
+        match self {
+            Staged::Set { key, .. }
+            | Staged::IncrBy { key, .. }
+            | Staged::Del { key }
+            | Staged::Expire { key, .. } => key,
+        }
+    }
+
+    /// The four values `claim_commit.lua` takes per write.
+    fn args(&self) -> [String; 4] {
+        let none = String::new;
+        match self {
+            Staged::Set {
+                value,
+                only_if_absent,
+                expire_seconds,
+                ..
+            } => [
+                "set".into(),
+                value.clone(),
+                if *only_if_absent { "nx".into() } else { none() },
+                expire_seconds.map_or_else(none, |s| s.to_string()),
+            ],
+            Staged::IncrBy { delta, .. } => ["incrby".into(), delta.to_string(), none(), none()],
+            Staged::Del { .. } => ["del".into(), none(), none(), none()],
+            Staged::Expire { seconds, .. } => {
+                ["expire".into(), seconds.to_string(), none(), none()]
+            }
+        }
+    }
+}
+
+/// An open idempotent operation of one call.
+#[derive(Debug)]
+pub(crate) struct Operation {
+    /// The guest's key of the operation.
+    key: String,
+    /// Its claim in Redis.
+    claim: String,
+    writes: Vec<Staged>,
+    /// The value each written key holds as the writes leave it (`None`:
+    /// deleted), so reads inside the operation see them.
+    view: HashMap<String, Option<String>>,
+    bytes: usize,
+    /// Renews the claim's lease until the operation closes or the call
+    /// ends (dropped with it).
+    _renewal: Option<AbortOnDrop>,
+}
+
+/// Aborts a spawned task when dropped.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renew the lease of `claim` for `token` every fifth of `lease`, until the
+/// claim is no longer this owner's running one.
+async fn renew(mut redis: ConnectionManager, claim: String, token: String, lease: Duration) {
+    let mut ticks = tokio::time::interval((lease / 5).max(Duration::from_millis(10)));
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let renewed: Result<i64, _> = RENEW
+            .key(&claim)
+            .arg(&token)
+            .arg(lease.as_millis() as u64)
+            .invoke_async(&mut redis)
+            .await;
+        match renewed {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "claim lease renewal failed"),
+        }
+    }
+}
+
+impl Operation {
+    fn new(key: String, claim: String) -> Self {
+        Operation {
+            key,
+            claim,
+            writes: Vec::new(),
+            view: HashMap::new(),
+            bytes: 0,
+            _renewal: None,
+        }
+    }
+
+    /// The staged value of `key`: `None` when no write touched it.
+    pub(crate) fn value(&self, key: &str) -> Option<Option<&str>> {
+        self.view.get(key).map(Option::as_deref)
+    }
+
+    /// Add `write`, unless the operation's writes would pass `max_bytes`.
+    pub(crate) fn stage(&mut self, write: Staged, max_bytes: usize) -> Result<(), HostError> {
+        let size = write.key().len()
+            + match &write {
+                Staged::Set { value, .. } => value.len(),
+                _ => 20,
+            };
+        if self.bytes + size > max_bytes {
+            return Err(HostError::ValueTooLarge((self.bytes + size) as u64));
+        }
+        self.bytes += size;
+        let key = write.key().to_string();
+        match &write {
+            Staged::Set { value, .. } => {
+                self.view.insert(key, Some(value.clone()));
+            }
+            Staged::IncrBy { value, .. } => {
+                self.view.insert(key, Some(value.to_string()));
+            }
+            Staged::Del { .. } => {
+                self.view.insert(key, None);
+            }
+            Staged::Expire { .. } => {}
+        }
+        self.writes.push(write);
+        Ok(())
+    }
+}
+
+impl HostCtx {
+    fn token(&mut self) -> String {
+        self.caller
+            .token
+            .get_or_insert_with(|| uuid::Uuid::now_v7().simple().to_string())
+            .clone()
+    }
+
+    /// The open operation on `key`, taken out of the call; an error when
+    /// there is none.
+    fn take_operation(&mut self, key: &str) -> Result<Operation, HostError> {
+        match self.operation.take() {
+            Some(op) if op.key == key => Ok(op),
+            other => {
+                self.operation = other;
+                Err(HostError::InvalidArgument(format!(
+                    "no operation on {key:?} is open"
+                )))
+            }
+        }
+    }
+}
+
+impl Host for HostCtx {
+    async fn begin(&mut self, key: String, options: BeginOptions) -> HostResult<ClaimState> {
+        self.count()?;
+        guest_try!(self.check_key(&key));
+        guest_try!(self.check_ttl(options.ttl_seconds));
+        if let Some(open) = &self.operation {
+            return Ok(Err(HostError::InvalidArgument(format!(
+                "the operation on {:?} is still open: operations cannot nest",
+                open.key
+            ))));
+        }
+        let claim = format!("{}{key}", self.claim_prefix);
+        let token = self.token();
+        let mut invocation = BEGIN.prepare_invoke();
+        invocation
+            .key(&claim)
+            .arg(&token)
+            .arg(&self.caller.task_id)
+            .arg(self.caller.attempt)
+            .arg(options.ttl_seconds)
+            .arg(self.limits.claim_lease.as_millis() as u64)
+            .arg(if options.external_effects { "1" } else { "0" });
+        let (state, value): (String, Option<String>) =
+            guest_try!(self.repeatable(&invocation).await);
+        Ok(Ok(match state.as_str() {
+            "run" => {
+                let lease = self.limits.claim_lease;
+                let renewal = tokio::spawn(renew(self.redis.clone(), claim.clone(), token, lease));
+                let mut op = Operation::new(key, claim);
+                op._renewal = Some(AbortOnDrop(renewal));
+                self.operation = Some(op);
+                ClaimState::Run(value.as_deref() == Some("1"))
+            }
+            "done" => ClaimState::Done(value),
+            "busy" => ClaimState::InProgress,
+            "abandoned" => ClaimState::Abandoned,
+            other => anyhow_protocol("claim_begin", other)?,
+        }))
+    }
+
+    async fn commit(&mut self, key: String, result: String) -> HostResult<()> {
+        self.count()?;
+        guest_try!(self.check_value(&result));
+        let op = guest_try!(self.take_operation(&key));
+        let mut invocation = COMMIT.prepare_invoke();
+        invocation.key(&op.claim).arg(self.token()).arg(result);
+        for write in &op.writes {
+            invocation.key(write.key());
+            for arg in write.args() {
+                invocation.arg(arg);
+            }
+        }
+        let (state, detail): (String, String) = guest_try!(self.repeatable(&invocation).await);
+        Ok(match state.as_str() {
+            "committed" => Ok(()),
+            "lost" => Err(HostError::ClaimLost(format!(
+                "the claim on {key:?} is no longer this attempt's ({detail}); nothing was applied"
+            ))),
+            "refused" => Err(HostError::WrongType(format!(
+                "{detail}; nothing of the operation on {key:?} was applied"
+            ))),
+            other => anyhow_protocol("claim_commit", other)?,
+        })
+    }
+
+    async fn abort(&mut self, key: String) -> HostResult<()> {
+        self.count()?;
+        let op = guest_try!(self.take_operation(&key));
+        let mut invocation = ABORT.prepare_invoke();
+        invocation.key(&op.claim).arg(self.token());
+        // 0 (not this call's running claim any more) is fine too: the
+        // staged writes are dropped either way.
+        let _released: i64 = guest_try!(self.repeatable(&invocation).await);
+        Ok(Ok(()))
+    }
+
+    async fn get_result(&mut self, key: String) -> HostResult<Option<String>> {
+        self.count()?;
+        guest_try!(self.check_key(&key));
+        let claim = format!("{}{key}", self.claim_prefix);
+        let (state, result): (Option<String>, Option<String>) = guest_try!(
+            self.read(redis::cmd("HMGET").arg(claim).arg("state").arg("result"))
+                .await
+        );
+        Ok(Ok(result.filter(|_| state.as_deref() == Some("done"))))
+    }
+}
+
+/// A script answered with a state its header does not list: a host bug,
+/// which traps the call rather than guessing.
+fn anyhow_protocol<T>(script: &str, state: &str) -> wasmtime::Result<T> {
+    Err(wasmtime::Error::msg(format!(
+        "{script} answered with an unknown state {state:?}"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(key: &str, value: &str) -> Staged {
+        Staged::Set {
+            key: key.into(),
+            value: value.into(),
+            only_if_absent: false,
+            expire_seconds: None,
+        }
+    }
+
+    #[test]
+    fn reads_see_the_staged_writes_in_order() {
+        let mut op = Operation::new("k".into(), "c".into());
+        assert_eq!(op.value("a"), None);
+        op.stage(set("a", "1"), 1 << 20).unwrap();
+        assert_eq!(op.value("a"), Some(Some("1")));
+        let incr = Staged::IncrBy {
+            key: "a".into(),
+            delta: 4,
+            value: 5,
+        };
+        op.stage(incr, 1 << 20).unwrap();
+        assert_eq!(op.value("a"), Some(Some("5")));
+        op.stage(Staged::Del { key: "a".into() }, 1 << 20).unwrap();
+        assert_eq!(op.value("a"), Some(None));
+        assert_eq!(op.writes.len(), 3);
+    }
+
+    #[test]
+    fn staged_bytes_are_bounded() {
+        let mut op = Operation::new("k".into(), "c".into());
+        op.stage(set("a", &"x".repeat(60)), 100).unwrap();
+        let refused = op.stage(set("b", &"x".repeat(60)), 100);
+        assert!(matches!(refused, Err(HostError::ValueTooLarge(_))));
+        assert_eq!(op.value("b"), None, "a refused write is not staged");
+    }
+
+    #[test]
+    fn each_write_gives_the_script_four_values() {
+        let ex = Staged::Set {
+            key: "k".into(),
+            value: "v".into(),
+            only_if_absent: true,
+            expire_seconds: Some(9),
+        };
+        assert_eq!(ex.args(), ["set", "v", "nx", "9"].map(String::from));
+        let incr = Staged::IncrBy {
+            key: "k".into(),
+            delta: -2,
+            value: 0,
+        };
+        assert_eq!(incr.args(), ["incrby", "-2", "", ""].map(String::from));
+    }
+}

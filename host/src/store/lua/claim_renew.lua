@@ -1,0 +1,19 @@
+--[[
+  Renew the lease of a running claim, while its owner's call runs.
+
+  Input:
+    KEYS[1] the claim   dtq:claim:{<namespace>}:<key>
+    ARGV[1] owner token
+    ARGV[2] lease (ms), from now on Redis's clock
+
+  Output: 1 renewed; 0 not this owner's running claim (taken over, done,
+  expired): the caller stops renewing
+]]
+local c = redis.call("HMGET", KEYS[1], "state", "owner")
+if c[1] ~= "running" or c[2] ~= ARGV[1] then
+  return 0
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call("HSET", KEYS[1], "lease_until", now + tonumber(ARGV[2]))
+return 1
