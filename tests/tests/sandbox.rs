@@ -575,6 +575,14 @@ async fn big_result_under_default_limits_is_contained() -> Result<()> {
         json!({"op": "big_result", "bytes": 8 << 20}),
     )
     .await;
+    // Past the host-call data cap the result is not even copied out.
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::HostCallData));
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "big_result", "bytes": 2 << 20}),
+    )
+    .await;
     assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::Result));
     still_ok(&sandbox).await
 }
@@ -622,9 +630,93 @@ async fn log_bytes_obeyed_and_violated() -> Result<()> {
     )
     .await;
     assert_eq!(success(&report)?, json!({"written": 100_000}));
-    assert!(report.log.starts_with("xxxx"), "{}", &report.log[..100]);
+    assert!(
+        report.log.starts_with("[stdout] xxxx"),
+        "{}",
+        &report.log[..100]
+    );
     assert!(report.log.len() < 4096 + 200);
     assert!(report.log.contains("log truncated"));
+
+    // A flood of lines past the host-call limit is truncated too: log
+    // writes do not count as host calls.
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "log_spam", "bytes": 100 * 25_000}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"written": 100 * 25_000}));
+    assert!(report.log.contains("log truncated"));
+    assert_eq!(report.host_calls, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_import_call_cannot_make_the_host_copy_more_than_its_data_cap() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    // Two fields naming one 1 MiB buffer: 2 MiB copied, under the 4 MiB cap,
+    // and the line is cut at the log cap, not assembled.
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "log_fields", "mb": 1, "n": 2}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!({"fields": 2}));
+    assert!(report.log.contains("log truncated"), "{}", report.log.len());
+    assert!(report.log.len() < (64 << 10) + 200, "{}", report.log.len());
+    // Three hundred of them would be 300 MiB of host memory: refused.
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "log_fields", "mb": 1, "n": 300}),
+    )
+    .await;
+    assert_eq!(trap(&report)?, Trap::LimitExceeded(Limit::HostCallData));
+    still_ok(&sandbox).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_that_is_not_json_fails_the_task() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "raw_result", "text": "{not json"}),
+    )
+    .await;
+    assert!(
+        matches!(&report.outcome, Outcome::Fatal(msg) if msg.starts_with("the handler's result is not JSON")),
+        "{:?}",
+        report.outcome
+    );
+    let report = run(
+        &sandbox,
+        "adversarial",
+        json!({"op": "raw_result", "text": "[1, 2]"}),
+    )
+    .await;
+    assert_eq!(success(&report)?, json!([1, 2]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unclassified_trap_says_its_cause_first_and_logs_the_backtrace() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = adversarial(&redis, Limits::default()).await?;
+    let report = run(&sandbox, "adversarial", json!({"op": "oob"})).await;
+    match trap(&report)? {
+        Trap::Other(cause) => {
+            assert!(cause.contains("out of bounds memory access"), "{cause}");
+            assert!(!cause.contains("backtrace"), "{cause}");
+        }
+        other => bail!("expected an unclassified trap, got {other:?}"),
+    }
+    assert!(report.log.contains("[dtq] trap: "), "{}", report.log);
+    assert!(report.log.contains("wasm backtrace"), "{}", report.log);
     Ok(())
 }
 
@@ -1044,6 +1136,30 @@ async fn calls_beyond_the_pool_wait_for_a_slot() -> Result<()> {
 }
 
 // ------------------------------------------------------------------- cache
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cache_directory_is_private_and_a_writable_one_is_refused() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let redis = RedisServer::start()?;
+    let tmp = TempDir::new("cache-trust")?;
+    let fresh = tmp.path.join("fresh");
+    sandbox_in(&redis, Limits::default(), Some(fresh.clone())).await?;
+    let mode = std::fs::metadata(&fresh)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+
+    let shared = tmp.path.join("shared");
+    std::fs::create_dir(&shared)?;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777))?;
+    let refused = sandbox_in(&redis, Limits::default(), Some(shared))
+        .await
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("refusing the artifact cache"), "{refused}");
+    assert!(refused.contains("others can write it"), "{refused}");
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cache_makes_the_second_load_a_deserialize() -> Result<()> {

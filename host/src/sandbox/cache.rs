@@ -12,6 +12,15 @@
 //! sees a half-written file. On load, a file whose checksum does not match
 //! (torn or rotted on disk) or that wasmtime refuses (made by an
 //! incompatible engine) is logged, deleted and rebuilt; it is never loaded.
+//!
+//! # Trust
+//!
+//! An artifact is native code the worker runs as it is: the checksum catches
+//! a torn or rotted file, not a forged one, since whoever can write the file
+//! can write its checksum too. So the directory must be writable by this
+//! user alone: it is created with mode 0700, and an existing one that is
+//! group- or world-writable, or owned by another user, is refused at start
+//! (`SandboxError::UntrustedCache`) rather than used.
 
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -58,6 +67,45 @@ impl Hasher for Sha256Hasher {
     }
 }
 
+/// Create `dir` (mode 0700) if missing, and check that nobody but this user
+/// can write it.
+fn prepare_private_dir(dir: &Path) -> Result<(), SandboxError> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+
+    let io = |source| SandboxError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    let meta = fs::metadata(dir).map_err(io)?;
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let reason = if meta.uid() != me {
+        Some(format!(
+            "it is owned by uid {}, not this user ({me})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "others can write it (mode {:o}); run chmod go-w on it",
+            meta.mode() & 0o777
+        ))
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(SandboxError::UntrustedCache {
+            path: dir.to_path_buf(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The SHA-256 of `bytes`, in lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -66,10 +114,7 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 impl ArtifactCache {
     pub(crate) fn new(dir: Option<PathBuf>, engine: &Engine) -> Result<Self, SandboxError> {
         if let Some(dir) = &dir {
-            fs::create_dir_all(dir).map_err(|source| SandboxError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            prepare_private_dir(dir)?;
         }
         let mut hasher = Sha256Hasher(Sha256::new());
         engine.precompile_compatibility_hash().hash(&mut hasher);

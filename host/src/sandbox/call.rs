@@ -16,7 +16,7 @@ use super::imports::bindings::{self, HandlerError, HandlerPre};
 use super::imports::{Caller, HostCtx};
 use super::limits::{Limit, Limits, StoreLimiter};
 use super::log::{StreamKind, TaskLog};
-use super::outcome::{Interrupt, Outcome, Trap, classify};
+use super::outcome::{Interrupt, Outcome, Trap, classify, error_chain};
 
 /// A request to run one task's handler once.
 #[derive(Debug, Clone)]
@@ -190,6 +190,7 @@ pub(crate) async fn run(
 
     let mut store = Store::new(env.engine, state);
     store.limiter(|state| &mut state.limiter);
+    store.set_hostcall_fuel(limits.max_hostcall_bytes);
     if let Some(fuel) = limits.fuel
         && let Err(e) = store.set_fuel(fuel)
     {
@@ -235,7 +236,10 @@ pub(crate) async fn run(
         Ok(Ok(value)) if value.len() > limits.max_result_bytes => {
             Outcome::Trapped(Trap::LimitExceeded(Limit::Result))
         }
-        Ok(Ok(value)) => Outcome::Success(value),
+        Ok(Ok(value)) => match serde_json::from_str::<serde::de::IgnoredAny>(&value) {
+            Ok(_) => Outcome::Success(value),
+            Err(e) => Outcome::Fatal(format!("the handler's result is not JSON: {e}")),
+        },
         Ok(Err(HandlerError::Retryable(msg))) => {
             Outcome::Retryable(truncate(msg, limits.max_result_bytes))
         }
@@ -244,6 +248,7 @@ pub(crate) async fn run(
             let trap = classify(&err, &log);
             if let Trap::Other(_) = &trap {
                 tracing::debug!(error = ?err, "unclassified guest trap");
+                log.line(["[dtq] trap: ", &error_chain(&err)]);
             }
             Outcome::Trapped(trap)
         }

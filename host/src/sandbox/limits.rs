@@ -132,6 +132,18 @@ pub struct Limits {
     /// longer may lose the claim; its commit is then refused, so kv effects
     /// still apply once.
     pub claim_lease: Duration,
+
+    /// Bytes a guest may hand the host at once: one import call's arguments,
+    /// or the result `handle` returns (strings and lists the host copies out
+    /// of linear memory). Default 4 MiB.
+    ///
+    /// Linear memory is capped, but one call can name the same buffer many
+    /// times (a 1 MiB string as a thousand log fields); this bounds the host
+    /// memory one transfer takes, before any of it is built. Past it the call
+    /// traps: [`Limit::HostCallData`]. It is wasmtime's "hostcall fuel", and
+    /// must stay above [`Limits::max_value_bytes`] and
+    /// [`Limits::max_result_bytes`] for those limits to answer first.
+    pub max_hostcall_bytes: usize,
 }
 
 impl Default for Limits {
@@ -154,6 +166,7 @@ impl Default for Limits {
             max_ttl_seconds: 30 * 86_400,
             max_operation_bytes: 1 << 20,
             claim_lease: Duration::from_secs(5),
+            max_hostcall_bytes: 4 << 20,
         }
     }
 }
@@ -168,6 +181,9 @@ pub enum Limit {
     Result,
     /// More host imports were called than [`Limits::max_host_calls`].
     HostCalls,
+    /// One import call's arguments, or the result, were more than
+    /// [`Limits::max_hostcall_bytes`].
+    HostCallData,
     /// The call burnt all of [`Limits::fuel`].
     Fuel,
     /// A table grew past [`Limits::table_elements`].
@@ -183,6 +199,7 @@ impl fmt::Display for Limit {
             Limit::Payload => "payload size",
             Limit::Result => "result size",
             Limit::HostCalls => "host calls",
+            Limit::HostCallData => "host-call data",
             Limit::Fuel => "fuel",
             Limit::TableElements => "table elements",
             Limit::Concurrency => "concurrent calls",

@@ -5,6 +5,10 @@
 //! counted and dropped, never refused: a guest whose `println!` failed would
 //! panic, turning log flooding into a task failure. The finished log ends
 //! with a marker line saying how much was dropped.
+//!
+//! Lines the guest writes to stdout and stderr are marked `[stdout] ` and
+//! `[stderr] `, so a guest's own text never reads as the host's words; lines
+//! of the `log` import start with their level.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +39,8 @@ struct LogBuf {
     cap: usize,
     dropped: u64,
     stderr_tail: Vec<u8>,
+    /// Whether the next byte starts a line (so a stream's mark goes first).
+    line_start: bool,
 }
 
 impl TaskLog {
@@ -44,6 +50,7 @@ impl TaskLog {
             cap,
             dropped: 0,
             stderr_tail: Vec::new(),
+            line_start: true,
         })))
     }
 
@@ -55,26 +62,41 @@ impl TaskLog {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Append raw bytes, keeping at most the cap.
-    pub(crate) fn append(&self, data: &[u8]) {
-        self.lock().append(data);
-    }
-
-    /// Append one line built by `write` (a newline is added).
-    pub(crate) fn line(&self, write: impl FnOnce(&mut String)) {
-        let mut line = String::new();
-        write(&mut line);
-        line.push('\n');
-        self.append(line.as_bytes());
-    }
-
-    fn append_stderr(&self, data: &[u8]) {
+    /// Append one line made of `parts` and a newline. Nothing is assembled
+    /// first: each part is copied only as far as the cap leaves room, so a
+    /// guest's huge line costs the host no more than the log's cap.
+    pub(crate) fn line<'a>(&self, parts: impl IntoIterator<Item = &'a str>) {
         let mut buf = self.lock();
-        buf.append(data);
-        let tail = &mut buf.stderr_tail;
-        tail.extend_from_slice(&data[data.len().saturating_sub(STDERR_TAIL)..]);
-        if tail.len() > STDERR_TAIL {
-            tail.drain(..tail.len() - STDERR_TAIL);
+        if !buf.line_start {
+            buf.append(b"\n");
+        }
+        for part in parts {
+            buf.append(part.as_bytes());
+        }
+        buf.append(b"\n");
+        buf.line_start = true;
+    }
+
+    /// Append what the guest wrote to stdout or stderr, each line marked.
+    fn append_stream(&self, kind: StreamKind, data: &[u8]) {
+        let mut buf = self.lock();
+        let mark: &[u8] = match kind {
+            StreamKind::Stdout => b"[stdout] ",
+            StreamKind::Stderr => b"[stderr] ",
+        };
+        for piece in data.split_inclusive(|b| *b == b'\n') {
+            if buf.line_start {
+                buf.append(mark);
+            }
+            buf.append(piece);
+            buf.line_start = piece.ends_with(b"\n");
+        }
+        if let StreamKind::Stderr = kind {
+            let tail = &mut buf.stderr_tail;
+            tail.extend_from_slice(&data[data.len().saturating_sub(STDERR_TAIL)..]);
+            if tail.len() > STDERR_TAIL {
+                tail.drain(..tail.len() - STDERR_TAIL);
+            }
         }
     }
 
@@ -150,10 +172,7 @@ pub(crate) struct LogStream {
 
 impl LogStream {
     fn write_bytes(&self, data: &[u8]) {
-        match self.kind {
-            StreamKind::Stdout => self.log.append(data),
-            StreamKind::Stderr => self.log.append_stderr(data),
-        }
+        self.log.append_stream(self.kind, data);
     }
 }
 
@@ -220,17 +239,43 @@ mod tests {
     #[test]
     fn keeps_the_cap_and_marks_the_rest() {
         let log = TaskLog::new(8);
-        log.append(b"0123456789");
+        log.line(["0123456789"]);
         assert_eq!(
             log.finish(),
-            "01234567\n[dtq: log truncated at 8 bytes, 2 more bytes dropped]\n"
+            "01234567\n[dtq: log truncated at 8 bytes, 3 more bytes dropped]\n"
+        );
+    }
+
+    #[test]
+    fn a_huge_line_is_never_assembled() {
+        let log = TaskLog::new(16);
+        let field = "x".repeat(1 << 20);
+        log.line(std::iter::repeat_n(field.as_str(), 100));
+        let buf = log.lock();
+        assert_eq!(buf.bytes.len(), 16);
+        assert!(buf.bytes.capacity() < 1 << 20, "{}", buf.bytes.capacity());
+        assert_eq!(buf.dropped, 100 * (1 << 20) + 1 - 16);
+    }
+
+    #[test]
+    fn stream_lines_are_marked_as_the_guest_s() {
+        let log = TaskLog::new(1 << 10);
+        log.append_stream(StreamKind::Stderr, b"error: disk ");
+        log.append_stream(StreamKind::Stderr, b"full\nsecond\n");
+        log.line(["INFO ", "done"]);
+        log.append_stream(StreamKind::Stdout, b"out");
+        log.line(["WARN ", "late"]);
+        assert_eq!(
+            log.finish(),
+            "[stderr] error: disk full\n[stderr] second\nINFO done\n[stdout] out\nWARN late\n"
         );
     }
 
     #[test]
     fn finds_a_rust_panic_message() {
         let log = TaskLog::new(0);
-        log.append_stderr(
+        log.append_stream(
+            StreamKind::Stderr,
             b"\nthread '<unnamed>' panicked at src/lib.rs:7:9:\nboom\nnote: run with `RUST_BACKTRACE=1`\n",
         );
         assert_eq!(

@@ -167,6 +167,18 @@ pub enum SandboxError {
         #[source]
         source: std::io::Error,
     },
+    /// The artifact cache directory could be written by someone else, who
+    /// could then make the worker run native code of theirs.
+    #[error(
+        "refusing the artifact cache {}: {reason} (its files are native code the worker runs)",
+        path.display()
+    )]
+    UntrustedCache {
+        /// The directory.
+        path: PathBuf,
+        /// Why it is not trusted.
+        reason: String,
+    },
     /// The task name cannot name a handler.
     #[error("invalid task name {0:?}")]
     InvalidTaskName(String),

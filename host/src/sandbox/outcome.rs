@@ -122,6 +122,10 @@ pub(crate) enum Interrupt {
 ///
 /// The host's own errors are recognised by type (downcast), never by
 /// message; only wasmtime's trap codes are matched on.
+/// What wasmtime says when an import call's arguments pass the store's
+/// hostcall fuel ([`Limits::max_hostcall_bytes`](super::Limits::max_hostcall_bytes)).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
 pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
     if let Some(interrupt) = err.downcast_ref::<Interrupt>() {
         return match interrupt {
@@ -141,6 +145,11 @@ pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
     {
         return Trap::LimitExceeded(Limit::Concurrency);
     }
+    // wasmtime's error for this is a private type, so it is the one trap
+    // told by its text.
+    if error_chain(err).contains(HOSTCALL_FUEL_EXHAUSTED) {
+        return Trap::LimitExceeded(Limit::HostCallData);
+    }
     if let Some(trap) = err.downcast_ref::<wasmtime::Trap>() {
         return match trap {
             wasmtime::Trap::StackOverflow => Trap::StackOverflow,
@@ -152,7 +161,9 @@ pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
             other => Trap::Other(other.to_string()),
         };
     }
-    Trap::Other(error_chain(err))
+    // The cause first: what wraps it (a wasm backtrace, say) goes to the task
+    // log (see `call.rs`).
+    Trap::Other(err.root_cause().to_string())
 }
 
 /// `outer: inner: root` for an error and its causes.

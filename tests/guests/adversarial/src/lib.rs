@@ -27,6 +27,9 @@
 //! | `{"op": "stdout", "bytes": N}` | prints N bytes to stdout | `{"written": n, "error"?: S}` |
 //! | `{"op": "host_calls", "n": N}` | calls kv `exists` N times | `{"calls": N}` |
 //! | `{"op": "claim", "key": S}` | `idempotent_operation(S)` around kv incr of `claimed:<S>` | `{"executed": bool}` |
+//! | `{"op": "log_fields", "mb": M, "n": N}` | one `log.write` whose N fields all name one M MiB buffer | `{"fields": N}` |
+//! | `{"op": "raw_result", "text": S}` | returns S as its result, JSON or not | S |
+//! | `{"op": "oob"}` | reads past the end of linear memory | trap |
 //!
 //! `static_counter` answers 1 on every call when no state survives between
 //! calls. `stdout` stops at the first failed write (a host may close a capped
@@ -40,7 +43,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dtq_guest::{Context, Error, Result, idempotent_operation, kv, log};
+use dtq_guest::{Context, Error, RawJson, Result, idempotent_operation, kv, log};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -78,9 +81,50 @@ enum Op {
     Stdout { bytes: usize },
     HostCalls { n: u64 },
     Claim { key: String },
+    LogFields { mb: usize, n: usize },
+    RawResult { text: String },
+    Oob,
 }
 
-fn run(_ctx: Context, op: Op) -> Result<Value> {
+fn run(_ctx: Context, op: Op) -> Result<RawJson> {
+    match op {
+        Op::LogFields { mb, n } => {
+            let value = "x".repeat(mb * MIB);
+            let fields: Vec<(String, String)> = (0..n)
+                .map(|_| {
+                    // SAFETY: every alias points at `value`'s buffer, which
+                    // outlives them; the list is never dropped (below) and
+                    // the host only reads it, so no alias is freed or written.
+                    let alias = unsafe {
+                        String::from_raw_parts(value.as_ptr().cast_mut(), value.len(), value.len())
+                    };
+                    (String::new(), alias)
+                })
+                .collect();
+            let fields = std::mem::ManuallyDrop::new(fields);
+            dtq_guest::bindings::dtq::handler::log::write(
+                dtq_guest::bindings::dtq::handler::log::Level::Info,
+                "amplify",
+                &fields,
+            );
+            json_result(json!({"fields": n}))
+        }
+        Op::RawResult { text } => Ok(RawJson(text)),
+        Op::Oob => {
+            // SAFETY: none; a read past linear memory traps in wasm, which is
+            // what this op is for.
+            let byte = unsafe { std::ptr::read_volatile(usize::MAX as *const u8) };
+            json_result(json!({"byte": byte}))
+        }
+        other => run_json(other).and_then(json_result),
+    }
+}
+
+fn json_result(value: Value) -> Result<RawJson> {
+    Ok(RawJson(value.to_string()))
+}
+
+fn run_json(op: Op) -> Result<Value> {
     match op {
         Op::Ok => Ok(json!({"ok": true})),
         Op::Fatal { message } => Err(Error::fatal(message)),
@@ -168,6 +212,9 @@ fn run(_ctx: Context, op: Op) -> Result<Value> {
             let (executed, _) =
                 idempotent_operation(&key, CLAIM_TTL_SECONDS, || kv::incr(&counter))?;
             Ok(json!({"executed": executed}))
+        }
+        Op::LogFields { .. } | Op::RawResult { .. } | Op::Oob => {
+            Err(Error::fatal("handled in run"))
         }
     }
 }
