@@ -5,7 +5,7 @@
 //! task name unless [`handler!`](crate::handler!) names one). No key a handler
 //! names reaches outside the namespace.
 //!
-//! Refusals map onto [`Error`](crate::Error) by whether trying again can help:
+//! Refusals map onto [`Error`] by whether trying again can help:
 //! an invalid key, a value larger than the host allows or a task over its
 //! host-call limit is fatal; Redis being unavailable, or a key holding a value
 //! of the wrong type for the operation, is retryable.
