@@ -240,8 +240,10 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DTQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal, never into a file or a pipe.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -322,13 +324,23 @@ fn load_sandbox(config: &Config, store: &Store) -> Result<Sandbox, Failure> {
         ));
     }
     let started = Instant::now();
-    let loaded = sandbox
-        .load_dir(Path::new(&config.handlers))
-        .with_context(|| format!("cannot load handlers from {}", config.handlers.display()))?;
-    if loaded.is_empty() {
-        tracing::warn!(dir = %config.handlers.display(), "no <task>.wasm handlers found");
+    let report = sandbox.load_dir(Path::new(&config.handlers)).map_err(|e| {
+        fail(
+            2,
+            anyhow::anyhow!("cannot read the handlers directory: {e}"),
+        )
+    })?;
+    // A bad module is one line in the log; the good ones run.
+    for (file, error) in &report.failed {
+        let error = error.to_string();
+        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
+        tracing::error!("handler skipped: {}: {error}", file.display());
     }
-    info!(handlers = ?loaded, elapsed_ms = started.elapsed().as_millis() as u64, "handlers loaded");
+    if report.loaded.is_empty() {
+        tracing::warn!(dir = %config.handlers.display(), "no <task>.wasm handlers loaded");
+    }
+    info!(handlers = ?report.loaded, skipped = report.failed.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64, "handlers loaded");
     Ok(sandbox)
 }
 

@@ -701,3 +701,57 @@ async fn a_server_that_cannot_start_says_why() -> Result<()> {
     expect_code(&out, 2, "serve --concurrency 0")?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_handler_file_is_reported_in_one_line_and_the_rest_run() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let handlers = dir.path.join("handlers");
+    std::fs::create_dir(&handlers)?;
+    let examples = std::path::Path::new(guests::EXAMPLES_DIR);
+    std::fs::copy(examples.join("echo.wasm"), handlers.join("echo.wasm"))?;
+    std::fs::write(handlers.join("broken.wasm"), b"not a component")?;
+
+    let port = free_port()?;
+    let mut flags = server_flags(&redis, port);
+    let at = flags
+        .iter()
+        .position(|f| f == "--handlers")
+        .context("no --handlers flag")?;
+    flags[at + 1] = handlers.display().to_string();
+    let log = dir.path.join("serve.log");
+    let out = File::create(&log)?;
+    let child = dtq_command()
+        .arg("serve")
+        .args(&flags)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    let mut proc = Proc {
+        name: "serve".into(),
+        child,
+        log,
+        api: format!("http://127.0.0.1:{port}"),
+    };
+    proc.wait_healthy().await?;
+    let api = client(&proc);
+    let id = api
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": {"x": 1}}),
+            None,
+        )
+        .await?;
+    let done = api.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(done["result"], json!({"x": 1}), "{done:#}");
+
+    let text = proc.log_text();
+    let skipped: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("handler skipped"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "{text}");
+    assert!(skipped[0].contains("broken.wasm"), "{}", skipped[0]);
+    Ok(())
+}

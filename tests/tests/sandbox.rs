@@ -107,7 +107,9 @@ async fn get(redis: &RedisServer, key: &str) -> Result<Option<String>> {
 async fn load_dir_loads_every_example() -> Result<()> {
     let redis = RedisServer::start()?;
     let sandbox = sandbox(&redis, Limits::default()).await?;
-    let mut loaded = sandbox.load_dir(Path::new(guests::EXAMPLES_DIR))?;
+    let report = sandbox.load_dir(Path::new(guests::EXAMPLES_DIR))?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let mut loaded = report.loaded;
     loaded.sort();
     let mut expected: Vec<String> = [
         "counter",
@@ -129,6 +131,30 @@ async fn load_dir_loads_every_example() -> Result<()> {
     let report = run(&sandbox, "nope", json!({})).await;
     assert_eq!(trap(&report)?, Trap::UnknownHandler("nope".to_string()));
     assert!(!report.outcome.is_retryable());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_file_in_the_handlers_directory_is_skipped_and_the_rest_load() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    let dir = TempDir::new("handlers")?;
+    std::fs::copy(guests::ECHO, dir.path.join("echo.wasm"))?;
+    std::fs::write(dir.path.join("broken.wasm"), b"not wasm at all")?;
+    std::fs::copy(guests::COUNTER, dir.path.join("counter.wasm"))?;
+    let report = sandbox.load_dir(&dir.path)?;
+    assert_eq!(report.loaded, ["counter", "echo"]);
+    match report.failed.as_slice() {
+        [(file, error)] => {
+            assert!(file.ends_with("broken.wasm"), "{}", file.display());
+            let error = error.to_string();
+            assert!(error.contains("broken"), "{error}");
+            assert!(!error.contains('\n'), "one line: {error}");
+        }
+        other => bail!("expected one failure, got {other:?}"),
+    }
+    let report = run(&sandbox, "echo", json!({"x": 1})).await;
+    assert_eq!(success(&report)?, json!({"x": 1}));
     Ok(())
 }
 

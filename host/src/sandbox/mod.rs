@@ -223,6 +223,15 @@ pub enum SandboxError {
     },
 }
 
+/// What [`Sandbox::load_dir`] did.
+#[derive(Debug, Default)]
+pub struct DirLoad {
+    /// The task names loaded, sorted.
+    pub loaded: Vec<String>,
+    /// The files that were skipped, and why.
+    pub failed: Vec<(PathBuf, SandboxError)>,
+}
+
 /// What [`Sandbox::load`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadReport {
@@ -309,12 +318,12 @@ impl Sandbox {
         &self.inner.limits
     }
 
-    /// Load every `<task>.wasm` in `dir` (not recursively); returns the task
-    /// names loaded, sorted.
+    /// Load every `<task>.wasm` in `dir` (not recursively).
     ///
-    /// Stops at the first module that fails, naming it; the ones loaded
-    /// before stay loaded.
-    pub fn load_dir(&self, dir: &Path) -> Result<Vec<String>, SandboxError> {
+    /// A module that fails to load is skipped and reported in
+    /// [`DirLoad::failed`]; the others load. Only a directory that cannot be
+    /// read is an error.
+    pub fn load_dir(&self, dir: &Path) -> Result<DirLoad, SandboxError> {
         let io = |source| SandboxError::Io {
             path: dir.to_path_buf(),
             source,
@@ -327,19 +336,25 @@ impl Sandbox {
             }
         }
         files.sort();
-        let mut loaded = Vec::with_capacity(files.len());
+        let mut report = DirLoad::default();
         for path in files {
             let Some(task) = path.file_stem().and_then(|s| s.to_str()) else {
+                let error = SandboxError::InvalidTaskName(path.display().to_string());
+                report.failed.push((path, error));
                 continue;
             };
-            let wasm = std::fs::read(&path).map_err(|source| SandboxError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            self.load(task, &wasm)?;
-            loaded.push(task.to_string());
+            let loaded = std::fs::read(&path)
+                .map_err(|source| SandboxError::Io {
+                    path: path.clone(),
+                    source,
+                })
+                .and_then(|wasm| self.load(task, &wasm));
+            match loaded {
+                Ok(_) => report.loaded.push(task.to_string()),
+                Err(error) => report.failed.push((path, error)),
+            }
         }
-        Ok(loaded)
+        Ok(report)
     }
 
     /// Load (or replace) the handler of `task` from a component's bytes.
