@@ -222,7 +222,23 @@ async fn a_staged_increment_adds_its_delta_to_what_others_added_meanwhile() -> R
         tokio::spawn(async move { run(&sandbox, "t1", 1, charge("B", 800)).await })
     };
     wait_claim(&redis, "B", "running").await?;
+    // Wait until the guest has read the counter (the only GET on this
+    // server), then add to it behind the operation's back.
     let mut conn = redis.conn().await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        if stats.contains("cmdstat_get:") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the guest never read the counter");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let _: i64 = redis::cmd("INCRBY")
         .arg(kv("charges"))
         .arg(100)
@@ -269,12 +285,12 @@ async fn an_attempt_interrupted_mid_operation_applies_nothing_and_the_next_appli
     assert_eq!(get(&redis, &kv("charges")).await?, None);
     assert_eq!(get(&redis, &kv("email")).await?, None);
 
-    // Until its lease ends the claim is in progress: the seed form gives a
-    // retryable error, never "(false, None)".
+    // Until its lease ends the claim is in progress for other tasks: the
+    // seed form gives a retryable error, never "(false, None)".
     let early = run(
         &sandbox,
-        "t1",
-        2,
+        "t2",
+        1,
         json!({"op": "seed", "key": "C", "incr": "charges"}),
     )
     .await;
@@ -283,20 +299,12 @@ async fn an_attempt_interrupted_mid_operation_applies_nothing_and_the_next_appli
         other => bail!("expected a retryable error, got {other:?}"),
     }
 
-    // Then the next attempt takes it over and applies the effect once.
-    let deadline = Instant::now() + LEASE * 5;
-    let taken_over = loop {
-        let report = run(&sandbox, "t1", 3, charge("C", 0)).await;
-        let result = success(&report)?;
-        if result["outcome"] == "executed" {
-            break report;
-        }
-        assert_eq!(result, json!({"outcome": "in_progress"}));
-        if Instant::now() > deadline {
-            bail!("the dead attempt's claim was never taken over");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // The task's next attempt takes it over at once and applies it once.
+    let taken_over = run(&sandbox, "t1", 2, charge("C", 0)).await;
+    assert_eq!(
+        success(&taken_over)?,
+        json!({"outcome": "executed", "value": [1]})
+    );
     assert!(taken_over.log.contains("taken over"), "{}", taken_over.log);
     assert_eq!(get(&redis, &kv("charges")).await?.as_deref(), Some("1"));
     let done = run(&sandbox, "t9", 1, charge("C", 0)).await;
@@ -315,27 +323,25 @@ async fn a_live_owner_keeps_its_claim_past_the_lease() -> Result<()> {
         tokio::spawn(async move { run(&sandbox, "owner", 1, charge("D", spin)).await })
     };
     wait_claim(&redis, "D", "running").await?;
-    // Past several leases, renewed: another task and a later attempt of
-    // the owner's own task both find it in progress.
+    // Past several leases, renewed: another task finds it in progress, a
+    // retryable error, never "(false, None)".
     let mut checks = 0;
     while !owner.is_finished() {
-        for (task, attempt) in [("other", 1), ("owner", 2)] {
-            let report = run(
-                &sandbox,
-                task,
-                attempt,
-                json!({"op": "seed", "key": "D", "incr": "charges"}),
-            )
-            .await;
-            if claim_field(&redis, "D", "state").await?.as_deref() == Some("done") {
-                break;
-            }
-            match &report.outcome {
-                Outcome::Retryable(msg) => assert!(msg.contains("in progress"), "{msg}"),
-                other => bail!("{task}: expected in progress, got {other:?}"),
-            }
-            checks += 1;
+        let report = run(
+            &sandbox,
+            "other",
+            1,
+            json!({"op": "seed", "key": "D", "incr": "charges"}),
+        )
+        .await;
+        if claim_field(&redis, "D", "state").await?.as_deref() == Some("done") {
+            break;
         }
+        match &report.outcome {
+            Outcome::Retryable(msg) => assert!(msg.contains("in progress"), "{msg}"),
+            other => bail!("expected in progress, got {other:?}"),
+        }
+        checks += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(checks > 10, "only {checks} checks");
@@ -343,6 +349,34 @@ async fn a_live_owner_keeps_its_claim_past_the_lease() -> Result<()> {
         success(&owner.await?)?,
         json!({"outcome": "executed", "value": [1]})
     );
+    assert_eq!(get(&redis, &kv("charges")).await?.as_deref(), Some("1"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_later_attempt_of_the_task_takes_over_and_the_stale_one_applies_nothing() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis).await?;
+    // Attempt 1 still runs (its worker was presumed dead and the task
+    // reclaimed, say), well within its lease.
+    let stale = {
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move { run(&sandbox, "t1", 1, charge("S", 800)).await })
+    };
+    wait_claim(&redis, "S", "running").await?;
+    // Attempt 2 of the same task does not wait for the lease: the queue
+    // started it only because attempt 1 counts as over.
+    let next = run(&sandbox, "t1", 2, charge("S", 0)).await;
+    assert_eq!(
+        success(&next)?,
+        json!({"outcome": "executed", "value": [1]})
+    );
+    assert!(next.log.contains("taken over"), "{}", next.log);
+    // The stale attempt's commit is refused: the charge applied once.
+    match &stale.await?.outcome {
+        Outcome::Retryable(msg) => assert!(msg.contains("claim lost"), "{msg}"),
+        other => bail!("expected a claim-lost error, got {other:?}"),
+    }
     assert_eq!(get(&redis, &kv("charges")).await?.as_deref(), Some("1"));
     Ok(())
 }
@@ -571,23 +605,31 @@ async fn an_abandoned_operation_with_external_effects_is_not_run_again() -> Resu
     cancel.cancel();
     interrupted.await?;
 
+    // Another task waits out the dead owner's lease, then finds the
+    // operation abandoned.
     let deadline = Instant::now() + LEASE * 5;
+    let mut waited = 0;
     loop {
-        let report = run(&sandbox, "t1", 2, charge("X", 0)).await;
+        let report = run(&sandbox, "t2", 1, charge("X", 0)).await;
         let result = success(&report)?;
         if result["outcome"] == "abandoned" {
             break;
         }
         assert_eq!(result, json!({"outcome": "in_progress"}));
+        waited += 1;
         if Instant::now() > deadline {
             bail!("the operation never showed as abandoned");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The seed form treats it as done elsewhere: at most once.
+    assert!(waited > 0, "the lease of a dead owner was not waited for");
+    // The task's own next attempt and the seed form treat it as done
+    // elsewhere: at most once.
+    let next = run(&sandbox, "t1", 2, charge("X", 0)).await;
+    assert_eq!(success(&next)?, json!({"outcome": "abandoned"}));
     let seed = run(
         &sandbox,
-        "t2",
+        "t3",
         1,
         json!({"op": "seed", "key": "X", "incr": "charges"}),
     )

@@ -9,10 +9,13 @@
   first taken and kept after. The owner's host renews the lease while the
   call runs (claim_renew.lua); a process that dies stops renewing it.
 
-  An owner whose lease has ended is dead. Its operation applied none of its
-  kv writes (they apply only with the commit), so its claim is taken over;
-  unless it had external effects, which may have happened: then the claim
-  stays abandoned, at most once.
+  An owner is dead when its lease has ended, or when the caller is a later
+  attempt of the owner's own task: the queue starts an attempt only once the
+  task's previous one is over or its worker presumed dead (and a stale
+  attempt is stopped; its commit would be refused here anyway). A dead
+  owner's operation applied none of its kv writes (they apply only with the
+  commit), so its claim is taken over; unless it had external effects, which
+  may have happened: then the claim stays abandoned, at most once.
 
   A begin by the claim's own owner is the retry of a begin whose reply was
   lost; it is answered as the first one was.
@@ -41,10 +44,10 @@ local token, taskId, attempt, ttl, lease, external =
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local c = redis.call("HMGET", claimKey, "state", "owner", "task_id", "lease_until", "external",
-  "result")
-local state, owner, ownerTask, leaseUntil, ownerExternal, result =
-  c[1], c[2], c[3], c[4], c[5], c[6]
+local c = redis.call("HMGET", claimKey, "state", "owner", "task_id", "attempt", "lease_until",
+  "external", "result")
+local state, owner, ownerTask, ownerAttempt, leaseUntil, ownerExternal, result =
+  c[1], c[2], c[3], c[4], c[5], c[6], c[7]
 
 local function own()
   redis.call("HSET", claimKey, "state", "running", "owner", token, "task_id", taskId,
@@ -62,7 +65,8 @@ end
 if owner == token then
   return { "run", "0" }
 end
-if tonumber(leaseUntil) > now then
+local superseded = ownerTask == taskId and tonumber(ownerAttempt) < tonumber(attempt)
+if tonumber(leaseUntil) > now and not superseded then
   return { "busy", ownerTask }
 end
 if ownerExternal == "1" then
