@@ -12,6 +12,8 @@
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
 //! | `dtq:dlq:{q}` | sorted set | dead-lettered task ids, by time (ms) |
 //! | `dtq:events:{q}` | stream (capped) | lifecycle events |
+//! | `dtq:workers:{q}` | sorted set | consumer → its last heartbeat on the queue (ms, Redis's clock) |
+//! | `dtq:clock:{q}` | hash | the queue's liveness clock: `last` tick and when it `resumed` after an outage (ms, Redis's clock) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 
@@ -38,6 +40,14 @@ pub struct QueueKeys {
     pub dlq: String,
     /// The capped lifecycle event stream.
     pub events: String,
+    /// Each worker consuming the queue, scored by its last heartbeat (ms,
+    /// Redis's clock): a worker is dead once this is older than the
+    /// visibility timeout (see `lua/include/liveness.lua`).
+    pub workers: String,
+    /// The liveness clock: when a heartbeat or reclaim last ran on the
+    /// queue, and when that resumed after a gap (an outage), so that no
+    /// worker counts as dead before it could beat again.
+    pub clock: String,
     task_prefix: String,
     idem_prefix: String,
 }
@@ -52,6 +62,8 @@ impl QueueKeys {
             delayed: format!("dtq:delayed:{{{queue}}}"),
             dlq: format!("dtq:dlq:{{{queue}}}"),
             events: format!("dtq:events:{{{queue}}}"),
+            workers: format!("dtq:workers:{{{queue}}}"),
+            clock: format!("dtq:clock:{{{queue}}}"),
             task_prefix: format!("dtq:task:{{{queue}}}:"),
             idem_prefix: format!("dtq:idempotency:{{{queue}}}:"),
         }
@@ -91,6 +103,8 @@ mod tests {
             k.delayed.clone(),
             k.dlq.clone(),
             k.events.clone(),
+            k.workers.clone(),
+            k.clock.clone(),
             k.task("t1"),
             k.idempotency(Some("abc")),
         ] {

@@ -72,6 +72,16 @@ impl Default for StoreSettings {
     }
 }
 
+/// What [`Store::reclaim`] claimed for a worker.
+#[derive(Debug, Default)]
+pub struct Reclaimed {
+    /// Messages of dead workers, now the caller's.
+    pub dead: Vec<Delivery>,
+    /// The caller's own messages that were idle longer than the visibility
+    /// timeout: run those not held (never started), leave the others.
+    pub own: Vec<Delivery>,
+}
+
 /// The Redis side of dtq. Cheap to clone: clones share one multiplexed
 /// connection, which reconnects by itself.
 #[derive(Clone)]
@@ -325,32 +335,33 @@ impl Store {
         Ok(out)
     }
 
-    /// Claim up to `count` messages of `queue` idle for at least `min_idle`
-    /// (their worker died) for `consumer`.
+    /// Claim for `consumer` up to `count` messages of `queue` that no live
+    /// worker runs: those of workers that have not beaten within
+    /// `visibility` (see `lua/reclaim.lua`), and `consumer`'s own that were
+    /// idle that long.
     pub async fn reclaim(
         &self,
         queue: &str,
         consumer: &str,
-        min_idle: Duration,
+        visibility: Duration,
         count: usize,
-    ) -> Result<Vec<Delivery>, StoreError> {
+    ) -> Result<Reclaimed, StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let reply: Vec<Value> = redis::cmd("XAUTOCLAIM")
-            .arg(&keys.stream)
+        let mut inv = self.scripts.reclaim.prepare_invoke();
+        inv.key(&keys.stream)
+            .key(&keys.workers)
+            .key(&keys.clock)
             .arg(GROUP)
             .arg(consumer)
-            .arg(min_idle.as_millis() as u64)
-            .arg("0-0")
-            .arg("COUNT")
-            .arg(count)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let mut out = Vec::new();
-        if let Some(entries) = reply.into_iter().nth(1) {
-            parse_entries(entries, &mut out)?;
-        }
-        Ok(out)
+            .arg(visibility.as_millis() as u64)
+            .arg(count);
+        self.trip();
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut reply = reply.into_iter();
+        let mut reclaimed = Reclaimed::default();
+        parse_entries(from_value(reply.next())?, &mut reclaimed.dead)?;
+        parse_entries(from_value(reply.next())?, &mut reclaimed.own)?;
+        Ok(reclaimed)
     }
 
     /// Start a batch of deliveries of `queue` (one round trip for the batch).
@@ -559,29 +570,48 @@ impl Store {
         Ok((moved, next))
     }
 
-    /// Refresh the idle time of a worker's running messages of `queue` and
-    /// return those whose task was asked to cancel.
+    /// Beat for `consumer` on `queue` (it is alive for `visibility` from
+    /// now, by Redis's clock) and keep the messages of its running attempts,
+    /// each a delivery and the attempt number `start` gave it. Returns one
+    /// code per attempt, in order: [`Code::Ok`] (still this attempt's),
+    /// [`Code::CancelRequested`] (and asked to cancel) or [`Code::Stale`]
+    /// (the task was reclaimed elsewhere). See `lua/heartbeat.lua`.
     pub async fn heartbeat(
         &self,
         queue: &str,
         consumer: &str,
-        running: &[Delivery],
-    ) -> Result<Vec<String>, StoreError> {
-        if running.is_empty() {
-            return Ok(Vec::new());
-        }
+        visibility: Duration,
+        running: &[(Delivery, u32)],
+    ) -> Result<Vec<Code>, StoreError> {
         let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.heartbeat.prepare_invoke();
-        inv.key(&keys.stream);
-        for d in running {
+        inv.key(&keys.stream).key(&keys.workers).key(&keys.clock);
+        for (d, _) in running {
             inv.key(keys.task(&d.task_id));
         }
-        inv.arg(GROUP).arg(consumer);
-        for d in running {
-            inv.arg(&d.msg_id);
+        inv.arg(GROUP)
+            .arg(consumer)
+            .arg(visibility.as_millis() as u64);
+        for (d, attempt) in running {
+            inv.arg(&d.msg_id).arg(attempt);
         }
         self.trip();
-        Ok(inv.invoke_async(&mut self.conn.clone()).await?)
+        let reply: Vec<i64> = inv.invoke_async(&mut self.conn.clone()).await?;
+        if reply.len() != running.len() {
+            return Err(StoreError::Protocol(format!(
+                "heartbeat answered {} codes for {} attempts",
+                reply.len(),
+                running.len()
+            )));
+        }
+        reply
+            .into_iter()
+            .map(|n| match Code::from_i64(n) {
+                Some(code @ (Code::Ok | Code::CancelRequested | Code::Stale)) => Ok(code),
+                Some(other) => Err(unexpected("heartbeat", other)),
+                None => Err(StoreError::Protocol(format!("unknown script code {n}"))),
+            })
+            .collect()
     }
 
     /// The idempotency key task `id` was submitted with: the scripts that

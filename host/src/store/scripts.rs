@@ -1,16 +1,18 @@
 //! The Lua scripts and the codes they return.
 //!
 //! One file per operation under `lua/`; shared fragments under
-//! `lua/include/` are prepended at compile time, never copied. Each script
+//! `lua/include/` are prepended at compile time, never copied (`idem.lua`
+//! to every script, others to the scripts that name them). Each script
 //! opens with a header naming its KEYS, ARGV, outputs and events; [`Code`]
 //! mirrors the codes those headers list.
 
 use redis::Script;
 
 macro_rules! script {
-    ($name:literal) => {
+    ($name:literal $(, $include:literal)*) => {
         Script::new(concat!(
             include_str!("lua/include/idem.lua"),
+            $(include_str!(concat!("lua/include/", $include, ".lua")),)*
             include_str!(concat!("lua/", $name, ".lua"))
         ))
     };
@@ -25,6 +27,7 @@ pub(crate) struct Scripts {
     pub(crate) cancel: Script,
     pub(crate) requeue: Script,
     pub(crate) heartbeat: Script,
+    pub(crate) reclaim: Script,
 }
 
 impl Scripts {
@@ -36,11 +39,12 @@ impl Scripts {
             promote: script!("promote"),
             cancel: script!("cancel"),
             requeue: script!("requeue"),
-            heartbeat: script!("heartbeat"),
+            heartbeat: script!("heartbeat", "liveness"),
+            reclaim: script!("reclaim", "liveness"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    pub(crate) fn all(&self) -> [&Script; 8] {
         [
             &self.ingest,
             &self.start,
@@ -49,6 +53,7 @@ impl Scripts {
             &self.cancel,
             &self.requeue,
             &self.heartbeat,
+            &self.reclaim,
         ]
     }
 }
@@ -59,11 +64,13 @@ impl Scripts {
 pub enum Code {
     /// start: the message's task is terminal or gone; acknowledged.
     Skipped,
-    /// Done: ingest created the task, complete/cancel/requeue applied.
+    /// Done: ingest created the task, complete/cancel/requeue applied;
+    /// heartbeat: the task is still the attempt's.
     Ok,
     /// ingest: the key's task is terminal; this is a replay.
     Replay,
     /// cancel: the task is running; its worker was asked to interrupt it.
+    /// heartbeat: the attempt's task was asked to cancel.
     CancelRequested,
     /// start: the task was not started before its expiry.
     Expired,
@@ -75,7 +82,8 @@ pub enum Code {
     KeyMismatch,
     /// ingest: the queue is at its depth limit.
     QueueFull,
-    /// complete: the task is not in the state this completion belongs to.
+    /// complete: the task is not in the state this completion belongs to;
+    /// heartbeat: the task is no longer the attempt's (reclaimed elsewhere).
     Stale,
     /// cancel: the task is already terminal.
     Terminal,

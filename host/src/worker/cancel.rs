@@ -44,9 +44,8 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                     let Some((queue, id)) = body.split_once('\n') else {
                         continue;
                     };
-                    if let Some(t) = shared.running.lock().get(id).filter(|t| t.queue == queue) {
+                    if shared.running.cancel_task(queue, id) {
                         debug!(task_id = id, queue, "cancel requested: interrupting");
-                        t.cancel.cancel();
                     }
                 }
                 warn!("cancel channel closed; resubscribing");

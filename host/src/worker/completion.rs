@@ -32,8 +32,8 @@ const MAX_BATCH: usize = 128;
 pub(super) struct Pending {
     pub(super) completion: Completion,
     pub(super) slot: OwnedSemaphorePermit,
-    /// The task's entry in the running set; none for a task that never ran.
-    pub(super) registration: Option<Registration>,
+    /// The message's entry in the running set.
+    pub(super) registration: Registration,
 }
 
 /// Completion writes in flight at once: the next batch is on its way while

@@ -14,18 +14,18 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::completion::{Pending, backoff_ms};
-use super::{Registration, RunningTask, Shared};
+use super::{Registration, Shared};
 use crate::ingest::now_ms;
-use crate::sandbox::{Call, CancelHandle, Outcome, TaskContext, Trap};
+use crate::sandbox::{Call, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask};
 
 /// Run each task on a tokio task of its own on the guest runtime (see
-/// [`Shared::guests`]); each permit is held until its task's completion is
-/// written. The batch crosses to the guest runtime once: spawned from there,
+/// [`Shared::guests`]); each permit and registration is held until its
+/// task's completion is written. The batch crosses to the guest runtime once: spawned from there,
 /// the tasks go onto its local queues instead of each waking a thread.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
-    runs: Vec<(Delivery, StartedTask, OwnedSemaphorePermit)>,
+    runs: Vec<(Delivery, StartedTask, OwnedSemaphorePermit, Registration)>,
 ) {
     if runs.is_empty() {
         return;
@@ -33,10 +33,11 @@ pub(super) fn spawn(
     let batch = {
         let shared = shared.clone();
         async move {
-            for (delivery, task, permit) in runs {
+            for (delivery, task, permit, registration) in runs {
                 let span = info_span!("task", task_id = %task.id, queue = %task.queue,
                     task = %task.task, attempt = task.attempts);
-                let run = execute(shared.clone(), delivery, task, permit).instrument(span);
+                let run =
+                    execute(shared.clone(), delivery, task, permit, registration).instrument(span);
                 shared.tracker.spawn(run);
             }
         }
@@ -49,18 +50,11 @@ async fn execute(
     delivery: Delivery,
     task: StartedTask,
     permit: OwnedSemaphorePermit,
+    registration: Registration,
 ) {
-    let cancel = CancelHandle::new();
-    let registration = shared.running.register(
-        task.id.clone(),
-        RunningTask {
-            queue: task.queue.clone(),
-            msg_id: delivery.msg_id.clone(),
-            cancel: cancel.clone(),
-        },
-    );
-    // A cancel requested between `start` and this registration would be
-    // missed by the listener; the record tells.
+    let cancel = registration.cancel_handle().clone();
+    // A cancel published before the message was held would be missed by
+    // the listener; the record tells.
     if task.cancel_requested {
         cancel.cancel();
     }
@@ -87,6 +81,13 @@ async fn execute(
             return;
         }
     };
+    if registration.is_stale() {
+        // Another worker took the task over (the heartbeat that found it
+        // logged it): this attempt was interrupted, or finished just before,
+        // and writes nothing; its completion would be refused anyway.
+        debug!("stale attempt stopped; no completion");
+        return;
+    }
     let (kind, detail) = classify(report.outcome);
     match kind {
         CompletionKind::Success => {
@@ -96,7 +97,7 @@ async fn execute(
     }
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
     let completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
-    hand_over(&shared, completion, permit, Some(registration)).await;
+    hand_over(&shared, completion, permit, registration).await;
 }
 
 /// Map a sandbox outcome to what the completion script takes.
@@ -120,7 +121,7 @@ async fn hand_over(
     shared: &Shared,
     completion: Completion,
     slot: OwnedSemaphorePermit,
-    registration: Option<Registration>,
+    registration: Registration,
 ) {
     let pending = Pending {
         completion,
@@ -156,8 +157,9 @@ fn completion_of(
     }
 }
 
-/// Complete a task that `start` decided not to run (`permit` is held until
-/// the completion is written): one not started before its expiry (EXPIRED),
+/// Complete a task that `start` decided not to run (`permit` and
+/// `registration` are held until the completion is written): one not
+/// started before its expiry (EXPIRED),
 /// or one whose worker died during its last attempt (a failed attempt, so
 /// DEAD_LETTERED).
 pub(super) async fn finish_unrun(
@@ -166,6 +168,7 @@ pub(super) async fn finish_unrun(
     task: StartedTask,
     expired: bool,
     permit: OwnedSemaphorePermit,
+    registration: Registration,
 ) {
     let completion = if expired {
         let detail = "expired before it started".to_owned();
@@ -191,5 +194,5 @@ pub(super) async fn finish_unrun(
             0,
         )
     };
-    hand_over(&shared, completion, permit, None).await;
+    hand_over(&shared, completion, permit, registration).await;
 }

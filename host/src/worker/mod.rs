@@ -11,14 +11,16 @@
 //!   completion;
 //! - `completion.rs`: writes completions in batches (one round trip per
 //!   batch; one atomic script call per queue in it);
-//! - `reclaim.rs`: heartbeats that keep a live worker's messages its own, and
-//!   XAUTOCLAIM of the messages dead workers left pending;
+//! - `reclaim.rs`: heartbeats that stamp a worker alive on each of its queues
+//!   and keep its running messages, and the reclaim of messages that dead
+//!   workers left pending;
 //! - `delayed.rs`: moves due scheduled tasks and retries to the stream;
 //! - `cancel.rs`: listens for cancel requests and interrupts running calls.
 //!
 //! [`run`] takes its shutdown signal as a future: when it resolves the worker
 //! stops fetching, lets running tasks finish for the grace period, and
-//! abandons the rest (their messages stay pending, to be reclaimed).
+//! abandons the rest (their messages stay pending, to be reclaimed). Dropped
+//! without a shutdown, it stops every loop at once, as a crashed process.
 
 mod cancel;
 mod completion;
@@ -28,12 +30,13 @@ mod reclaim;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -51,46 +54,159 @@ const MAX_BATCH: usize = 64;
 /// the fetch loop takes to notice a shutdown.
 const READ_BLOCK: Duration = Duration::from_millis(500);
 
-/// A task this worker is running.
-struct RunningTask {
+/// A message this worker holds, and the attempt it runs.
+struct Held {
     queue: String,
-    msg_id: String,
+    delivery: Delivery,
+    /// The attempt `start` counted; `None` before `start` has answered, and
+    /// for a message it decided not to run (whose completion is on its way).
+    attempt: Option<u32>,
     cancel: CancelHandle,
+    /// Set once the heartbeat found the task reclaimed elsewhere.
+    stale: Arc<AtomicBool>,
 }
 
-/// The tasks this worker holds, by id: from their start until their
-/// completion is written. The heartbeat refreshes their messages and a
-/// cancel request finds their handle here.
+/// The messages this worker holds: each from just before its `start` until
+/// its completion is written. The heartbeat keeps those of started attempts
+/// and stamps each attempt still the task's; reclaim leaves alone this
+/// worker's own idle messages that are held here; a cancel request finds
+/// the attempt's handle here.
+///
+/// Entries are keyed by a registration id, not by task id: one task can have
+/// two attempts here for a moment (a stale one being stopped and the next),
+/// and ending the old one must not remove the new one's entry (its
+/// heartbeats would stop, and a live attempt would be reclaimed as lost).
 #[derive(Default)]
-struct Running(Mutex<HashMap<String, RunningTask>>);
+struct Running {
+    held: Mutex<HashMap<u64, Held>>,
+    next_id: AtomicU64,
+}
 
 impl Running {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunningTask>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Add `task`; it stays until the returned guard is dropped.
-    fn register(self: &Arc<Self>, task_id: String, task: RunningTask) -> Registration {
-        self.lock().insert(task_id.clone(), task);
+    /// Hold message `delivery` of `queue` until the returned guard is
+    /// dropped. It counts as a running attempt once
+    /// [`Registration::started`] says which.
+    fn hold(self: &Arc<Self>, queue: &str, delivery: &Delivery) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let cancel = CancelHandle::new();
+        let stale = Arc::new(AtomicBool::new(false));
+        self.lock().insert(
+            id,
+            Held {
+                queue: queue.to_owned(),
+                delivery: delivery.clone(),
+                attempt: None,
+                cancel: cancel.clone(),
+                stale: stale.clone(),
+            },
+        );
         Registration {
             running: self.clone(),
-            task_id,
+            id,
+            cancel,
+            stale,
         }
+    }
+
+    /// Whether message `msg_id` of `queue` is held.
+    fn holds(&self, queue: &str, msg_id: &str) -> bool {
+        self.lock()
+            .values()
+            .any(|h| h.queue == queue && h.delivery.msg_id == msg_id)
+    }
+
+    /// Interrupt every attempt of task `task_id` of `queue` held here;
+    /// whether there was one.
+    fn cancel_task(&self, queue: &str, task_id: &str) -> bool {
+        let held = self.lock();
+        let mut found = false;
+        for h in held
+            .values()
+            .filter(|h| h.queue == queue && h.delivery.task_id == task_id)
+        {
+            h.cancel.cancel();
+            found = true;
+        }
+        found
+    }
+
+    /// Interrupt the attempt registered as `id`, if it is still held.
+    fn cancel(&self, id: u64) {
+        if let Some(h) = self.lock().get(&id) {
+            h.cancel.cancel();
+        }
+    }
+
+    /// Stop the attempt registered as `id` as stale: interrupted, and it
+    /// hands over no completion. Returns it the first time only.
+    fn stop_stale(&self, id: u64) -> Option<(Delivery, u32)> {
+        let held = self.lock();
+        let h = held.get(&id)?;
+        if h.stale.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        h.cancel.cancel();
+        Some((h.delivery.clone(), h.attempt.unwrap_or(0)))
+    }
+
+    /// The started attempts, by queue: registration id, delivery, attempt.
+    fn started(&self) -> HashMap<String, Vec<(u64, Delivery, u32)>> {
+        let mut by_queue: HashMap<String, Vec<_>> = HashMap::new();
+        for (id, h) in self.lock().iter() {
+            if let Some(attempt) = h.attempt {
+                by_queue.entry(h.queue.clone()).or_default().push((
+                    *id,
+                    h.delivery.clone(),
+                    attempt,
+                ));
+            }
+        }
+        by_queue
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
     }
 }
 
-/// A task's entry in [`Running`], removed when this is dropped however the
-/// task ends (even by a panic): an entry left behind would keep the
+/// A message's entry in [`Running`], removed when this is dropped however
+/// its task ends (even by a panic): an entry left behind would keep the
 /// heartbeat refreshing a message nobody holds, and it would never be
 /// reclaimed.
 struct Registration {
     running: Arc<Running>,
-    task_id: String,
+    id: u64,
+    cancel: CancelHandle,
+    stale: Arc<AtomicBool>,
+}
+
+impl Registration {
+    /// The message's task runs as attempt `attempt` from now on.
+    fn started(&self, attempt: u32) {
+        if let Some(h) = self.running.lock().get_mut(&self.id) {
+            h.attempt = Some(attempt);
+        }
+    }
+
+    /// The handle that interrupts the attempt's sandbox call.
+    fn cancel_handle(&self) -> &CancelHandle {
+        &self.cancel
+    }
+
+    /// Whether the attempt was found stale: its task was reclaimed by
+    /// another worker, and it must write nothing.
+    fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.running.lock().remove(&self.task_id);
+        self.running.lock().remove(&self.id);
     }
 }
 
@@ -105,7 +221,7 @@ struct Shared {
     /// permits before they read, so a worker never holds more messages than
     /// it can run.
     slots: Arc<Semaphore>,
-    /// The tasks this worker holds.
+    /// The messages this worker holds, and the attempts it runs.
     running: Arc<Running>,
     completions: mpsc::Sender<completion::Pending>,
     /// Every spawned executor, so shutdown can wait for them.
@@ -122,13 +238,19 @@ struct Shared {
 
 impl Shared {
     /// Start a batch of deliveries of `queue` and dispatch each decision; one
-    /// permit per delivery.
+    /// permit per delivery. Each message is held from before its `start`
+    /// until its completion is written, so this worker's own reclaim never
+    /// takes back a message it is starting or running.
     async fn dispatch(
         self: &Arc<Self>,
         queue: &str,
         deliveries: Vec<Delivery>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
+        let holds: Vec<Registration> = deliveries
+            .iter()
+            .map(|d| self.running.hold(queue, d))
+            .collect();
         let now = crate::ingest::now_ms();
         let decisions = match self
             .store
@@ -137,27 +259,31 @@ impl Shared {
         {
             Ok(decisions) => decisions,
             Err(e) => {
-                // The messages stay pending on this consumer; they are
-                // reclaimed after the visibility timeout.
+                // The messages stay pending on this consumer, held no more:
+                // this worker reclaims them after the visibility timeout.
                 warn!(queue, error = %e, count = deliveries.len(), "start failed");
                 return;
             }
         };
         let mut runs = Vec::with_capacity(deliveries.len());
-        for (delivery, decision) in deliveries.into_iter().zip(decisions) {
+        for ((delivery, decision), hold) in deliveries.into_iter().zip(decisions).zip(holds) {
             let Some(permit) = permits.pop() else { break };
             match decision {
-                StartDecision::Run(task) => runs.push((delivery, task, permit)),
+                StartDecision::Run(task) => {
+                    hold.started(task.attempts);
+                    runs.push((delivery, task, permit, hold));
+                }
                 StartDecision::Skip(status) => {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
                 StartDecision::Expired(task) => {
-                    let finish = executor::finish_unrun(self.clone(), delivery, task, true, permit);
+                    let finish =
+                        executor::finish_unrun(self.clone(), delivery, task, true, permit, hold);
                     self.tracker.spawn(finish);
                 }
                 StartDecision::Exhausted(task) => {
                     let finish =
-                        executor::finish_unrun(self.clone(), delivery, task, false, permit);
+                        executor::finish_unrun(self.clone(), delivery, task, false, permit, hold);
                     self.tracker.spawn(finish);
                 }
             }
@@ -234,31 +360,43 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let finish = CancellationToken::new();
-    let mut completer = tokio::spawn(completion::run(
+    // Every loop is aborted if this future is dropped: a worker dropped
+    // without a shutdown stops at once, as a crashed process does, and its
+    // messages are reclaimed, rather than going on in the background.
+    let mut completer = AbortOnDropHandle::new(tokio::spawn(completion::run(
         shared.store.clone(),
         rx,
         finish.clone(),
         shared.abandon.clone(),
-    ));
+    )));
     let mut loops = Vec::new();
     for queue in shared.config.queues.clone() {
-        loops.push(tokio::spawn(fetch_loop(
+        loops.push(AbortOnDropHandle::new(tokio::spawn(fetch_loop(
             shared.clone(),
             queue.clone(),
             stop.clone(),
-        )));
-        loops.push(tokio::spawn(delayed::run(
+        ))));
+        loops.push(AbortOnDropHandle::new(tokio::spawn(delayed::run(
             shared.clone(),
             queue,
             stop.clone(),
-        )));
+        ))));
     }
-    loops.push(tokio::spawn(reclaim::run(shared.clone(), stop.clone())));
-    loops.push(tokio::spawn(cancel::listen(shared.clone(), stop.clone())));
+    loops.push(AbortOnDropHandle::new(tokio::spawn(reclaim::run(
+        shared.clone(),
+        stop.clone(),
+    ))));
+    loops.push(AbortOnDropHandle::new(tokio::spawn(cancel::listen(
+        shared.clone(),
+        stop.clone(),
+    ))));
     // Heartbeats outlive `stop`: running tasks keep their messages through
     // the grace period.
     let beats_stop = CancellationToken::new();
-    let beats = tokio::spawn(reclaim::heartbeats(shared.clone(), beats_stop.clone()));
+    let beats = AbortOnDropHandle::new(tokio::spawn(reclaim::heartbeats(
+        shared.clone(),
+        beats_stop.clone(),
+    )));
 
     shutdown.await;
     info!(consumer = %shared.consumer, "shutting down: no new tasks");
@@ -275,7 +413,7 @@ pub async fn run(
         .await
         .is_err()
     {
-        let left = shared.running.lock().len();
+        let left = shared.running.len();
         warn!(
             left,
             "grace period over: abandoning running tasks to be reclaimed"
@@ -412,5 +550,82 @@ impl Backoff {
             () = tokio::time::sleep(self.next_delay()) => true,
             () = stop.cancelled() => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(msg_id: &str, task_id: &str) -> Delivery {
+        Delivery {
+            msg_id: msg_id.into(),
+            task_id: task_id.into(),
+        }
+    }
+
+    #[test]
+    fn a_new_attempt_of_a_task_outlives_the_old_ones_registration() {
+        let running = Arc::new(Running::default());
+        // Attempt 1 of task t, then attempt 2 of the same task (reclaimed
+        // here, on another message, while attempt 1 is still being ended).
+        let old = running.hold("q", &delivery("1-0", "t"));
+        old.started(1);
+        let new = running.hold("q", &delivery("2-0", "t"));
+        new.started(2);
+        drop(old);
+
+        // The new attempt is still held, still beaten for, and a cancel of
+        // the task still finds it.
+        assert!(running.holds("q", "2-0"));
+        assert!(!running.holds("q", "1-0"));
+        let started = running.started();
+        assert_eq!(started.len(), 1);
+        let beats: Vec<(&str, u32)> = started["q"]
+            .iter()
+            .map(|(_, d, attempt)| (d.msg_id.as_str(), *attempt))
+            .collect();
+        assert_eq!(beats, [("2-0", 2)]);
+        assert!(running.cancel_task("q", "t"));
+        assert!(new.cancel_handle().is_cancelled());
+
+        drop(new);
+        assert_eq!(running.len(), 0);
+        assert!(!running.cancel_task("q", "t"));
+    }
+
+    #[test]
+    fn the_same_message_held_twice_is_released_once_per_registration() {
+        let running = Arc::new(Running::default());
+        let first = running.hold("q", &delivery("1-0", "t"));
+        let second = running.hold("q", &delivery("1-0", "t"));
+        drop(first);
+        assert!(running.holds("q", "1-0"));
+        drop(second);
+        assert!(!running.holds("q", "1-0"));
+    }
+
+    #[test]
+    fn only_started_attempts_are_beaten_for_and_a_stale_one_is_stopped_once() {
+        let running = Arc::new(Running::default());
+        let starting = running.hold("q", &delivery("1-0", "a"));
+        let run = running.hold("q", &delivery("2-0", "b"));
+        run.started(3);
+        let started = running.started();
+        let ids: Vec<u64> = started["q"].iter().map(|(id, _, _)| *id).collect();
+        assert_eq!(ids.len(), 1);
+
+        let stopped = running.stop_stale(ids[0]);
+        assert_eq!(
+            stopped.map(|(d, attempt)| (d.task_id, attempt)),
+            Some(("b".to_owned(), 3))
+        );
+        assert!(run.is_stale() && run.cancel_handle().is_cancelled());
+        assert!(running.stop_stale(ids[0]).is_none(), "reported twice");
+        assert!(!starting.is_stale() && !starting.cancel_handle().is_cancelled());
+
+        // Once its registration is gone, a late report touches nothing.
+        drop(run);
+        assert!(running.stop_stale(ids[0]).is_none());
     }
 }

@@ -1,42 +1,66 @@
 --[[
-  Keep a worker's running messages from being reclaimed, and report which of
-  its tasks were asked to cancel (in case the cancel channel message was
-  missed, e.g. across a reconnect).
+  A worker's heartbeat on one queue, every third of the visibility timeout
+  whether or not it runs anything: it stamps the worker alive, keeps its
+  running messages, and tells it which of its attempts were asked to cancel
+  and which are stale.
 
-  XCLAIM of a message by its own consumer with min-idle-time 0 resets its
-  idle time; other workers reclaim only messages idle for longer than the
-  visibility timeout, so a live worker keeps every task it runs. A message
-  whose task another worker has taken over meanwhile (its hash names another
-  worker or message) is left alone: claiming it back would only make two
-  owners. That worker's run is the task's; this one's completion will be
-  refused as stale.
+  1. The queue's liveness clock ticks (include/liveness.lua).
+  2. The worker's stamp in the workers set becomes Redis's time: while it
+     is within the visibility timeout, no other worker reclaims its
+     messages (reclaim.lua).
+  3. For each running attempt, the task hash tells whether it is still this
+     attempt's: it names this worker, this message and this attempt. If so,
+     and its message is pending on this worker, XCLAIM by its own consumer
+     with min-idle-time 0 resets the message's idle time (reclaim looks only
+     at messages idle longer than the visibility timeout). A message pending
+     on another worker is not claimed back: that worker took it over, and
+     its attempt is about to start. An attempt whose task hash names another
+     worker, message or attempt (or is gone) was reclaimed elsewhere: it is
+     stale, its completion would be refused, and the worker stops it.
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
-    KEYS[2..] the task hash of each message in ARGV[3..], in order
+    KEYS[2] workers set    dtq:workers:{q}   consumer -> last beat (ms, Redis's clock)
+    KEYS[3] clock hash     dtq:clock:{q}     last, resumed (ms, Redis's clock)
+    KEYS[4..] the task hash of each running attempt, dtq:task:{q}:<id>
 
     ARGV[1] consumer group
     ARGV[2] consumer (worker) name
-    ARGV[3..] stream message ids
+    ARGV[3] visibility timeout (ms)
+    then, per task hash k (from 0), in the same order:
+    ARGV[4 + 2k] the attempt's stream message id
+    ARGV[5 + 2k] the attempt's number
 
-  Output: the message ids (of those given and still this worker's) whose
-  task has a cancel request.
+  Output: one code per attempt, in order:
+    1    OK: still this attempt's
+    3    CANCEL_REQUESTED: still this attempt's, and its task was asked to
+         cancel (in case the cancel channel message was missed, e.g.
+         across a reconnect)
+    -4   STALE: the task is no longer this attempt's
 ]]
-local streamKey, group, consumer = KEYS[1], ARGV[1], ARGV[2]
-local claim = {"XCLAIM", streamKey, group, consumer, 0}
-local cancelled = {}
-for i = 2, #KEYS do
-  local msgId = ARGV[i + 1]
-  local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "cancel_requested")
-  if f[1] == consumer and f[2] == msgId then
-    claim[#claim + 1] = msgId
-    if f[3] == "1" then
-      cancelled[#cancelled + 1] = msgId
+local streamKey, workersKey, clockKey = KEYS[1], KEYS[2], KEYS[3]
+local group, consumer, visibility = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local now = redisTimeMs()
+tickClock(clockKey, now, visibility)
+redis.call("ZADD", workersKey, string.format("%d", now), consumer)
+
+local claim = { "XCLAIM", streamKey, group, consumer, 0 }
+local out = {}
+for i = 4, #KEYS do
+  local msgId, attempt = ARGV[2 * i - 4], ARGV[2 * i - 3]
+  local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested")
+  if f[1] == consumer and f[2] == msgId and f[3] == attempt then
+    if #redis.call("XPENDING", streamKey, group, msgId, msgId, 1, consumer) > 0 then
+      claim[#claim + 1] = msgId
     end
+    out[#out + 1] = f[4] == "1" and 3 or 1
+  else
+    out[#out + 1] = -4
   end
 end
 if #claim > 5 then
   claim[#claim + 1] = "JUSTID"
   redis.call(unpack(claim))
 end
-return cancelled
+return out

@@ -1,0 +1,97 @@
+--[[
+  Reclaim, for a worker, the pending messages of one queue that no live
+  worker is running: those of dead workers, and its own that it left idle.
+
+  1. The queue's liveness clock ticks (include/liveness.lua).
+  2. The caller's own messages idle longer than the visibility timeout
+     (XPENDING with IDLE, the caller's entries only): ones it is still
+     running (its heartbeats failed for a while) or never started (its
+     `start` failed). They are claimed again (their idle time reset) and
+     returned apart: the caller runs those it does not hold and leaves the
+     others alone.
+  3. Once the clock has run a whole visibility timeout since it last
+     resumed (before that, live workers may not have beaten since an
+     outage, and nobody counts as dead), every other consumer of the group
+     (XINFO CONSUMERS) that has not beaten within the visibility timeout (no
+     stamp in the workers set, or an older one) is dead. Its messages idle
+     longer than the visibility timeout (XPENDING with IDLE: a live
+     worker's heartbeat resets the idle time of every message it runs, so
+     this is a pre-filter only) are claimed for the caller. A dead consumer
+     with nothing pending is deleted from the group, so that the consumers
+     of workers that came and went do not pile up; and stamps older than the
+     visibility timeout are pruned from the workers set (no stamp means
+     dead, as an old one does).
+
+  Input:
+    KEYS[1] ready stream   dtq:stream:{q}
+    KEYS[2] workers set    dtq:workers:{q}   consumer -> last beat (ms, Redis's clock)
+    KEYS[3] clock hash     dtq:clock:{q}     last, resumed (ms, Redis's clock)
+
+    ARGV[1] consumer group
+    ARGV[2] consumer (worker) name: the caller
+    ARGV[3] visibility timeout (ms)
+    ARGV[4] most messages to claim
+
+  Output: {dead, own}, each an XCLAIM reply, a list of entries
+  {id, {field, value, ...}}:
+    dead   messages of dead workers, now pending on the caller
+    own    the caller's own messages of step 2
+  together at most ARGV[4] entries. XCLAIM drops entries deleted from the
+  stream from the pending list and does not return them (Redis 7).
+
+  Errors: NOGROUP when the stream or its group does not exist.
+]]
+local streamKey, workersKey, clockKey = KEYS[1], KEYS[2], KEYS[3]
+local group, consumer, visibility, limit =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local now = redisTimeMs()
+local settled = now - tickClock(clockKey, now, visibility) >= visibility
+local oldestLive = now - visibility
+
+-- The ids of `owner`'s messages idle longer than the visibility timeout,
+-- at most `count`, appended to `ids`.
+local function idle(owner, count, ids)
+  if count <= 0 then
+    return
+  end
+  local entries = redis.call("XPENDING", streamKey, group, "IDLE", visibility, "-", "+", count, owner)
+  for _, e in ipairs(entries) do
+    ids[#ids + 1] = e[1]
+  end
+end
+
+local function claim(ids)
+  if #ids == 0 then
+    return {}
+  end
+  return redis.call("XCLAIM", streamKey, group, consumer, visibility, unpack(ids))
+end
+
+local own, dead = {}, {}
+idle(consumer, limit, own)
+
+if settled then
+  for _, c in ipairs(redis.call("XINFO", "CONSUMERS", streamKey, group)) do
+    local name, pending
+    for i = 1, #c, 2 do
+      if c[i] == "name" then
+        name = c[i + 1]
+      elseif c[i] == "pending" then
+        pending = c[i + 1]
+      end
+    end
+    if name ~= consumer then
+      local beat = redis.call("ZSCORE", workersKey, name)
+      if not (beat and tonumber(beat) > oldestLive) then
+        if pending == 0 then
+          redis.call("XGROUP", "DELCONSUMER", streamKey, group, name)
+        else
+          idle(name, limit - #own - #dead, dead)
+        end
+      end
+    end
+  end
+  redis.call("ZREMRANGEBYSCORE", workersKey, "-inf", "(" .. string.format("%d", oldestLive))
+end
+return { claim(dead), claim(own) }
