@@ -505,3 +505,158 @@ impl Drop for Dtq {
         }
     }
 }
+
+/// A `redis-server` whose data outlives a stop: started with extra
+/// configuration (such as `--appendonly yes`) in a directory of its own, it
+/// can be stopped gracefully ([`PersistentRedis::stop`]) and started again on
+/// the same port and directory ([`PersistentRedis::start_again`]), where it
+/// loads what it persisted. It derefs to [`RedisServer`] for its URL, port,
+/// pid and connections; its log is `redis.log` in its directory
+/// ([`PersistentRedis::log_path`]). Killed on drop.
+///
+/// The server starts with `--save ""` (no RDB snapshots) before the extra
+/// arguments, which may override it.
+pub struct PersistentRedis {
+    server: RedisServer,
+    args: Vec<String>,
+    running: bool,
+}
+
+impl PersistentRedis {
+    /// Start a `redis-server` on a free loopback port with `args` added to
+    /// its command line, and wait until it answers `PING`.
+    pub fn start(args: &[&str]) -> Result<Self> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut last_err = None;
+        // As in `RedisServer::start_under`: a port free when probed may be
+        // taken before redis binds it.
+        for _ in 0..5 {
+            let dir = TempDir::new("redis-persistent")?;
+            let port = free_port()?;
+            let child = spawn_persistent_redis(port, &dir, &args)?;
+            let mut redis = PersistentRedis {
+                server: RedisServer {
+                    child,
+                    port,
+                    wrapper: Vec::new(),
+                    _dir: dir,
+                },
+                args: args.clone(),
+                running: true,
+            };
+            match redis.server.wait_ready(Duration::from_secs(10)) {
+                Ok(()) => return Ok(redis),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("redis-server did not start")))
+    }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.server._dir.path.join("redis.log")
+    }
+
+    /// The server's directory (its data and its log).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.server._dir.path
+    }
+
+    /// Whether the server is running (not stopped by [`PersistentRedis::stop`]).
+    pub fn is_running(&self) -> bool {
+        self.running
+    }
+
+    /// Stop the server gracefully with `SHUTDOWN` (which, with AOF on,
+    /// writes and fsyncs the AOF before exiting) and wait until it has
+    /// exited. Clients see their connections drop and new ones refused.
+    /// Blocks the calling thread (up to 30 s).
+    pub fn stop(&mut self) -> Result<()> {
+        if !self.running {
+            return Ok(());
+        }
+        let client = redis::Client::open(self.server.url())?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .context("connect to redis-server to stop it")?;
+        // A server that stops closes the connection instead of replying, so
+        // the reply is an I/O error; a reply is its refusal ("Errors trying
+        // to SHUTDOWN"). Whether it stopped is told by its exit.
+        let reply = redis::cmd("SHUTDOWN").query::<()>(&mut conn);
+        let refused = matches!(&reply, Err(e) if !(e.is_io_error() || e.is_connection_dropped()));
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.server.child.try_wait()? {
+                self.running = false;
+                if !status.success() {
+                    bail!("redis-server exited with {status} on SHUTDOWN ({reply:?})");
+                }
+                return Ok(());
+            }
+            if refused && start.elapsed() > Duration::from_secs(1)
+                || start.elapsed() > Duration::from_secs(30)
+            {
+                bail!("redis-server did not exit after SHUTDOWN ({reply:?})");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Start the stopped server again on the same port, directory and
+    /// configuration, and wait until it answers `PING` (it answers once it
+    /// has loaded its data). Blocks the calling thread.
+    pub fn start_again(&mut self) -> Result<()> {
+        anyhow::ensure!(!self.running, "redis-server is already running");
+        let start = Instant::now();
+        loop {
+            self.server.child =
+                spawn_persistent_redis(self.server.port, &self.server._dir, &self.args)?;
+            match self.server.wait_ready(Duration::from_secs(30)) {
+                Ok(()) => {
+                    self.running = true;
+                    return Ok(());
+                }
+                // The port may linger for a moment after the stop.
+                Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                    let _ = self.server.child.kill();
+                    let _ = self.server.child.wait();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`PersistentRedis::stop`], then [`PersistentRedis::start_again`].
+    pub fn restart_persistent(&mut self) -> Result<()> {
+        self.stop()?;
+        self.start_again()
+    }
+}
+
+impl std::ops::Deref for PersistentRedis {
+    type Target = RedisServer;
+
+    fn deref(&self) -> &RedisServer {
+        &self.server
+    }
+}
+
+fn spawn_persistent_redis(port: u16, dir: &TempDir, args: &[String]) -> Result<Child> {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .arg("--dir")
+        .arg(&dir.path)
+        .arg("--logfile")
+        .arg(dir.path.join("redis.log"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context(
+            "cannot run `redis-server`: install it (Debian: `apt-get install redis-server`) \
+             or run the tests through .ci/run, which installs it",
+        )
+}
