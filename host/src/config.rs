@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::api::{ApiLimits, ApiSettings, Tokens};
 use crate::ingest::IngestSettings;
 use crate::sandbox::{HandlerSettings, Limits, SandboxConfig};
 use crate::store::StoreSettings;
@@ -49,9 +50,10 @@ pub struct Config {
     #[arg(long, env = "DTQ_MAX_QUEUE_DEPTH", default_value_t = 100_000)]
     pub max_queue_depth: u64,
 
-    /// A running task's message may be reclaimed by another worker after it
-    /// has been idle this long (ms); live workers refresh theirs every third
-    /// of it, so only dead workers' tasks are reclaimed.
+    /// A running task is reclaimed by another worker once its worker has
+    /// not beaten for this long (ms, by Redis's clock); workers beat every
+    /// third of it. After a Redis outage every worker gets this long again
+    /// before any counts as dead, so only dead workers' tasks are reclaimed.
     #[arg(long, env = "DTQ_VISIBILITY_TIMEOUT_MS", default_value_t = 30_000)]
     pub visibility_timeout_ms: u64,
 
@@ -122,6 +124,38 @@ pub struct Config {
         value_parser = parse_namespace
     )]
     pub namespaces: Vec<(String, String)>,
+
+    /// API: how long a connection may take to send a request's headers,
+    /// counted from the accept and again from the end of each response, so
+    /// it is also the keep-alive idle timeout (ms).
+    #[arg(long, env = "DTQ_API_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    pub api_header_timeout_ms: u64,
+
+    /// API: how long a request may take to send its whole body (ms); then it
+    /// gets 408 REQUEST_TIMEOUT and its connection is closed.
+    #[arg(long, env = "DTQ_API_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub api_body_timeout_ms: u64,
+
+    /// API: connections served at once; more wait until one closes. At most
+    /// half the process's soft file-descriptor limit is used.
+    #[arg(long, env = "DTQ_API_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub api_max_connections: usize,
+
+    /// API: how long a request waits for Redis before it gets 503
+    /// STORE_UNAVAILABLE (ms).
+    #[arg(long, env = "DTQ_API_REDIS_TIMEOUT_MS", default_value_t = 1_000)]
+    pub api_redis_timeout_ms: u64,
+
+    /// API tokens with scopes, one `TOKEN SCOPES [QUEUES]` per line (see
+    /// the README). Without any (here or in DTQ_TOKENS) the API is open to
+    /// anyone who reaches it, except the admin routes.
+    #[arg(long, env = "DTQ_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// API tokens in the tokens-file format, entries separated by newlines
+    /// or `;`. Prefer the variable or the file: a flag shows in `ps`.
+    #[arg(long, env = "DTQ_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
 }
 
 /// `TASK=NS`.
@@ -154,6 +188,28 @@ impl Config {
         }
     }
 
+    /// The API's limits and tokens; the tokens file is read here.
+    pub fn api_settings(&self) -> Result<ApiSettings, String> {
+        let mut tokens = match &self.tokens_file {
+            Some(path) => Tokens::load(path).map_err(|e| e.to_string())?,
+            None => Tokens::default(),
+        };
+        if let Some(text) = &self.tokens {
+            tokens.extend(
+                Tokens::parse_variable(text, "DTQ_TOKENS (--tokens)").map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(ApiSettings {
+            limits: ApiLimits {
+                header_timeout: Duration::from_millis(self.api_header_timeout_ms),
+                body_timeout: Duration::from_millis(self.api_body_timeout_ms),
+                max_connections: self.api_max_connections,
+                redis_timeout: Duration::from_millis(self.api_redis_timeout_ms),
+            },
+            tokens,
+        })
+    }
+
     /// The visibility timeout.
     pub fn visibility_timeout(&self) -> Duration {
         Duration::from_millis(self.visibility_timeout_ms)
@@ -169,6 +225,10 @@ impl Config {
             fuel: self.fuel,
             max_payload_bytes: self.max_payload_bytes,
             max_result_bytes: self.max_payload_bytes,
+            // Room for a whole result or value, so their own limits answer.
+            max_hostcall_bytes: Limits::default()
+                .max_hostcall_bytes
+                .max(self.max_payload_bytes.saturating_add(1 << 20)),
             ..Limits::default()
         };
         SandboxConfig {
@@ -208,6 +268,18 @@ impl Config {
         }
         if !(1..=crate::ingest::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {
             return Err("--max-attempts must be 1 to 100".into());
+        }
+        for (flag, ms) in [
+            ("--api-header-timeout-ms", self.api_header_timeout_ms),
+            ("--api-body-timeout-ms", self.api_body_timeout_ms),
+            ("--api-redis-timeout-ms", self.api_redis_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if self.api_max_connections == 0 {
+            return Err("--api-max-connections must be at least 1".into());
         }
         Ok(())
     }

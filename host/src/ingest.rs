@@ -3,6 +3,23 @@
 //!
 //! Everything a submitter can get wrong is checked here, before anything is
 //! written, and reported as an [`IngestError`] with a stable code.
+//!
+//! # Bounds
+//!
+//! Every number a submitter sends has a bound, so none can overflow the
+//! times computed from it or ask for something absurd:
+//!
+//! | field | accepted | code |
+//! |---|---|---|
+//! | `max_attempts` | 1 to [`MAX_ATTEMPTS_LIMIT`] | `INVALID_MAX_ATTEMPTS` |
+//! | `timeout_ms` | 1 to the server's task timeout (`--task-timeout-ms`) | `INVALID_TIMEOUT` |
+//! | `delay_ms` | 0 to [`MAX_DELAY_MS`] | `INVALID_DELAY` |
+//! | `expires_in_ms` | 1 to [`MAX_EXPIRES_IN_MS`], and over `delay_ms` | `INVALID_EXPIRY` |
+//!
+//! A field that is not a whole number (negative, fractional, a string, past
+//! `u64`) gets its field's code too. The run and expiry times are sums of
+//! the submission time and these numbers, each addition checked
+//! ([`schedule`]): no accepted submission runs or expires before it was made.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,8 +35,13 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most attempts a submission may ask for.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+/// A day, in ms.
+const DAY_MS: u64 = 86_400_000;
 /// Longest delay a submission may ask for: 30 days.
-pub const MAX_DELAY_MS: u64 = 30 * 86_400_000;
+pub const MAX_DELAY_MS: u64 = 30 * DAY_MS;
+/// Longest expiry a submission may ask for: 60 days, so that a task delayed
+/// by [`MAX_DELAY_MS`] may still be given a month to start.
+pub const MAX_EXPIRES_IN_MS: u64 = 60 * DAY_MS;
 
 /// The body of `POST /v1/queues/{queue}/tasks`. Unknown fields are rejected,
 /// so a misspelt option (`max_attempt`) is an error instead of being ignored.
@@ -194,6 +216,141 @@ pub fn fingerprint(task: &str, canonical_payload: &str) -> String {
     hex::encode(h.finalize())
 }
 
+/// The numeric fields of a submission and the code of each one's errors.
+const NUMBER_FIELDS: [(&str, &str); 4] = [
+    ("max_attempts", "INVALID_MAX_ATTEMPTS"),
+    ("timeout_ms", "INVALID_TIMEOUT"),
+    ("delay_ms", "INVALID_DELAY"),
+    ("expires_in_ms", "INVALID_EXPIRY"),
+];
+
+/// Parse the body of `POST /v1/queues/{queue}/tasks`.
+///
+/// Not JSON: `INVALID_JSON`. A numeric field that is not a whole number
+/// from 0 to `u64::MAX` (`u32::MAX` for `max_attempts`): that field's code
+/// (see the module's bounds), where a typed parse would only say
+/// `INVALID_REQUEST`. Any other mismatch (no `task`, an unknown field):
+/// `INVALID_REQUEST`.
+pub fn parse_submit_body(body: &[u8]) -> Result<SubmitRequest, IngestError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid("INVALID_JSON", format!("request body: {e}")))?;
+    if let Value::Object(fields) = &value {
+        for (name, code) in NUMBER_FIELDS {
+            let max = if name == "max_attempts" {
+                u64::from(u32::MAX)
+            } else {
+                u64::MAX
+            };
+            match fields.get(name) {
+                None | Some(Value::Null) => {}
+                Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n <= max) => {}
+                Some(other) => {
+                    let got = match other {
+                        Value::Number(n) => n.to_string(),
+                        Value::String(_) => "a string".into(),
+                        Value::Bool(b) => b.to_string(),
+                        Value::Array(_) => "an array".into(),
+                        Value::Object(_) => "an object".into(),
+                        Value::Null => "null".into(),
+                    };
+                    let message = if other.as_u64().is_some() {
+                        // Only max_attempts has a bound under u64::MAX.
+                        format!("{name} must be 1 to {MAX_ATTEMPTS_LIMIT}, got {got}")
+                    } else {
+                        format!("{name} must be a whole number, got {got}")
+                    };
+                    return Err(invalid(code, message));
+                }
+            }
+        }
+    }
+    serde_json::from_value(value)
+        .map_err(|e| invalid("INVALID_REQUEST", format!("request body: {e}")))
+}
+
+/// A submission's numbers, in their bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Numbers {
+    max_attempts: u32,
+    timeout_ms: Option<u64>,
+    delay_ms: u64,
+    expires_in_ms: Option<u64>,
+}
+
+/// Check every number of `req` against its bound (see the module's table).
+fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbers, IngestError> {
+    let max_attempts = req.max_attempts.unwrap_or(settings.default_max_attempts);
+    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+        return Err(invalid(
+            "INVALID_MAX_ATTEMPTS",
+            format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
+        ));
+    }
+    if let Some(t) = req.timeout_ms
+        && !(1..=settings.max_timeout_ms).contains(&t)
+    {
+        return Err(invalid(
+            "INVALID_TIMEOUT",
+            format!(
+                "timeout_ms must be 1 to {}, got {t}",
+                settings.max_timeout_ms
+            ),
+        ));
+    }
+    let delay_ms = req.delay_ms.unwrap_or(0);
+    if delay_ms > MAX_DELAY_MS {
+        return Err(invalid(
+            "INVALID_DELAY",
+            format!("delay_ms must be 0 to {MAX_DELAY_MS}, got {delay_ms}"),
+        ));
+    }
+    if let Some(e) = req.expires_in_ms {
+        if !(1..=MAX_EXPIRES_IN_MS).contains(&e) {
+            return Err(invalid(
+                "INVALID_EXPIRY",
+                format!("expires_in_ms must be 1 to {MAX_EXPIRES_IN_MS}, got {e}"),
+            ));
+        }
+        if e <= delay_ms {
+            return Err(invalid(
+                "INVALID_EXPIRY",
+                format!(
+                    "expires_in_ms ({e}) must be over delay_ms ({delay_ms}): \
+                     the task would expire before it may run"
+                ),
+            ));
+        }
+    }
+    Ok(Numbers {
+        max_attempts,
+        timeout_ms: req.timeout_ms,
+        delay_ms,
+        expires_in_ms: req.expires_in_ms,
+    })
+}
+
+/// When a task submitted at `now` may run, and when it expires: `now` plus
+/// the delay, and plus the expiry. Each addition is checked; one that
+/// overflows is refused with the field's code instead of wrapping around
+/// to a time before `now`.
+pub fn schedule(
+    now: u64,
+    delay_ms: u64,
+    expires_in_ms: Option<u64>,
+) -> Result<(u64, Option<u64>), IngestError> {
+    let run_at = now
+        .checked_add(delay_ms)
+        .ok_or_else(|| invalid("INVALID_DELAY", format!("delay_ms {delay_ms} overflows")))?;
+    let expires_at =
+        match expires_in_ms {
+            None => None,
+            Some(ms) => Some(now.checked_add(ms).ok_or_else(|| {
+                invalid("INVALID_EXPIRY", format!("expires_in_ms {ms} overflows"))
+            })?),
+        };
+    Ok((run_at, expires_at))
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -211,12 +368,14 @@ pub async fn submit(
     settings: &IngestSettings,
     queue: &str,
     header_key: Option<&str>,
-    req: SubmitRequest,
+    mut req: SubmitRequest,
     has_handler: impl Fn(&str) -> bool,
 ) -> Result<Submitted, IngestError> {
     validate_queue_name(queue)?;
     validate_task_name(&req.task)?;
-    let key = header_key.map(str::to_owned).or(req.idempotency_key);
+    let key = header_key
+        .map(str::to_owned)
+        .or_else(|| req.idempotency_key.take());
     if let Some(key) = &key {
         validate_idempotency_key(key)?;
     }
@@ -227,42 +386,13 @@ pub async fn submit(
             limit: settings.max_payload_bytes,
         });
     }
-    let max_attempts = req.max_attempts.unwrap_or(settings.default_max_attempts);
-    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
-        return Err(invalid(
-            "INVALID_MAX_ATTEMPTS",
-            format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
-        ));
-    }
-    if let Some(t) = req.timeout_ms
-        && (t == 0 || t > settings.max_timeout_ms)
-    {
-        return Err(invalid(
-            "INVALID_TIMEOUT",
-            format!(
-                "timeout_ms must be 1 to {}, got {t}",
-                settings.max_timeout_ms
-            ),
-        ));
-    }
-    let delay = req.delay_ms.unwrap_or(0);
-    if delay > MAX_DELAY_MS {
-        return Err(invalid(
-            "INVALID_DELAY",
-            format!("delay_ms must be at most {MAX_DELAY_MS}, got {delay}"),
-        ));
-    }
-    if req.expires_in_ms == Some(0) {
-        return Err(invalid(
-            "INVALID_EXPIRY",
-            "expires_in_ms must be at least 1",
-        ));
-    }
+    let numbers = check_numbers(settings, &req)?;
     if !has_handler(&req.task) {
         return Err(IngestError::UnknownTask(req.task));
     }
 
     let now = now_ms();
+    let (run_at, expires_at) = schedule(now, numbers.delay_ms, numbers.expires_in_ms)?;
     let new = NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         queue: queue.to_owned(),
@@ -270,11 +400,11 @@ pub async fn submit(
         task: req.task,
         payload,
         idempotency_key: key,
-        max_attempts,
-        timeout_ms: req.timeout_ms,
+        max_attempts: numbers.max_attempts,
+        timeout_ms: numbers.timeout_ms,
         now,
-        run_at: now + delay,
-        expires_at: req.expires_in_ms.map(|ms| now + ms),
+        run_at,
+        expires_at,
     };
     match store.submit(&new, settings.max_queue_depth).await? {
         SubmitOutcome::Created { status } => Ok(Submitted {
@@ -336,5 +466,123 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, fp("t", json!({"a": 2, "b": [1, 2]})));
         assert_ne!(a, fp("u", json!({"a": 1, "b": [1, 2]})));
+    }
+
+    fn settings() -> IngestSettings {
+        IngestSettings {
+            max_payload_bytes: 1 << 20,
+            max_queue_depth: 0,
+            default_max_attempts: 3,
+            max_timeout_ms: 30_000,
+        }
+    }
+
+    fn request(delay_ms: Option<u64>, expires_in_ms: Option<u64>) -> SubmitRequest {
+        SubmitRequest {
+            task: "echo".into(),
+            payload: Value::Null,
+            idempotency_key: None,
+            max_attempts: None,
+            timeout_ms: None,
+            delay_ms,
+            expires_in_ms,
+        }
+    }
+
+    fn code<T>(r: Result<T, IngestError>) -> &'static str {
+        match r {
+            Ok(_) => "OK",
+            Err(IngestError::Invalid { code, .. }) => code,
+            Err(_) => "OTHER",
+        }
+    }
+
+    #[test]
+    fn the_overflowing_expiry_of_the_issue_is_refused() {
+        let req = request(None, Some(u64::MAX));
+        assert_eq!(code(check_numbers(&settings(), &req)), "INVALID_EXPIRY");
+        assert_eq!(code(schedule(1, 0, Some(u64::MAX))), "INVALID_EXPIRY");
+        assert_eq!(code(schedule(u64::MAX, 1, None)), "INVALID_DELAY");
+    }
+
+    #[test]
+    fn numbers_of_the_wrong_kind_get_their_fields_code() {
+        for (body, want) in [
+            (r#"{"task":"t","max_attempts":-1}"#, "INVALID_MAX_ATTEMPTS"),
+            (
+                r#"{"task":"t","max_attempts":4294967296}"#,
+                "INVALID_MAX_ATTEMPTS",
+            ),
+            (r#"{"task":"t","timeout_ms":1.5}"#, "INVALID_TIMEOUT"),
+            (r#"{"task":"t","delay_ms":"5"}"#, "INVALID_DELAY"),
+            (
+                r#"{"task":"t","expires_in_ms":18446744073709551616}"#,
+                "INVALID_EXPIRY",
+            ),
+            (r#"{"task":"t","expires_in_ms":1e400}"#, "INVALID_JSON"),
+            (r#"{"task":"t","delay_ms":null}"#, "OK"),
+            (r#"{"task":"t","colour":1}"#, "INVALID_REQUEST"),
+            (r#"{"task":"t""#, "INVALID_JSON"),
+        ] {
+            assert_eq!(code(parse_submit_body(body.as_bytes())), want, "{body}");
+        }
+    }
+
+    /// Numbers near the bounds, and anywhere in `u64`.
+    fn number() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            0..=MAX_EXPIRES_IN_MS + 10,
+            (MAX_DELAY_MS - 5)..=(MAX_DELAY_MS + 5),
+            (u64::MAX - 5)..=u64::MAX,
+            any::<u64>(),
+        ]
+    }
+
+    /// A clock now, or anywhere in `u64`, or at its end.
+    fn clock() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(now_ms()),
+            any::<u64>(),
+            (u64::MAX - MAX_EXPIRES_IN_MS)..=u64::MAX,
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the clock and the numbers, an accepted submission
+        /// neither runs nor expires before it was made, and expires after
+        /// it may run; a refused one is refused with its field's code.
+        #[test]
+        fn accepted_numbers_never_run_or_expire_before_now(
+            now in clock(),
+            delay in proptest::option::of(number()),
+            expires in proptest::option::of(number()),
+        ) {
+            let req = request(delay, expires);
+            match check_numbers(&settings(), &req) {
+                Ok(n) => {
+                    proptest::prop_assert!(n.delay_ms <= MAX_DELAY_MS);
+                    proptest::prop_assert!(n.expires_in_ms.is_none_or(|e| e <= MAX_EXPIRES_IN_MS));
+                    match schedule(now, n.delay_ms, n.expires_in_ms) {
+                        Ok((run_at, expires_at)) => {
+                            proptest::prop_assert!(run_at >= now);
+                            if let Some(at) = expires_at {
+                                proptest::prop_assert!(at > now && at > run_at);
+                            }
+                        }
+                        // Only a clock within the bounds' reach of u64::MAX.
+                        Err(e) => proptest::prop_assert!(
+                            now > u64::MAX - MAX_EXPIRES_IN_MS,
+                            "{e} at {now}"
+                        ),
+                    }
+                }
+                Err(e) => {
+                    let c = code(Err::<(), _>(e));
+                    proptest::prop_assert!(c == "INVALID_DELAY" || c == "INVALID_EXPIRY", "{c}");
+                }
+            }
+        }
     }
 }

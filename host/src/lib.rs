@@ -13,7 +13,8 @@
 //! - [`config`]: the one configuration struct (flags and `DTQ_*` variables).
 //! - [`store`]: the Redis key layout, the Lua scripts, and typed calls.
 //! - [`ingest`]: the submission path: validation, fingerprint, one script.
-//! - [`api`]: the HTTP API (axum): routes, the error body, admin auth.
+//! - [`api`]: the HTTP API (axum on hyper): routes, the error body, tokens
+//!   and scopes, connection and request limits.
 //! - [`worker`]: fetch loop, executor, completion, reclaim, delayed mover,
 //!   cancel listener.
 //! - [`sandbox`]: the wasmtime engine, module cache, per-call store and

@@ -122,6 +122,10 @@ struct ClientArgs {
     /// Base URL of the dtq API.
     #[arg(long, env = "DTQ_API", default_value = "http://127.0.0.1:8080")]
     api: String,
+    /// API token sent as `Authorization: Bearer`, when the API has tokens
+    /// configured; the admin token is sent when this is not set.
+    #[arg(long, env = "DTQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Admin token, for admin routes.
     #[arg(long, env = "DTQ_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -283,6 +287,9 @@ async fn server(config: Config, with_api: bool, with_worker: bool) -> Result<(),
     tokio::spawn(signal_shutdown(stop.clone()));
 
     let api_task = if with_api {
+        let api_settings = config
+            .api_settings()
+            .map_err(|e| fail(2, anyhow::anyhow!(e)))?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -292,9 +299,10 @@ async fn server(config: Config, with_api: bool, with_worker: bool) -> Result<(),
             admin_token: config.admin_token.clone(),
             has_handler,
         };
-        Some(tokio::spawn(api::serve(
+        Some(tokio::spawn(api::serve_with(
             listener,
             state,
+            api_settings,
             stop.clone().cancelled_owned(),
         )))
     } else {
@@ -467,7 +475,7 @@ async fn request_with(
     if let Some(key) = idempotency_key {
         req = req.header("Idempotency-Key", key);
     }
-    if let Some(token) = &client.admin_token {
+    if let Some(token) = client.token.as_ref().or(client.admin_token.as_ref()) {
         req = req.bearer_auth(token);
     }
     let resp = req

@@ -1,7 +1,16 @@
 //! The one error body of the API: `{"error": {"code", "message", "details"}}`.
+//!
+//! Every answer that is not a success has it: the routes' own errors, the
+//! extractors' rejections (a path or query that does not parse), unknown
+//! routes and methods, a handler that panicked. Only what hyper refuses
+//! before a request reaches the router (a malformed request line, headers
+//! over hyper's size limit) is answered by hyper itself, without a body.
+
+use std::time::Duration;
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -38,13 +47,53 @@ impl ApiError {
         self.details = details;
         self
     }
+
+    /// 503 `STORE_UNAVAILABLE`: Redis did not answer within the API's
+    /// per-request deadline.
+    pub(super) fn store_timeout(timeout: Duration) -> Self {
+        let ms = timeout.as_millis() as u64;
+        tracing::warn!(timeout_ms = ms, "store did not answer in time");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+            format!("storage did not answer within {ms} ms"),
+        )
+        .with_details(json!({"timeout_ms": ms}))
+    }
+
+    /// 500 `INTERNAL_ERROR`: a bug, never the client's doing.
+    pub(super) fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", message)
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body =
             json!({"error": {"code": self.code, "message": self.message, "details": self.details}});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        if e.status().is_server_error() {
+            // A route whose handler expects parameters its path lacks.
+            return ApiError::internal(e.body_text());
+        }
+        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_PATH", e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_QUERY", e.body_text())
     }
 }
 

@@ -1,30 +1,49 @@
-//! The HTTP API (axum).
+//! The HTTP API: axum routes on a hyper server loop of our own.
 //!
-//! | route | what |
-//! |---|---|
-//! | `POST /v1/queues/{queue}/tasks` | submit (idempotency: `Idempotency-Key` header or `idempotency_key`) |
-//! | `GET /v1/queues/{queue}/tasks/{id}` | a task: status, attempts, result, error, log, timestamps |
-//! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | cancel a waiting or running task |
-//! | `GET /v1/queues` | every queue's counts |
-//! | `GET /v1/queues/{queue}` | one queue's counts |
-//! | `GET /v1/queues/{queue}/dlq` | dead-lettered tasks |
-//! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | requeue a dead-lettered task (admin) |
-//! | `GET /healthz` | Redis reachable |
+//! | route | scope | what |
+//! |---|---|---|
+//! | `POST /v1/queues/{queue}/tasks` | `submit` | submit (idempotency: `Idempotency-Key` header or `idempotency_key`) |
+//! | `GET /v1/queues/{queue}/tasks/{id}` | `read` | a task: status, attempts, result, error, log, timestamps |
+//! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | `cancel` | cancel a waiting or running task |
+//! | `GET /v1/queues` | `read` | every queue's counts (those the token may read) |
+//! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
+//! | `GET /v1/queues/{queue}/dlq` | `read` | dead-lettered tasks |
+//! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | `admin` | requeue a dead-lettered task |
+//! | `GET /healthz` | none | Redis reachable |
 //!
 //! Every error has one body: `{"error": {"code", "message", "details"}}`
-//! ([`error::ApiError`]).
+//! ([`error::ApiError`]), extractor rejections and unknown routes included.
+//! Tokens and their scopes: [`Tokens`], [`Scope`].
+//!
+//! # Limits
+//!
+//! What each of [`ApiLimits`] stops, and where it is enforced:
+//!
+//! | limit | stops | by |
+//! |---|---|---|
+//! | header timeout | headers trickled a byte at a time (slowloris); idle connections, new or kept alive, hoarded | hyper's header-read timer |
+//! | body timeout | a body trickled to hold a connection and its buffer | a deadline on reading the body |
+//! | connection cap | connections piling up until the process runs out of file descriptors (and can no longer accept, reach Redis or open a module) | a semaphore before `accept` |
+//! | Redis deadline | requests stalling for seconds while Redis is down or paused | a deadline on each request's store calls |
+//! | body size | memory per request | a length limit on reading the body, a declared `Content-Length` checked first |
 
 mod auth;
 pub mod error;
+mod extract;
 mod routes;
+mod server;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+
+pub use auth::{Scope, Tokens, TokensError};
 
 use crate::ingest::IngestSettings;
 use crate::store::Store;
@@ -39,19 +58,98 @@ pub struct ApiState {
     pub store: Store,
     /// Submission limits and defaults.
     pub ingest: IngestSettings,
-    /// The admin token; `None` disables the admin routes.
+    /// The admin token (a token with the `admin` scope on every queue);
+    /// `None`, and no scoped token with that scope, disables the admin
+    /// routes.
     pub admin_token: Option<String>,
     /// Whether a task name has a handler: submissions of unknown tasks are
     /// refused before anything is written.
     pub has_handler: HandlerCheck,
 }
 
+/// Default page size of list routes (`?limit=`).
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// Largest page size of list routes (`?limit=`); a larger one is refused
+/// with 400 `INVALID_LIMIT`.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
+/// The API's limits against slow, idle or numerous clients and a slow
+/// Redis (the module documentation has the threat of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// How long a connection may take to deliver a request's headers,
+    /// counted from when it starts waiting for them: from the accept, and
+    /// again from the end of each response. So it is the keep-alive idle
+    /// timeout too: hyper runs one timer for both, and a connection that
+    /// sends nothing is closed when it fires.
+    pub header_timeout: Duration,
+    /// How long a request may take to deliver its whole body; then it is
+    /// answered 408 `REQUEST_TIMEOUT` and its connection closed.
+    pub body_timeout: Duration,
+    /// Connections served at once. Beyond it new connections are not
+    /// accepted: they wait in the listen backlog until one closes, which
+    /// the header timeout bounds for idle ones. The cap in force is at
+    /// most half the process's soft file-descriptor limit
+    /// (`RLIMIT_NOFILE`), so that accepting never fails for want of one.
+    pub max_connections: usize,
+    /// How long a request waits for Redis before it is answered 503
+    /// `STORE_UNAVAILABLE`, instead of the store's own reconnect and
+    /// response timeouts (seconds) while Redis is down.
+    pub redis_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            redis_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How the API is served: its limits and its tokens.
+#[derive(Debug, Clone, Default)]
+pub struct ApiSettings {
+    /// Limits against slow, idle or numerous clients and a slow Redis.
+    pub limits: ApiLimits,
+    /// Scoped API tokens; none: the API is open (except admin routes).
+    pub tokens: Tokens,
+}
+
+/// What the handlers share: the state the server was given, the tokens to
+/// check, the limits.
+#[derive(Clone)]
+struct Shared {
+    state: ApiState,
+    auth: Arc<auth::Auth>,
+    limits: ApiLimits,
+    /// Largest request body, bytes.
+    body_limit: usize,
+}
+
 /// Slack over the payload limit for the rest of the submission body.
 const BODY_OVERHEAD: usize = 64 * 1024;
 
-/// The API's routes.
+/// The API's routes, with default settings: no scoped token (open, but for
+/// the admin routes) and the default limits.
 pub fn router(state: ApiState) -> Router {
+    router_with(state, &ApiSettings::default())
+}
+
+/// The API's routes with `settings`.
+pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
     let body_limit = state.ingest.max_payload_bytes.saturating_mul(2) + BODY_OVERHEAD;
+    let shared = Shared {
+        auth: Arc::new(auth::Auth::new(
+            &settings.tokens,
+            state.admin_token.as_deref(),
+        )),
+        state,
+        limits: settings.limits,
+        body_limit,
+    };
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/v1/queues", get(routes::list_queues))
@@ -64,18 +162,39 @@ pub fn router(state: ApiState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .layer(CatchPanicLayer::custom(routes::panicked))
+        .with_state(shared)
 }
 
-/// Serve the API on `listener` until `shutdown` resolves; requests in flight
-/// are finished first.
+/// Serve the API on `listener` with default settings (see [`router`])
+/// until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tracing::info!(addr = %listener.local_addr()?, "API listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, ApiSettings::default(), shutdown).await
+}
+
+/// Serve the API on `listener` with `settings` until `shutdown` resolves;
+/// then no connection is accepted, idle ones are closed, and requests in
+/// flight are finished first (for at most the body timeout plus the Redis
+/// deadline).
+pub async fn serve_with(
+    listener: TcpListener,
+    state: ApiState,
+    settings: ApiSettings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if settings.tokens.is_empty() {
+        tracing::warn!(
+            "the API is open: no API token is configured (--tokens-file, DTQ_TOKENS_FILE, \
+             DTQ_TOKENS), so anyone who reaches it can submit, read and cancel tasks; \
+             configure tokens for anything but development"
+        );
+    } else {
+        tracing::info!(tokens = settings.tokens.len(), "API tokens loaded");
+    }
+    let limits = settings.limits;
+    server::run(listener, router_with(state, &settings), limits, shutdown).await
 }

@@ -1,65 +1,165 @@
 //! The route handlers.
+//!
+//! Each one checks the request's token first ([`Auth::authorize`]), then
+//! its input, then calls the store under the API's Redis deadline
+//! ([`store_call`]).
+
+use std::any::Any;
+use std::future::Future;
+use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body_util::LengthLimitError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::ApiState;
-use super::auth::require_admin;
+use super::auth::{Auth, Scope};
 use super::error::ApiError;
-use crate::ingest::{self, IngestError, SubmitRequest, now_ms, validate_queue_name};
+use super::extract::{ApiPath, ApiQuery};
+use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
+use crate::ingest::{self, IngestError, now_ms, validate_queue_name};
 use crate::store::CancelOutcome;
 
 type ApiResult = Result<Response, ApiError>;
 
-pub(super) async fn healthz(State(state): State<ApiState>) -> ApiResult {
-    state.store.queues().await?;
+/// Run a store call under the API's Redis deadline: past it the request is
+/// answered 503 `STORE_UNAVAILABLE` instead of waiting out the store's own
+/// reconnect and response timeouts (seconds) while Redis is down.
+///
+/// The call runs in a task of its own and is left to finish, not dropped,
+/// at the deadline: a store call cut between two awaits could leave the
+/// store's per-process state half-updated, and the store's own timeouts
+/// still bound it.
+async fn store_call<T, E>(
+    shared: &Shared,
+    call: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    ApiError: From<E>,
+{
+    let timeout = shared.limits.redis_timeout;
+    match tokio::time::timeout(timeout, tokio::spawn(call)).await {
+        Ok(Ok(result)) => result.map_err(ApiError::from),
+        Ok(Err(e)) => Err(ApiError::internal(format!("the store call failed: {e}"))),
+        Err(_) => Err(ApiError::store_timeout(timeout)),
+    }
+}
+
+pub(super) async fn healthz(State(shared): State<Shared>) -> ApiResult {
+    let store = shared.state.store.clone();
+    store_call(&shared, async move { store.queues().await }).await?;
     Ok(Json(json!({"status": "ok"})).into_response())
 }
 
-pub(super) async fn submit(
-    State(state): State<ApiState>,
-    Path(queue): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "PAYLOAD_TOO_LARGE",
-                "request body is too large",
-            )
-            .with_details(json!({"limit": state.ingest.max_payload_bytes}))
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", e.body_text())
+/// 415 unless the body is declared `application/json` (parameters such as
+/// `charset=utf-8` allowed). A browser sends a cross-site POST without a
+/// preflight only as `text/plain`, a form or multipart, so this keeps a web
+/// page from submitting tasks with its visitors' network access.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let essence = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or_default().trim());
+    if essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "UNSUPPORTED_MEDIA_TYPE",
+        "a submission's body must be sent with `Content-Type: application/json`",
+    ))
+}
+
+/// Read the whole body within the body timeout and the size limit.
+async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PAYLOAD_TOO_LARGE",
+            "request body is too large",
+        )
+        .with_details(json!({"limit": shared.state.ingest.max_payload_bytes}))
+    };
+    // A declared length over the limit is refused before a byte is read.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > shared.body_limit as u64) {
+        return Err(too_large());
+    }
+    let timeout = shared.limits.body_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, shared.body_limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                Err(too_large())
+            } else {
+                Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_REQUEST",
+                    format!("cannot read the request body: {e}"),
+                ))
+            }
         }
-    })?;
-    let req: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
-        let code = if e.is_data() {
-            "INVALID_REQUEST"
-        } else {
-            "INVALID_JSON"
-        };
-        ApiError::new(StatusCode::BAD_REQUEST, code, format!("request body: {e}"))
-    })?;
+        Err(_) => Err(body_timeout(timeout)),
+    }
+}
+
+fn body_timeout(timeout: Duration) -> ApiError {
+    let ms = timeout.as_millis() as u64;
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "REQUEST_TIMEOUT",
+        format!("the request body did not arrive within {ms} ms"),
+    )
+    .with_details(json!({"timeout_ms": ms}))
+}
+
+pub(super) async fn submit(
+    State(shared): State<Shared>,
+    ApiPath(queue): ApiPath<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    shared
+        .auth
+        .authorize(&headers, Scope::Submit, Some(&queue))?;
+    require_json(&headers)?;
+    let body = read_body(&shared, &headers, body).await?;
+    let req = ingest::parse_submit_body(&body)?;
     let header_key = match headers.get("idempotency-key") {
-        Some(v) => Some(v.to_str().map_err(|_| {
-            ApiError::from(IngestError::Invalid {
-                code: "INVALID_IDEMPOTENCY_KEY",
-                message: "Idempotency-Key header is not visible ASCII".into(),
-            })
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| {
+                    ApiError::from(IngestError::Invalid {
+                        code: "INVALID_IDEMPOTENCY_KEY",
+                        message: "Idempotency-Key header is not visible ASCII".into(),
+                    })
+                })?
+                .to_owned(),
+        ),
         None => None,
     };
-    let has_handler = state.has_handler.clone();
-    let done = ingest::submit(&state.store, &state.ingest, &queue, header_key, req, |t| {
-        has_handler(t)
+    let state = shared.state.clone();
+    let done = store_call(&shared, async move {
+        let has_handler = &state.has_handler;
+        ingest::submit(
+            &state.store,
+            &state.ingest,
+            &queue,
+            header_key.as_deref(),
+            req,
+            |t| has_handler(t),
+        )
+        .await
     })
     .await?;
     let mut body = match &done.record {
@@ -89,23 +189,34 @@ fn task_not_found(queue: &str, id: &str) -> ApiError {
     .with_details(json!({"task_id": id, "queue": queue}))
 }
 
+/// Authorize `scope` on `queue` and check the queue's name.
+fn authorized(auth: &Auth, headers: &HeaderMap, scope: Scope, queue: &str) -> Result<(), ApiError> {
+    auth.authorize(headers, scope, Some(queue))?;
+    checked_queue(queue)
+}
+
 pub(super) async fn get_task(
-    State(state): State<ApiState>,
-    Path((queue, id)): Path<(String, String)>,
+    State(shared): State<Shared>,
+    ApiPath((queue, id)): ApiPath<(String, String)>,
+    headers: HeaderMap,
 ) -> ApiResult {
-    checked_queue(&queue)?;
-    match state.store.task(&queue, &id).await? {
+    authorized(&shared.auth, &headers, Scope::Read, &queue)?;
+    let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
+    match store_call(&shared, async move { store.task(&q, &i).await }).await? {
         Some(task) => Ok(Json(task.to_json()).into_response()),
         None => Err(task_not_found(&queue, &id)),
     }
 }
 
 pub(super) async fn cancel(
-    State(state): State<ApiState>,
-    Path((queue, id)): Path<(String, String)>,
+    State(shared): State<Shared>,
+    ApiPath((queue, id)): ApiPath<(String, String)>,
+    headers: HeaderMap,
 ) -> ApiResult {
-    checked_queue(&queue)?;
-    match state.store.cancel(&queue, &id, now_ms()).await? {
+    authorized(&shared.auth, &headers, Scope::Cancel, &queue)?;
+    let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
+    let outcome = store_call(&shared, async move { store.cancel(&q, &i, now_ms()).await }).await?;
+    match outcome {
         CancelOutcome::Cancelled => {
             Ok(Json(json!({"task_id": id, "queue": queue, "status": "CANCELLED"})).into_response())
         }
@@ -124,37 +235,70 @@ pub(super) async fn cancel(
     }
 }
 
-pub(super) async fn list_queues(State(state): State<ApiState>) -> ApiResult {
-    let mut queues = Vec::new();
-    for q in state.store.queues().await? {
-        queues.push(state.store.stats(&q).await?);
-    }
+pub(super) async fn list_queues(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
+    let access = shared.auth.authorize(&headers, Scope::Read, None)?;
+    let store = shared.state.store.clone();
+    let queues = store_call(&shared, async move {
+        let mut queues = Vec::new();
+        for q in store.queues().await? {
+            if access.allows(&q) {
+                queues.push(store.stats(&q).await?);
+            }
+        }
+        Ok::<_, crate::store::StoreError>(queues)
+    })
+    .await?;
     Ok(Json(json!({"queues": queues})).into_response())
 }
 
 pub(super) async fn queue_stats(
-    State(state): State<ApiState>,
-    Path(queue): Path<String>,
+    State(shared): State<Shared>,
+    ApiPath(queue): ApiPath<String>,
+    headers: HeaderMap,
 ) -> ApiResult {
-    checked_queue(&queue)?;
-    Ok(Json(state.store.stats(&queue).await?).into_response())
+    authorized(&shared.auth, &headers, Scope::Read, &queue)?;
+    let store = shared.state.store.clone();
+    let stats = store_call(&shared, async move { store.stats(&queue).await }).await?;
+    Ok(Json(stats).into_response())
 }
 
+/// The query of list routes. Unknown parameters are refused (400
+/// `INVALID_QUERY`), as unknown body fields are.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ListParams {
-    limit: Option<usize>,
+    /// Taken as text so that every bad value gets `INVALID_LIMIT`.
+    limit: Option<String>,
+}
+
+impl ListParams {
+    /// `limit`, 1 to [`MAX_LIST_LIMIT`] ([`DEFAULT_LIST_LIMIT`] if absent).
+    fn limit(&self) -> Result<usize, ApiError> {
+        let Some(text) = &self.limit else {
+            return Ok(DEFAULT_LIST_LIMIT);
+        };
+        match text.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_LIMIT",
+                format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
+            )
+            .with_details(json!({"max": MAX_LIST_LIMIT}))),
+        }
+    }
 }
 
 pub(super) async fn list_dlq(
-    State(state): State<ApiState>,
-    Path(queue): Path<String>,
-    Query(params): Query<ListParams>,
+    State(shared): State<Shared>,
+    ApiPath(queue): ApiPath<String>,
+    ApiQuery(params): ApiQuery<ListParams>,
+    headers: HeaderMap,
 ) -> ApiResult {
-    checked_queue(&queue)?;
-    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
-    let tasks: Vec<Value> = state
-        .store
-        .dead_letters(&queue, limit)
+    authorized(&shared.auth, &headers, Scope::Read, &queue)?;
+    let limit = params.limit()?;
+    let (store, q) = (shared.state.store.clone(), queue.clone());
+    let tasks: Vec<Value> = store_call(&shared, async move { store.dead_letters(&q, limit).await })
         .await?
         .iter()
         .map(|t| t.to_json())
@@ -163,13 +307,18 @@ pub(super) async fn list_dlq(
 }
 
 pub(super) async fn requeue(
-    State(state): State<ApiState>,
-    Path((queue, id)): Path<(String, String)>,
+    State(shared): State<Shared>,
+    ApiPath((queue, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult {
-    require_admin(&headers, state.admin_token.as_deref())?;
-    checked_queue(&queue)?;
-    match state.store.requeue(&queue, &id, now_ms()).await? {
+    authorized(&shared.auth, &headers, Scope::Admin, &queue)?;
+    let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
+    match store_call(
+        &shared,
+        async move { store.requeue(&q, &i, now_ms()).await },
+    )
+    .await?
+    {
         Ok(()) => {
             Ok(Json(json!({"task_id": id, "queue": queue, "status": "QUEUED"})).into_response())
         }
@@ -193,4 +342,16 @@ pub(super) async fn method_not_allowed() -> ApiError {
         "METHOD_NOT_ALLOWED",
         "method not allowed on this route",
     )
+}
+
+/// A handler that panicked: 500 in the one error body, and the panic in
+/// the log.
+pub(super) fn panicked(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(not a string)");
+    tracing::error!(panic = what, "an API handler panicked");
+    ApiError::internal("the server failed while handling this request").into_response()
 }
