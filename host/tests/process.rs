@@ -243,6 +243,29 @@ impl Drop for Proc {
     }
 }
 
+/// Wait until no Redis client is blocked in a read (XREADGROUP).
+async fn wait_no_blocked_read(redis: &RedisServer) -> Result<()> {
+    let mut conn = redis.conn().await?;
+    let start = Instant::now();
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await?;
+        // `cmd` is a client's last command; `flags` has `b` while blocked.
+        let blocked = |line: &str| {
+            line.split(' ')
+                .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+                && line.contains("cmd=xreadgroup")
+        };
+        if !clients.lines().any(blocked) {
+            return Ok(());
+        }
+        ensure!(start.elapsed() < WAIT, "a read stayed blocked:\n{clients}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A client of one API process, on the default queue.
 fn client(proc: &Proc) -> ApiClient {
     ApiClient::new(proc.api.clone())
@@ -341,10 +364,12 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
     a.signal(libc::SIGTERM)?;
     let signalled = Instant::now();
 
-    // New work after the signal. It is submitted once the read that was in
-    // flight at the signal (it blocks up to 500 ms, and what it delivers is
-    // run, so no message is stranded on a stopping worker) has returned.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // New work after the signal. It is submitted once the worker has taken
+    // the signal and the read that was in flight then (it blocks up to
+    // 500 ms, and what it delivers is run, so no message is stranded on a
+    // stopping worker) has returned: no client is blocked in XREADGROUP.
+    a.wait_log("shutting down: no new tasks", WAIT).await?;
+    wait_no_blocked_read(&redis).await?;
     let later = api
         .submit_new(
             "default",
@@ -368,8 +393,7 @@ async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<
         "exited {took:?} after SIGTERM, before its task could finish"
     );
 
-    // Nothing runs the later task now; it must still be waiting.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The worker has exited and no other runs: the later task is waiting.
     let waiting = api.task("default", &later).await?;
     assert_eq!(
         waiting["status"], "QUEUED",

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use dtq_host::store::{
     CompleteOutcome, Completion, CompletionKind, Delivery, GROUP, QueueKeys, StartDecision,
     TaskStatus,
@@ -659,7 +659,13 @@ async fn a_task_not_started_before_its_expiry_expires() -> Result<()> {
         None,
     )
     .await?;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The worker starts once the first task's expiry has passed.
+    let expires_at = dtq.task("default", &id).await?["expires_at"]
+        .as_u64()
+        .context("no expires_at")?;
+    while dtq_host::ingest::now_ms() <= expires_at {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     dtq.start_worker();
     let task = dtq
         .wait_for("default", &id, &["EXPIRED", "SUCCEEDED"], WAIT)
@@ -831,20 +837,8 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
         );
         ids.push(id_of(&resp));
     }
-    // The last one is due 400 ms after its submission, whatever the
-    // machine's load made of the others.
-    let last = ids.last().expect("ids");
-    let submitted = dtq.task("default", last).await?["created_at"]
-        .as_u64()
-        .unwrap_or(0);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let task = dtq.task("default", last).await?;
-    if dtq_host::ingest::now_ms() < submitted + 400 {
-        assert_eq!(
-            task["status"], "SCHEDULED",
-            "ran before its due time: {task}"
-        );
-    }
+    // None may start before it is due: each one's start is checked below
+    // against its own submission, from the record, not after a sleep.
     let mut conn = dtq.redis.conn().await?;
     for (i, id) in ids.iter().enumerate() {
         let task = dtq.wait_for("default", id, &["SUCCEEDED"], WAIT).await?;
@@ -1329,10 +1323,17 @@ async fn a_worker_consumes_exactly_the_queues_it_is_given() -> Result<()> {
         let task = dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?;
         assert_eq!(task["result"], json!(queue));
     }
-    // Nobody consumes "other": its task waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nobody consumes "other": no worker ever joined its stream's group,
+    // so its task cannot have been read, however long one waits.
     let (queue, id) = &ids[2];
     assert_eq!(dtq.task(queue, id).await?["status"], "QUEUED");
+    let mut conn = dtq.redis.conn().await?;
+    let groups: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(QueueKeys::new(queue).stream)
+        .query_async(&mut conn)
+        .await?;
+    assert!(groups.is_empty(), "a worker joined {queue}: {groups:?}");
     Ok(())
 }
 

@@ -153,7 +153,9 @@ async fn an_expired_record_makes_a_new_task() -> Result<()> {
         .arg(1)
         .query_async(&mut conn)
         .await?;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    while dtq.idem_record("default", "exp").await?.is_some() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let (status, second) = dtq.submit("default", echo(1), Some("exp")).await?;
     assert_eq!(status, 202, "{second}");
     assert_eq!(second["duplicate"], false);
