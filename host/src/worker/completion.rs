@@ -9,20 +9,30 @@
 //! completions. Under load, batches grow by themselves; when idle, a
 //! completion is written at once.
 //!
-//! A failed write is retried with backoff until it succeeds: a completion is
-//! not dropped while the process lives, short of the shutdown grace period
-//! running out. If the process dies first, the message stays pending and the
-//! task is reclaimed and run again.
+//! A write that fails to reach Redis is retried with backoff until it
+//! succeeds: a completion is not dropped while the process lives, short of
+//! the shutdown grace period running out. If the process dies first, the
+//! message stays pending and the task is reclaimed and run again.
+//!
+//! A write Redis rejects is another matter: retrying a script that fails on
+//! the data it finds (a task hash of the wrong type, say) fails forever, and
+//! each retry holds its tasks' slots. A batch Redis rejects is written again
+//! one completion at a time, so that one bad task does not take the others
+//! with it; a completion rejected alone is logged at error and dropped, its
+//! slot released, and its message left pending, to be reclaimed (and in the
+//! end dead-lettered) like that of a crashed worker. Rejections Redis means
+//! as "not now" (loading, busy, out of memory, failover) are retried, but
+//! only [`MAX_REFUSALS`] times.
 
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
 use crate::config::Config;
-use crate::store::{CompleteOutcome, Completion, Store};
+use crate::store::{CompleteOutcome, Completion, Store, StoreError};
 
 /// Most completions written in one round trip.
 const MAX_BATCH: usize = 128;
@@ -81,33 +91,135 @@ pub(super) async fn run(
     while writes.join_next().await.is_some() {}
 }
 
-/// Write one batch, retrying with backoff until it is written or `abandon`
-/// is cancelled. What the tasks hold is released when this returns.
+/// Write one batch, retrying with backoff until it is written, rejected
+/// (see the module's doc), or `abandon` is cancelled. What the tasks hold is
+/// released when this returns.
 async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
     let (completions, _held): (Vec<Completion>, Vec<_>) = batch
         .into_iter()
         .map(|p| (p.completion, (p.slot, p.registration)))
         .unzip();
+    match write_retrying(&store, &completions, &abandon).await {
+        Written::Yes => return,
+        Written::Abandoned => return,
+        Written::Rejected(_) if completions.len() > 1 => {
+            warn!(
+                batch = completions.len(),
+                "completion batch rejected by redis; writing its completions one by one"
+            );
+        }
+        Written::Rejected(e) => return rejected(&completions[0], &e),
+    }
+    for completion in &completions {
+        match write_retrying(&store, std::slice::from_ref(completion), &abandon).await {
+            Written::Yes => {}
+            Written::Abandoned => return,
+            Written::Rejected(e) => rejected(completion, &e),
+        }
+    }
+}
+
+/// Most times a write Redis refuses for now (see [`Failure::Refused`]) is
+/// tried again before it counts as rejected: about 6 s of backoff.
+const MAX_REFUSALS: u32 = 8;
+
+/// What became of a write.
+enum Written {
+    Yes,
+    /// Rejected by Redis: trying again would fail the same way.
+    Rejected(StoreError),
+    /// Given up at shutdown.
+    Abandoned,
+}
+
+async fn write_retrying(
+    store: &Store,
+    completions: &[Completion],
+    abandon: &CancellationToken,
+) -> Written {
     let mut backoff = Backoff::default();
+    let mut refusals = 0;
     let outcomes = loop {
-        match store.complete(&completions).await {
+        let e = match store.complete(completions).await {
             Ok(outcomes) => break outcomes,
-            Err(e) => {
-                warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
-                if !backoff.wait(&abandon).await {
-                    warn!(
-                        batch = completions.len(),
-                        "shutting down with completions unwritten; they will be reclaimed"
-                    );
-                    return;
-                }
-            }
+            Err(e) => e,
+        };
+        match Failure::of(&e) {
+            Failure::Unreached => {}
+            Failure::Refused if refusals < MAX_REFUSALS => refusals += 1,
+            Failure::Refused | Failure::Rejected => return Written::Rejected(e),
+        }
+        warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
+        if !backoff.wait(abandon).await {
+            warn!(
+                batch = completions.len(),
+                "shutting down with completions unwritten; they will be reclaimed"
+            );
+            return Written::Abandoned;
         }
     };
     for (completion, outcome) in completions.iter().zip(outcomes) {
         if let CompleteOutcome::Stale(status) = &outcome {
             debug!(task_id = %completion.task_id, %status,
                 "completion was stale: the task was reclaimed or completed elsewhere");
+        }
+    }
+    Written::Yes
+}
+
+fn rejected(completion: &Completion, e: &StoreError) {
+    error!(task_id = %completion.task_id, queue = %completion.queue, error = %e,
+        "redis rejected the task's completion: dropped; the message stays pending, \
+         to be reclaimed");
+}
+
+/// Why a write failed, which decides whether to try it again.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// Redis was not reached, or the connection broke: retried until it
+    /// works (or shutdown), as nothing else could work either.
+    Unreached,
+    /// Redis answered with an error that means "not now".
+    Refused,
+    /// Redis answered with any other error (a script failing on its data,
+    /// say), or with a reply the scripts do not make.
+    Rejected,
+}
+
+/// Error codes of replies that mean "not now" rather than "never".
+const REFUSED_CODES: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "READONLY",
+    "MOVED",
+    "ASK",
+    "OOM",
+    "NOSCRIPT",
+];
+
+impl Failure {
+    fn of(e: &StoreError) -> Self {
+        match e {
+            StoreError::Protocol(_) | StoreError::Corrupt(_) => Failure::Rejected,
+            // Server error replies, by their code; anything else is the
+            // client's or the connection's.
+            StoreError::Redis(e) => match e.clone().into_server_errors() {
+                None => Failure::Unreached,
+                Some(errors) if errors.is_empty() => Failure::Unreached,
+                Some(errors) => {
+                    if errors
+                        .iter()
+                        .all(|(_, err)| REFUSED_CODES.contains(&err.code()))
+                    {
+                        Failure::Refused
+                    } else {
+                        Failure::Rejected
+                    }
+                }
+            },
         }
     }
 }
@@ -123,4 +235,48 @@ pub fn backoff_ms(config: &Config, attempt: u32) -> u64 {
         .min(config.retry_max_ms);
     let half = exp / 2;
     half + rand::rng().random_range(0..=half)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error a reply `-<line>` makes.
+    fn reply_error(line: &str) -> StoreError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .expect("a RESP error reply");
+        StoreError::Redis(value.extract_error().expect_err("an error reply"))
+    }
+
+    #[test]
+    fn script_errors_are_rejections_and_not_now_replies_are_refusals() {
+        let script = "WRONGTYPE Operation against a key holding the wrong kind of value \
+                      script: abc, on @user_script:12.";
+        assert_eq!(Failure::of(&reply_error(script)), Failure::Rejected);
+        assert_eq!(
+            Failure::of(&reply_error("ERR user_script:3: bad argument")),
+            Failure::Rejected
+        );
+        assert_eq!(
+            Failure::of(&StoreError::Protocol("odd".into())),
+            Failure::Rejected
+        );
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script",
+            "OOM command not allowed when used memory > 'maxmemory'",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert_eq!(Failure::of(&reply_error(line)), Failure::Refused, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_broken_connection_is_not_a_rejection() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(
+            Failure::of(&StoreError::Redis(redis::RedisError::from(io))),
+            Failure::Unreached
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::Shared;
+use super::{Shared, supervise};
 use crate::ingest::now_ms;
 
 /// Longest sleep between two looks at the delayed set: a task scheduled by
@@ -22,6 +22,9 @@ const BATCH: usize = 256;
 /// Move due tasks of `queue` until `stop`.
 pub(super) async fn run(shared: Arc<Shared>, queue: String, stop: CancellationToken) {
     loop {
+        if supervise::injected("delayed", &queue) {
+            return;
+        }
         let now = now_ms();
         let wait = match shared.store.promote_due(&queue, now, BATCH).await {
             Ok((_, Some(next))) if next <= now => Duration::ZERO,

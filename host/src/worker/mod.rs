@@ -4,9 +4,10 @@
 //! A worker is a set of loops sharing one state (`Shared`), each in its own
 //! file:
 //!
-//! - the fetch loop (here): per queue, XREADGROUP of only as many messages as
-//!   there are free execution slots, then one `start` script for the batch
-//!   (on a task of its own, while the loop reads on);
+//! - `fetch.rs`: one loop for all the worker's queues, reading each in turn
+//!   for only as many messages as there are free execution slots, then one
+//!   `start` script per batch (here, on a task of its own, while the loop
+//!   reads on);
 //! - `executor.rs`: one task through the sandbox, its outcome mapped to a
 //!   completion;
 //! - `completion.rs`: writes completions in batches (one round trip per
@@ -15,7 +16,10 @@
 //!   and keep its running messages, and the reclaim of messages that dead
 //!   workers left pending;
 //! - `delayed.rs`: moves due scheduled tasks and retries to the stream;
-//! - `cancel.rs`: listens for cancel requests and interrupts running calls.
+//! - `cancel.rs`: listens for cancel requests and interrupts running calls;
+//! - `supervise.rs`: names every loop; [`run`] stops with an error naming a
+//!   loop that ended on its own, so the process exits and is restarted
+//!   instead of staying up doing nothing.
 //!
 //! [`run`] takes its shutdown signal as a future: when it resolves the worker
 //! stops fetching, lets running tasks finish for the grace period, and
@@ -26,7 +30,9 @@ mod cancel;
 mod completion;
 mod delayed;
 mod executor;
+mod fetch;
 mod reclaim;
+mod supervise;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,22 +42,23 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::{AbortOnDropHandle, TaskTracker};
-use tracing::{info, warn};
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::sandbox::{CancelHandle, Sandbox};
 use crate::store::{Delivery, StartDecision, Store, StoreError};
 
 pub use completion::backoff_ms;
+pub use supervise::LoopEnd;
+#[doc(hidden)]
+pub use supervise::{Fault, inject_fault};
 
 /// Most messages one XREADGROUP asks for, however many slots are free.
 const MAX_BATCH: usize = 64;
 
-/// How long one blocking read waits for new messages. Shutdown waits for the
-/// read in flight rather than dropping it (a dropped read could leave
-/// delivered messages unprocessed until reclaimed), so this bounds how long
-/// the fetch loop takes to notice a shutdown.
+/// How long the fetch loop waits for new messages before it looks again
+/// (see `fetch.rs`); the wait delivers nothing, so shutdown drops it.
 const READ_BLOCK: Duration = Duration::from_millis(500);
 
 /// A message this worker holds, and the attempt it runs.
@@ -325,6 +332,10 @@ pub enum WorkerError {
     /// The configuration is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A loop of the worker panicked or returned while it should have run
+    /// on; the worker stopped the others and ended.
+    #[error(transparent)]
+    LoopEnded(#[from] LoopEnd),
 }
 
 /// Run a worker until `shutdown` resolves, then shut down gracefully.
@@ -360,50 +371,55 @@ pub async fn run(
 
     let stop = CancellationToken::new();
     let finish = CancellationToken::new();
-    // Every loop is aborted if this future is dropped: a worker dropped
-    // without a shutdown stops at once, as a crashed process does, and its
-    // messages are reclaimed, rather than going on in the background.
-    let mut completer = AbortOnDropHandle::new(tokio::spawn(completion::run(
-        shared.store.clone(),
-        rx,
-        finish.clone(),
-        shared.abandon.clone(),
-    )));
-    let mut loops = Vec::new();
+    // Three sets, stopped one after the other at shutdown; each aborts its
+    // loops if dropped (see `supervise::Loops`).
+    let mut completer = supervise::Loops::default();
+    completer.spawn(
+        "completer",
+        completion::run(
+            shared.store.clone(),
+            rx,
+            finish.clone(),
+            shared.abandon.clone(),
+        ),
+    );
+    let mut loops = supervise::Loops::default();
+    loops.spawn("fetch", fetch::run(shared.clone(), stop.clone()));
     for queue in shared.config.queues.clone() {
-        loops.push(AbortOnDropHandle::new(tokio::spawn(fetch_loop(
-            shared.clone(),
-            queue.clone(),
-            stop.clone(),
-        ))));
-        loops.push(AbortOnDropHandle::new(tokio::spawn(delayed::run(
-            shared.clone(),
-            queue,
-            stop.clone(),
-        ))));
+        let name = format!("delayed mover of queue {queue}");
+        loops.spawn(name, delayed::run(shared.clone(), queue, stop.clone()));
     }
-    loops.push(AbortOnDropHandle::new(tokio::spawn(reclaim::run(
-        shared.clone(),
-        stop.clone(),
-    ))));
-    loops.push(AbortOnDropHandle::new(tokio::spawn(cancel::listen(
-        shared.clone(),
-        stop.clone(),
-    ))));
+    loops.spawn("reclaim", reclaim::run(shared.clone(), stop.clone()));
+    loops.spawn(
+        "cancel listener",
+        cancel::listen(shared.clone(), stop.clone()),
+    );
     // Heartbeats outlive `stop`: running tasks keep their messages through
     // the grace period.
     let beats_stop = CancellationToken::new();
-    let beats = AbortOnDropHandle::new(tokio::spawn(reclaim::heartbeats(
-        shared.clone(),
-        beats_stop.clone(),
-    )));
+    let mut beats = supervise::Loops::default();
+    beats.spawn(
+        "heartbeats",
+        reclaim::heartbeats(shared.clone(), beats_stop.clone()),
+    );
 
-    shutdown.await;
-    info!(consumer = %shared.consumer, "shutting down: no new tasks");
-    stop.cancel();
-    for l in loops {
-        let _ = l.await;
+    // Until shutdown, no loop may end: one that does (a panic, or a return
+    // it should never make) stops the worker, which then ends with an error
+    // naming it.
+    let shutdown = std::pin::pin!(shutdown);
+    let failed = tokio::select! {
+        () = shutdown => None,
+        Some(end) = loops.next_end() => Some(end),
+        Some(end) = completer.next_end() => Some(end),
+        Some(end) = beats.next_end() => Some(end),
+    };
+    match &failed {
+        None => info!(consumer = %shared.consumer, "shutting down: no new tasks"),
+        Some(end) => error!(consumer = %shared.consumer, error = %end,
+            "a worker loop ended: stopping the worker"),
     }
+    stop.cancel();
+    let mut failed = failed.or(loops.join().await);
     shared.tracker.close();
     // One grace period for running tasks and the writes of their
     // completions; heartbeats go on until both are done.
@@ -423,18 +439,26 @@ pub async fn run(
     }
     // Every executor is done and every completion handed over.
     finish.cancel();
-    if tokio::time::timeout_at(deadline, &mut completer)
-        .await
-        .is_err()
-    {
-        warn!("grace period over: abandoning unwritten completions to be reclaimed");
-        shared.abandon.cancel();
-        let _ = completer.await;
+    match tokio::time::timeout_at(deadline, completer.join()).await {
+        Ok(end) => failed = failed.or(end),
+        Err(_) => {
+            warn!("grace period over: abandoning unwritten completions to be reclaimed");
+            shared.abandon.cancel();
+            failed = failed.or(completer.join().await);
+        }
     }
     beats_stop.cancel();
-    let _ = beats.await;
-    info!("worker stopped");
-    Ok(())
+    failed = failed.or(beats.join().await);
+    match failed {
+        None => {
+            info!("worker stopped");
+            Ok(())
+        }
+        Some(end) => {
+            error!(error = %end, "worker stopped after a loop failed");
+            Err(end.into())
+        }
+    }
 }
 
 /// The runtime sandbox calls run on (see [`Shared::guests`]).
@@ -472,56 +496,6 @@ impl Drop for GuestRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
-        }
-    }
-}
-
-/// Read new messages of `queue` while slots are free, until `stop`. Each
-/// batch is started and dispatched on a task of its own: the next read does
-/// not wait for the last batch's `start` script.
-async fn fetch_loop(shared: Arc<Shared>, queue: String, stop: CancellationToken) {
-    let mut conn = None;
-    let mut backoff = Backoff::default();
-    while let Some(permits) = shared.take_slots(MAX_BATCH, &stop).await {
-        let conn = match &mut conn {
-            Some(conn) => conn,
-            None => match shared
-                .store
-                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
-                .await
-            {
-                Ok(c) => conn.insert(c),
-                Err(e) => {
-                    warn!(queue, error = %e, "cannot connect for reading; retrying");
-                    drop(permits);
-                    backoff.wait(&stop).await;
-                    continue;
-                }
-            },
-        };
-        let read = shared
-            .store
-            .read(conn, &queue, &shared.consumer, permits.len(), READ_BLOCK)
-            .await;
-        match read {
-            Ok(deliveries) if deliveries.is_empty() => backoff.reset(),
-            Ok(deliveries) => {
-                backoff.reset();
-                let dispatch = {
-                    let shared = shared.clone();
-                    let queue = queue.clone();
-                    async move { shared.dispatch(&queue, deliveries, permits).await }
-                };
-                shared.tracker.spawn(dispatch);
-            }
-            Err(e) => {
-                if e.to_string().contains("NOGROUP") {
-                    let _ = shared.store.ensure_group(&queue).await;
-                }
-                warn!(queue, error = %e, "read failed; retrying");
-                drop(permits);
-                backoff.wait(&stop).await;
-            }
         }
     }
 }

@@ -46,9 +46,9 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             _ = ticks.tick() => {}
         }
         for queue in &shared.config.queues {
-            // The fetch loop holds every free slot while its read blocks, so
-            // a free slot is waited for, not tried for: the semaphore is
-            // fair, and the slots the read returns go to this waiter first.
+            // Under load the fetch loop takes every slot as it frees, so a
+            // free slot is waited for, not tried for: the semaphore is
+            // fair, and the next slot freed goes to this waiter first.
             let Some(permits) = shared.take_slots(MAX_BATCH, &stop).await else {
                 break 'ticks;
             };

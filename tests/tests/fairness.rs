@@ -1,0 +1,114 @@
+//! Fair fetching across queues: a worker consuming several queues, all idle
+//! but one, drains the busy one at close to the rate it drains it alone.
+//!
+//! Before the single fetch loop, each queue's loop held the free slots
+//! through a 500 ms blocking read: 200 echo tasks with `--concurrency 4`
+//! took about 0.2 s with `--queues b` and about 50 s with
+//! `--queues a,c,d,e,b`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use dtq_tests::Dtq;
+use serde_json::json;
+
+const TASKS: usize = 200;
+
+/// Far above the single-queue time (a fraction of a second), far below the
+/// 50 s of four idle queues each holding the slots for a blocking read.
+const BOUND: Duration = Duration::from_secs(5);
+
+/// Submit [`TASKS`] echo tasks to `b`, start a worker consuming `queues`
+/// with `--concurrency 4`, and time until `b` is drained; every task must
+/// have succeeded.
+async fn drain_time(queues: &str) -> Result<Duration> {
+    let mut dtq = Dtq::start(false, &["--queues", queues, "--concurrency", "4"]).await?;
+    let mut ids = Vec::with_capacity(TASKS);
+    for i in 0..TASKS {
+        ids.push(
+            dtq.submit_new("b", json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    let start = Instant::now();
+    dtq.start_worker();
+    loop {
+        let stats = dtq.store.stats("b").await?;
+        if stats.ready == 0 && stats.running == 0 && stats.delayed == 0 {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("queue b not drained in 120 s with --queues {queues}: {stats:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = start.elapsed();
+    for id in &ids {
+        let task = dtq.task("b", id).await?;
+        assert_eq!(task["status"], "SUCCEEDED", "{task}");
+    }
+    dtq.stop_worker().await?;
+    Ok(took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::print_stdout, reason = "the test reports its drain times")]
+async fn a_busy_queue_among_idle_ones_drains_at_close_to_its_own_rate() -> Result<()> {
+    let alone = drain_time("b").await?;
+    let among_idle = drain_time("a,c,d,e,b").await?;
+    println!(
+        "{TASKS} echo tasks, --concurrency 4: --queues b drained in {alone:?}, \
+         --queues a,c,d,e,b in {among_idle:?}"
+    );
+    assert!(
+        among_idle < BOUND,
+        "with four idle queues, b took {among_idle:?} (alone: {alone:?})"
+    );
+    Ok(())
+}
+
+/// Two busy queues share the slots: neither waits for the other to drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn busy_queues_share_the_slots() -> Result<()> {
+    let mut dtq = Dtq::start(false, &["--queues", "p,q", "--concurrency", "2"]).await?;
+    let mut p = Vec::new();
+    let mut q = Vec::new();
+    for i in 0..40 {
+        p.push(
+            dtq.submit_new("p", json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+        q.push(
+            dtq.submit_new("q", json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    dtq.start_worker();
+    // When the first queue is drained, the other is at least half done.
+    let start = Instant::now();
+    loop {
+        let (sp, sq) = (dtq.store.stats("p").await?, dtq.store.stats("q").await?);
+        let left = |s: &dtq_host::store::QueueStats| s.ready + s.running + s.delayed;
+        if left(&sp) == 0 || left(&sq) == 0 {
+            assert!(
+                left(&sp) <= 20 && left(&sq) <= 20,
+                "one queue drained while the other had {} and {} left",
+                left(&sp),
+                left(&sq)
+            );
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("neither queue drained: {sp:?} {sq:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for (queue, ids) in [("p", &p), ("q", &q)] {
+        for id in ids {
+            dtq.wait_for(queue, id, &["SUCCEEDED"], Duration::from_secs(30))
+                .await?;
+        }
+    }
+    dtq.stop_worker().await?;
+    Ok(())
+}
