@@ -83,6 +83,10 @@ pub enum Refusal {
     /// The idempotency claim was taken over by another attempt, or expired,
     /// before the operation committed; nothing of it applied (retryable).
     ClaimLost,
+    /// The write would take the handler's namespace over the Redis budget
+    /// the operator set; nothing was written (retryable: keys may expire or
+    /// the budget grow).
+    QuotaExceeded,
 }
 
 impl Error {
@@ -197,6 +201,10 @@ impl Error {
             HostError::ClaimLost(detail) => (
                 Refusal::ClaimLost,
                 Error::retryable(format!("{op}: claim lost: {detail}")),
+            ),
+            HostError::QuotaExceeded(detail) => (
+                Refusal::QuotaExceeded,
+                Error::retryable(format!("{op}: namespace quota exceeded: {detail}")),
             ),
         };
         Error {

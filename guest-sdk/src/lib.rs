@@ -323,6 +323,7 @@ mod tests {
         assert!(!fatal(HostError::Unavailable("down".into())));
         assert!(!fatal(HostError::OutcomeUnknown("reset".into())));
         assert!(!fatal(HostError::ClaimLost("taken over".into())));
+        assert!(!fatal(HostError::QuotaExceeded("full".into())));
         let unknown = Error::from_host("kv incr-by", HostError::OutcomeUnknown("reset".into()));
         assert_eq!(unknown.refusal(), Some(crate::Refusal::OutcomeUnknown));
         assert!(

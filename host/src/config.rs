@@ -125,6 +125,12 @@ pub struct Config {
     )]
     pub namespaces: Vec<(String, String)>,
 
+    /// Bytes (MiB) each handler namespace's kv keys may hold in Redis: key
+    /// names plus values. A write past it gets the error `quota-exceeded`
+    /// and writes nothing, so no tenant can fill Redis. 0: no budget.
+    #[arg(long, env = "DTQ_KV_QUOTA_MIB", default_value_t = 256)]
+    pub kv_quota_mib: u64,
+
     /// API: how long a connection may take to send a request's headers,
     /// counted from the accept and again from the end of each response, so
     /// it is also the keep-alive idle timeout (ms).
@@ -226,6 +232,7 @@ impl Config {
             max_payload_bytes: self.max_payload_bytes,
             max_result_bytes: self.max_payload_bytes,
             // Room for a whole result or value, so their own limits answer.
+            kv_quota_bytes: self.kv_quota_mib.saturating_mul(1 << 20),
             max_hostcall_bytes: Limits::default()
                 .max_hostcall_bytes
                 .max(self.max_payload_bytes.saturating_add(1 << 20)),
@@ -244,6 +251,7 @@ impl Config {
                 .map(|(task, namespace)| {
                     let settings = HandlerSettings {
                         namespace: Some(namespace.clone()),
+                        ..HandlerSettings::default()
                     };
                     (task.clone(), settings)
                 })
@@ -252,37 +260,78 @@ impl Config {
         }
     }
 
-    /// Check the values clap cannot.
+    /// Check the values clap cannot; [`Config::check`] as text.
     pub fn validate(&self) -> Result<(), String> {
-        if self.concurrency == 0 {
-            return Err("--concurrency must be at least 1".into());
-        }
+        self.check().map_err(|e| e.to_string())
+    }
+
+    /// Check the values clap cannot.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let at_least = |flag, min, value| {
+            if value < min {
+                Err(ConfigError::TooSmall { flag, min })
+            } else {
+                Ok(())
+            }
+        };
+        at_least("--concurrency", 1, self.concurrency as u64)?;
         if self.queues.is_empty() {
-            return Err("--queues names no queue".into());
+            return Err(ConfigError::NoQueue);
         }
         for q in &self.queues {
-            crate::ingest::validate_queue_name(q).map_err(|e| format!("--queues: {e}"))?;
+            crate::ingest::validate_queue_name(q).map_err(|e| ConfigError::Queue {
+                queue: q.clone(),
+                reason: e.to_string(),
+            })?;
         }
-        if self.visibility_timeout_ms < 100 {
-            return Err("--visibility-timeout-ms must be at least 100".into());
+        at_least("--visibility-timeout-ms", 100, self.visibility_timeout_ms)?;
+        let max = crate::ingest::MAX_ATTEMPTS_LIMIT;
+        if !(1..=max).contains(&self.max_attempts) {
+            return Err(ConfigError::OutOfRange {
+                flag: "--max-attempts",
+                min: 1,
+                max: max.into(),
+            });
         }
-        if !(1..=crate::ingest::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {
-            return Err("--max-attempts must be 1 to 100".into());
-        }
-        for (flag, ms) in [
-            ("--api-header-timeout-ms", self.api_header_timeout_ms),
-            ("--api-body-timeout-ms", self.api_body_timeout_ms),
-            ("--api-redis-timeout-ms", self.api_redis_timeout_ms),
-        ] {
-            if ms == 0 {
-                return Err(format!("{flag} must be at least 1"));
-            }
-        }
-        if self.api_max_connections == 0 {
-            return Err("--api-max-connections must be at least 1".into());
-        }
-        Ok(())
+        at_least("--api-header-timeout-ms", 1, self.api_header_timeout_ms)?;
+        at_least("--api-body-timeout-ms", 1, self.api_body_timeout_ms)?;
+        at_least("--api-redis-timeout-ms", 1, self.api_redis_timeout_ms)?;
+        at_least("--api-max-connections", 1, self.api_max_connections as u64)
     }
+}
+
+/// A configuration value clap accepted but dtq cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A number below its minimum.
+    #[error("{flag} must be at least {min}")]
+    TooSmall {
+        /// The flag.
+        flag: &'static str,
+        /// Its smallest accepted value.
+        min: u64,
+    },
+    /// A number outside its range.
+    #[error("{flag} must be {min} to {max}")]
+    OutOfRange {
+        /// The flag.
+        flag: &'static str,
+        /// Its smallest accepted value.
+        min: u64,
+        /// Its largest accepted value.
+        max: u64,
+    },
+    /// `--queues` is empty.
+    #[error("--queues names no queue")]
+    NoQueue,
+    /// A name in `--queues` is not a valid queue name.
+    #[error("--queues: {queue:?}: {reason}")]
+    Queue {
+        /// The name.
+        queue: String,
+        /// Why it is refused.
+        reason: String,
+    },
 }
 
 impl Config {

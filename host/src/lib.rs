@@ -19,11 +19,15 @@
 //!   cancel listener.
 //! - [`sandbox`]: the wasmtime engine, module cache, per-call store and
 //!   limits, and the host imports a handler can reach.
+//! - [`server`]: the one composition of a server process (store, handlers,
+//!   worker, API, shutdown) and its typed errors with their exit codes,
+//!   used by the `dtq` binary and the test harness alike.
 
 pub mod api;
 pub mod config;
 pub mod ingest;
 pub mod sandbox;
+pub mod server;
 pub mod store;
 pub mod worker;
 

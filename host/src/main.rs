@@ -1,19 +1,14 @@
 //! The `dtq` command: the server (`serve`, `worker`, `api`) and a client for
 //! its HTTP API (`submit`, `status`, `cancel`, `queues`, `dlq`).
 
-use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use dtq_host::api::{self, ApiState, HandlerCheck};
-use dtq_host::sandbox::Sandbox;
-use dtq_host::store::Store;
-use dtq_host::{Config, worker};
+use dtq_host::Config;
+use dtq_host::server::{self, Roles, ServerError};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 /// mimalloc: a worker allocates and frees a little per task on several
@@ -198,47 +193,92 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, error }) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&error));
             ExitCode::from(code)
         }
     }
 }
 
+/// The error and its causes on one line, each said once: a cause whose
+/// text its error already ends with is not repeated.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 async fn dispatch(command: Command) -> Result<(), Failure> {
     use reqwest::Method;
     let (client, method, path) = match command {
-        Command::Serve(config) => return server(config, true, true).await,
-        Command::Worker(config) => return server(config, false, true).await,
-        Command::Api(config) => return server(config, true, false).await,
+        Command::Serve(config) => return serve(config, Roles::SERVE).await,
+        Command::Worker(config) => return serve(config, Roles::WORKER).await,
+        Command::Api(config) => return serve(config, Roles::API).await,
         Command::Submit(args) => return submit(args).await,
         Command::Status { queue, id, client } => (
             client,
             Method::GET,
-            format!("/v1/queues/{queue}/tasks/{id}"),
+            path(&["queues", &queue, "tasks", &id])?,
         ),
         Command::Cancel { queue, id, client } => (
             client,
             Method::POST,
-            format!("/v1/queues/{queue}/tasks/{id}/cancel"),
+            path(&["queues", &queue, "tasks", &id, "cancel"])?,
         ),
         Command::Queues {
             queue: Some(queue),
             client,
-        } => (client, Method::GET, format!("/v1/queues/{queue}")),
+        } => (client, Method::GET, path(&["queues", &queue])?),
         Command::Queues {
             queue: None,
             client,
-        } => (client, Method::GET, "/v1/queues".to_owned()),
+        } => (client, Method::GET, path(&["queues"])?),
         Command::Dlq(DlqCommand::List { queue, client }) => {
-            (client, Method::GET, format!("/v1/queues/{queue}/dlq"))
+            (client, Method::GET, path(&["queues", &queue, "dlq"])?)
         }
         Command::Dlq(DlqCommand::Requeue { queue, id, client }) => (
             client,
             Method::POST,
-            format!("/v1/queues/{queue}/dlq/{id}/requeue"),
+            path(&["queues", &queue, "dlq", &id, "requeue"])?,
         ),
     };
-    print_json(&request(&client, method, &path, None).await?)
+    let api = Api::new(client)?;
+    print_json(&api.request(method, &path, None, None).await?)
+}
+
+/// `/v1/<segments joined by />`, each segment percent-encoded, so that a
+/// queue name or task id holding `/`, `%`, `?`, `#` or a space stays one
+/// segment and cannot change which route is asked. `.` and `..` cannot be
+/// sent as a segment at all (URL parsing takes them, even encoded, as path
+/// steps), so they are refused here: no queue or task is named so.
+fn path(segments: &[&str]) -> Result<String, Failure> {
+    let mut path = String::from("/v1");
+    for segment in segments {
+        if *segment == "." || *segment == ".." {
+            return Err(fail(
+                2,
+                anyhow::anyhow!("{segment:?} is not a queue name or a task id"),
+            ));
+        }
+        path.push('/');
+        for byte in segment.bytes() {
+            match byte {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    path.push(char::from(byte));
+                }
+                _ => path.push_str(&format!("%{byte:02X}")),
+            }
+        }
+    }
+    Ok(path)
 }
 
 fn init_tracing() {
@@ -252,129 +292,39 @@ fn init_tracing() {
         .try_init();
 }
 
-/// Run the API, the worker, or both, until SIGINT or SIGTERM.
-async fn server(config: Config, with_api: bool, with_worker: bool) -> Result<(), Failure> {
+/// Run the server's `roles` until SIGINT or SIGTERM.
+async fn serve(config: Config, roles: Roles) -> Result<(), Failure> {
     init_tracing();
-    config.validate().map_err(|e| fail(2, anyhow::anyhow!(e)))?;
-    let store = Store::connect(&config.redis_url, config.store_settings())
+    server::run(config, roles, signal_shutdown())
         .await
-        .map_err(|e| {
-            fail(
-                3,
-                anyhow::anyhow!("cannot reach Redis at {}: {e}", config.redis_url),
-            )
-        })?;
-
-    let sandbox = if with_worker {
-        Some(load_sandbox(&config, &store)?)
-    } else {
-        None
-    };
-    let has_handler: HandlerCheck = match &sandbox {
-        Some(sandbox) => {
-            let sandbox = sandbox.clone();
-            Arc::new(move |task: &str| sandbox.has_handler(task))
-        }
-        // An API-only process checks the deployed files, so a module copied
-        // into the directory is accepted without a restart.
-        None => {
-            let dir = config.handlers.clone();
-            Arc::new(move |task: &str| dir.join(format!("{task}.wasm")).is_file())
-        }
-    };
-
-    let stop = CancellationToken::new();
-    tokio::spawn(signal_shutdown(stop.clone()));
-
-    let api_task = if with_api {
-        let api_settings = config
-            .api_settings()
-            .map_err(|e| fail(2, anyhow::anyhow!(e)))?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
-        let state = ApiState {
-            store: store.clone(),
-            ingest: config.ingest_settings(),
-            admin_token: config.admin_token.clone(),
-            has_handler,
-        };
-        Some(tokio::spawn(api::serve_with(
-            listener,
-            state,
-            api_settings,
-            stop.clone().cancelled_owned(),
-        )))
-    } else {
-        None
-    };
-    if let Some(sandbox) = sandbox {
-        worker::run(store, sandbox, config, stop.clone().cancelled_owned()).await?;
-    } else {
-        stop.cancelled().await;
-    }
-    if let Some(api_task) = api_task {
-        api_task.await.context("API task")?.context("API server")?;
-    }
-    Ok(())
+        .map_err(server_failure)
 }
 
-fn load_sandbox(config: &Config, store: &Store) -> Result<Sandbox, Failure> {
-    let sandbox = Sandbox::new(config.sandbox_config(), store.connection())
-        .context("cannot set up the sandbox")?;
-    if !config.handlers.is_dir() {
-        return Err(fail(
-            2,
-            anyhow::anyhow!(
-                "handlers directory {} does not exist (set --handlers or DTQ_HANDLERS)",
-                config.handlers.display()
-            ),
-        ));
-    }
-    let started = Instant::now();
-    let report = sandbox.load_dir(Path::new(&config.handlers)).map_err(|e| {
-        fail(
-            2,
-            anyhow::anyhow!("cannot read the handlers directory: {e}"),
-        )
-    })?;
-    // A bad module is one line in the log; the good ones run.
-    for (file, error) in &report.failed {
-        let error = error.to_string();
-        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
-        tracing::error!("handler skipped: {}: {error}", file.display());
-    }
-    if report.loaded.is_empty() {
-        tracing::warn!(dir = %config.handlers.display(), "no <task>.wasm handlers loaded");
-    }
-    info!(handlers = ?report.loaded, skipped = report.failed.len(),
-        elapsed_ms = started.elapsed().as_millis() as u64, "handlers loaded");
-    Ok(sandbox)
+/// A server error with its exit code and its causes on one line.
+fn server_failure(e: ServerError) -> Failure {
+    fail(e.exit_code(), e)
 }
 
-/// Cancel `stop` on the first SIGINT or SIGTERM.
-async fn signal_shutdown(stop: CancellationToken) {
+/// Resolves on the first SIGINT or SIGTERM.
+async fn signal_shutdown() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    stop.cancel();
-                    return;
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
         }
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     info!("signal received: shutting down");
-    stop.cancel();
 }
 
 async fn submit(args: SubmitArgs) -> Result<(), Failure> {
@@ -400,16 +350,15 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             body[name] = json!(v);
         }
     }
-    let client = &args.client;
-    let path = format!("/v1/queues/{}/tasks", args.queue);
-    let submitted = request_with(
-        client,
-        reqwest::Method::POST,
-        &path,
-        Some(body),
-        args.idempotency_key.as_deref(),
-    )
-    .await?;
+    let api = Api::new(args.client)?;
+    let submitted = api
+        .request(
+            reqwest::Method::POST,
+            &path(&["queues", &args.queue, "tasks"])?,
+            Some(body),
+            args.idempotency_key.as_deref(),
+        )
+        .await?;
     if !args.wait {
         return print_json(&submitted);
     }
@@ -417,15 +366,12 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         .as_str()
         .context("the response has no task_id")?
         .to_owned();
+    let task_path = path(&["queues", &args.queue, "tasks", &id])?;
     let deadline = Instant::now() + Duration::from_secs(args.wait_timeout_s);
     loop {
-        let mut task = request(
-            client,
-            reqwest::Method::GET,
-            &format!("/v1/queues/{}/tasks/{id}", args.queue),
-            None,
-        )
-        .await?;
+        let mut task = api
+            .request(reqwest::Method::GET, &task_path, None, None)
+            .await?;
         // Whether the submission was a replay is the submit's answer, not
         // the task's.
         task["duplicate"] = submitted["duplicate"].clone();
@@ -448,57 +394,70 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     }
 }
 
-async fn request(
-    client: &ClientArgs,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Value, Failure> {
-    request_with(client, method, path, body, None).await
+/// A client of one dtq API: one HTTP client (one connection pool) for all
+/// of a command's requests, and the token they carry.
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
 }
 
-/// One API request. A response with an error body becomes a failure that
-/// shows its code and message; the body itself is printed to stdout too, so
-/// scripts can read `details` (e.g. the in-flight task of a 409).
-async fn request_with(
-    client: &ClientArgs,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-    idempotency_key: Option<&str>,
-) -> Result<Value, Failure> {
-    let url = format!("{}{path}", client.api.trim_end_matches('/'));
-    let mut req = reqwest::Client::new().request(method, &url);
-    if let Some(body) = body {
-        req = req.json(&body);
+impl Api {
+    fn new(args: ClientArgs) -> Result<Api, Failure> {
+        let http = reqwest::Client::builder()
+            .build()
+            .context("cannot set up the HTTP client")?;
+        Ok(Api {
+            http,
+            base: args.api.trim_end_matches('/').to_owned(),
+            token: args.token.or(args.admin_token),
+        })
     }
-    if let Some(key) = idempotency_key {
-        req = req.header("Idempotency-Key", key);
-    }
-    if let Some(token) = client.token.as_ref().or(client.admin_token.as_ref()) {
-        req = req.bearer_auth(token);
-    }
-    let resp = req
-        .send()
-        .await
-        .map_err(|e| fail(3, anyhow::anyhow!("cannot reach {url}: {e}")))?;
-    let status = resp.status();
-    let value: Value = resp.json().await.unwrap_or(Value::Null);
-    if status.is_success() {
-        return Ok(value);
-    }
-    print_json(&value)?;
-    let err = &value["error"];
-    match (err["code"].as_str(), err["message"].as_str()) {
-        (Some(code), Some(message)) => {
-            let exit = if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
-                3
-            } else {
-                1
-            };
-            Err(fail(exit, anyhow::anyhow!("{code} ({status}): {message}")))
+
+    /// One API request to `path` (already encoded, see [`path`]). A
+    /// response with an error body becomes a failure that shows its code
+    /// and message; the body itself is printed to stdout too, so scripts
+    /// can read `details` (e.g. the in-flight task of a 409).
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url);
+        if let Some(body) = body {
+            req = req.json(&body);
         }
-        _ => Err(fail(1, anyhow::anyhow!("HTTP {status} from {url}"))),
+        if let Some(key) = idempotency_key {
+            req = req.header("Idempotency-Key", key);
+        }
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| fail(3, anyhow::anyhow!("cannot reach {url}: {e}")))?;
+        let status = resp.status();
+        let value: Value = resp.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(value);
+        }
+        print_json(&value)?;
+        let err = &value["error"];
+        match (err["code"].as_str(), err["message"].as_str()) {
+            (Some(code), Some(message)) => {
+                let exit = if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                    3
+                } else {
+                    1
+                };
+                Err(fail(exit, anyhow::anyhow!("{code} ({status}): {message}")))
+            }
+            _ => Err(fail(1, anyhow::anyhow!("HTTP {status} from {url}"))),
+        }
     }
 }
 

@@ -779,3 +779,109 @@ async fn a_bad_handler_file_is_reported_in_one_line_and_the_rest_run() -> Result
     assert!(skipped[0].contains("broken.wasm"), "{}", skipped[0]);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_cannot_listen_exits_1_and_says_so_once() -> Result<()> {
+    let redis = RedisServer::start()?;
+    // Held for the whole test: nothing else can bind it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let listen = taken.local_addr()?.to_string();
+    for subcommand in ["api", "serve"] {
+        let out = run(&[
+            subcommand,
+            "--redis",
+            &redis.url(),
+            "--handlers",
+            guests::EXAMPLES_DIR,
+            "--listen",
+            &listen,
+        ])
+        .await?;
+        expect_code(&out, 1, &format!("{subcommand} on a taken address"))?;
+        let err = stderr(&out);
+        let reported: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(reported.len(), 1, "{err}");
+        assert!(
+            reported[0].contains(&format!("cannot listen on {listen}")),
+            "{err}"
+        );
+        assert_eq!(
+            err.matches("cannot listen").count(),
+            1,
+            "the error is printed more than once:\n{err}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_encodes_queue_names_and_task_ids_as_one_path_segment() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let server = Proc::start(&dir, "api", "api", &redis, &[]).await?;
+    let api = server.api.as_str();
+
+    // Each id would change the route if sent raw: another segment, an
+    // escape, a query, a fragment. Encoded, each reaches the
+    // task route as itself, which answers TASK_NOT_FOUND with the id it
+    // was given, not the unknown-route NOT_FOUND.
+    for id in ["a/b", "a%2Fb", "a b", "a?b=1", "a#b", "a%"] {
+        for command in ["status", "cancel"] {
+            let out = run(&[command, "default", id, "--api", api]).await?;
+            expect_code(&out, 1, &format!("{command} {id:?}"))?;
+            let body = stdout_json(&out)?;
+            assert_eq!(
+                body["error"]["code"], "TASK_NOT_FOUND",
+                "{command} {id:?}: {body:#}"
+            );
+            assert_eq!(
+                body["error"]["details"]["task_id"], id,
+                "{command} {id:?}: {body:#}"
+            );
+            assert_eq!(body["error"]["details"]["queue"], "default", "{body:#}");
+        }
+    }
+    // `.` and `..` are path steps even encoded: refused before sending.
+    for id in [".", ".."] {
+        let out = run(&["status", "default", id, "--api", api]).await?;
+        expect_code(&out, 2, &format!("status {id:?}"))?;
+    }
+    // A queue name holding `/` is one segment too: the API refuses the name
+    // (it is not a valid queue name) instead of routing elsewhere.
+    let out = run(&["queues", "a/b", "--api", api]).await?;
+    expect_code(&out, 1, "queues a/b")?;
+    let body = stdout_json(&out)?;
+    assert_ne!(body["error"]["code"], "NOT_FOUND", "{body:#}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_whose_worker_dies_stops_its_api_and_returns_the_error() -> Result<()> {
+    use dtq_host::server::{Roles, Server, ServerError};
+    let redis = RedisServer::start()?;
+    let mut flags = server_flags(&redis, 0);
+    flags.extend(["--queues".to_owned(), "srv-dies".to_owned()]);
+    let config = dtq_host::Config::from_args(flags)?;
+    let server = Server::prepare(config, Roles::SERVE).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let healthz = format!("http://{}/healthz", listener.local_addr()?);
+    let running = tokio::spawn(server.serve(Some(listener), std::future::pending()));
+    let http = reqwest::Client::new();
+    let status = http.get(&healthz).send().await?.status();
+    assert_eq!(status, 200, "the API is not up");
+
+    dtq_host::worker::inject_fault("fetch", "srv-dies", dtq_host::worker::Fault::Panic);
+    let ended = tokio::time::timeout(WAIT, running)
+        .await
+        .context("the server ran on after its worker died")??;
+    let err = ended.expect_err("the server ended without an error");
+    assert!(matches!(err, ServerError::Worker(_)), "{err:?}");
+    assert_eq!(err.exit_code(), 1, "{err:?}");
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert!(chain.contains("injected fault"), "{chain}");
+    assert!(
+        http.get(&healthz).send().await.is_err(),
+        "the API still answers after the server stopped"
+    );
+    Ok(())
+}

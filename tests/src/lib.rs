@@ -364,6 +364,9 @@ pub struct Dtq {
     pub config: dtq_host::Config,
     /// The sandbox with the example handlers loaded.
     pub sandbox: dtq_host::sandbox::Sandbox,
+    /// The server the API runs as and workers are started from: the
+    /// binary's composition, with the test guests loaded too.
+    server: dtq_host::server::Server,
     api_stop: tokio_util::sync::CancellationToken,
     worker: Option<(
         tokio_util::sync::CancellationToken,
@@ -408,34 +411,35 @@ impl Dtq {
         let mut args = test_flags(&redis.url());
         args.extend(flags.iter().map(|s| s.to_string()));
         let config = dtq_host::Config::from_args(args)?;
-        let store =
-            dtq_host::store::Store::connect(&config.redis_url, config.store_settings()).await?;
-        let sandbox = dtq_host::sandbox::Sandbox::new(config.sandbox_config(), store.connection())?;
-        sandbox.load_dir(std::path::Path::new(guests::EXAMPLES_DIR))?;
+        let server =
+            dtq_host::server::Server::prepare(config.clone(), dtq_host::server::Roles::SERVE)
+                .await?;
+        let sandbox = server
+            .sandbox()
+            .context("a server with a worker has its sandbox")?
+            .clone();
+        // Shared with `server`'s clones: the API knows these tasks too.
         sandbox.load_dir(std::path::Path::new(guests::TEST_GUESTS_DIR))?;
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api = format!("http://{}", listener.local_addr()?);
-        let check = sandbox.clone();
-        let state = dtq_host::api::ApiState {
-            store: store.clone(),
-            ingest: config.ingest_settings(),
-            admin_token: config.admin_token.clone(),
-            has_handler: std::sync::Arc::new(move |t: &str| check.has_handler(t)),
-        };
         let api_stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(dtq_host::api::serve(
-            listener,
-            state,
-            api_stop.clone().cancelled_owned(),
-        ));
+        let serve = server
+            .with_roles(dtq_host::server::Roles::API)?
+            .serve(Some(listener), api_stop.clone().cancelled_owned());
+        tokio::spawn(async move {
+            if let Err(e) = serve.await {
+                eprintln!("the test API stopped: {e}");
+            }
+        });
         let mut dtq = Dtq {
             client: ApiClient::new(api.as_str()),
             redis,
             api,
-            store,
+            store: server.store().clone(),
             config,
             sandbox,
+            server,
             api_stop,
             worker: None,
         };
@@ -445,18 +449,17 @@ impl Dtq {
         Ok(dtq)
     }
 
-    /// Start the in-process worker (once).
+    /// Start the in-process worker (once), as `dtq worker` runs it.
     pub fn start_worker(&mut self) {
         if self.worker.is_some() {
             return;
         }
         let stop = tokio_util::sync::CancellationToken::new();
-        let run = dtq_host::worker::run(
-            self.store.clone(),
-            self.sandbox.clone(),
-            self.config.clone(),
-            stop.clone().cancelled_owned(),
-        );
+        let run = self
+            .server
+            .with_roles(dtq_host::server::Roles::WORKER)
+            .expect("the sandbox is loaded, so nothing can fail")
+            .serve(None, stop.clone().cancelled_owned());
         let handle = tokio::spawn(async move {
             if let Err(e) = run.await {
                 panic!("worker failed: {e}");

@@ -109,7 +109,7 @@ async fn amplifying_guests_stay_within_the_stated_memory_bound() -> Result<()> {
         + limits.max_log_bytes as u64
         + limits.max_result_bytes as u64;
     let bound = CALLS as u64 * per_call;
-    println!(
+    eprintln!(
         "{CALLS} amplifying calls (12 fields naming one 12 MiB buffer each): \
          peak RSS grew {} MiB; bound {} MiB",
         growth / MIB,

@@ -645,6 +645,10 @@ async fn an_abandoned_operation_with_external_effects_is_not_run_again() -> Resu
 async fn a_write_without_a_reply_is_an_unknown_outcome_not_a_failure() -> Result<()> {
     let redis = RedisServer::start()?;
     let sandbox = sandbox_with(&redis, Duration::from_millis(300)).await?;
+    // The write script is loaded first, so the paused write runs once Redis
+    // takes writes again (rather than finding no script).
+    let warm = run(&sandbox, "t0", 1, json!({"op": "incr", "key": "warm"})).await;
+    assert_eq!(success(&warm)?, json!({"value": 1}));
     let mut conn = redis.conn().await?;
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -755,7 +759,9 @@ async fn kv_keys_cannot_reach_claims() -> Result<()> {
     );
     for key in redis.keys().await? {
         assert!(
-            key.starts_with("dtq:guest:{operations}:") || key == claim("K"),
+            key.starts_with("dtq:guest:{operations}:")
+                || key == claim("K")
+                || key == "dtq:quota:{operations}",
             "{key}"
         );
     }
@@ -784,12 +790,14 @@ async fn a_component_gets_the_namespace_it_asks_for_only_when_the_operator_grant
     );
     let other = HandlerSettings {
         namespace: Some("send_receipt".into()),
+        ..HandlerSettings::default()
     };
     assert!(sandbox.load_with("billing-v2", &wasm, &other).is_err());
     assert!(!sandbox.has_handler("billing-v2"));
 
     let granted = HandlerSettings {
         namespace: Some("shared-ns".into()),
+        ..HandlerSettings::default()
     };
     let report = sandbox.load_with("billing-v2", &wasm, &granted)?;
     assert_eq!(report.namespace, "shared-ns");
@@ -797,7 +805,9 @@ async fn a_component_gets_the_namespace_it_asks_for_only_when_the_operator_grant
     call.task = "billing-v2".into();
     let report = sandbox.call(call, &CancelHandle::new()).await;
     assert_eq!(success(&report)?, json!({"ok": true}));
-    assert_eq!(redis.keys().await?, vec!["dtq:guest:{shared-ns}:k"]);
+    let mut keys = redis.keys().await?;
+    keys.sort();
+    assert_eq!(keys, ["dtq:guest:{shared-ns}:k", "dtq:quota:{shared-ns}"]);
     Ok(())
 }
 
@@ -810,6 +820,7 @@ async fn the_operator_can_give_a_handler_another_namespace() -> Result<()> {
             "operations".to_string(),
             HandlerSettings {
                 namespace: Some("billing".into()),
+                ..HandlerSettings::default()
             },
         )]
         .into(),
@@ -830,7 +841,8 @@ async fn the_operator_can_give_a_handler_another_namespace() -> Result<()> {
         [
             "dtq:claim:{billing}:N",
             "dtq:guest:{billing}:charges",
-            "dtq:guest:{billing}:email"
+            "dtq:guest:{billing}:email",
+            "dtq:quota:{billing}"
         ]
     );
     Ok(())

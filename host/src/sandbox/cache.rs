@@ -33,7 +33,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::SandboxError;
-use super::outcome::error_chain;
+use super::outcome::{error_chain, error_line};
 
 /// Trailer that marks a file as one of ours, with its format version.
 const MAGIC: &[u8; 8] = b"dtqcwa01";
@@ -163,7 +163,7 @@ impl ArtifactCache {
 
         let started = Instant::now();
         let component = Component::new(engine, wasm)
-            .map_err(|e| SandboxError::InvalidModule(error_chain(&e)))?;
+            .map_err(|e| SandboxError::InvalidModule(error_line(&e)))?;
         let compile_time = started.elapsed();
         if let Some(path) = &path {
             // The cache only saves time: failing to write it is not an error.

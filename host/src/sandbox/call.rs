@@ -124,6 +124,9 @@ pub(crate) struct LoadedHandler {
     pub(crate) kv_prefix: Arc<str>,
     /// `dtq:claim:{<namespace>}:`
     pub(crate) claim_prefix: Arc<str>,
+    /// `dtq:quota:{<namespace>}` and `dtq:quota-ttl:{<namespace>}`.
+    pub(crate) quota_keys: Arc<[String; 2]>,
+    pub(crate) kv_quota_bytes: u64,
 }
 
 /// What [`run`] needs from the sandbox.
@@ -173,6 +176,8 @@ pub(crate) async fn run(
             redis: env.redis.clone(),
             kv_prefix: handler.kv_prefix.clone(),
             claim_prefix: handler.claim_prefix.clone(),
+            quota_keys: handler.quota_keys.clone(),
+            kv_quota_bytes: handler.kv_quota_bytes,
             log: log.clone(),
             limits: limits.clone(),
             host_calls: 0,

@@ -45,6 +45,26 @@ use bindings::dtq::handler::kv::SetOptions;
 use bindings::dtq::handler::log::Level;
 use bindings::dtq::handler::types::HostError;
 
+/// `kv_write.lua`, with the quota bookkeeping it shares with the commit.
+static KV_WRITE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("../store/lua/include/quota.lua"),
+        include_str!("../store/lua/kv_write.lua")
+    ))
+});
+
+/// One kv write outside an operation, as `kv_write.lua` takes it.
+enum KvWrite<'a> {
+    Set {
+        value: &'a str,
+        only_if_absent: bool,
+        expire_seconds: Option<u32>,
+    },
+    IncrBy(i64),
+    Del,
+    Expire(u32),
+}
+
 /// Who is calling: the task attempt a call runs, as an idempotency claim
 /// records its owner.
 pub(crate) struct Caller {
@@ -62,6 +82,10 @@ pub(crate) struct HostCtx {
     pub(crate) kv_prefix: Arc<str>,
     /// `dtq:claim:{<namespace>}:`
     pub(crate) claim_prefix: Arc<str>,
+    /// The namespace's byte count and TTL index.
+    pub(crate) quota_keys: Arc<[String; 2]>,
+    /// The namespace's budget (0: none).
+    pub(crate) kv_quota_bytes: u64,
     pub(crate) log: TaskLog,
     pub(crate) limits: Arc<Limits>,
     pub(crate) host_calls: u64,
@@ -137,11 +161,51 @@ impl HostCtx {
         .map_err(|e| host_error(e, false))
     }
 
-    /// Send a command that changes something, once.
-    async fn write<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T, HostError> {
-        cmd.query_async(&mut self.redis)
+    /// Make one kv write, counted against the namespace's budget, once.
+    async fn write(&mut self, key: &str, write: KvWrite<'_>) -> Result<i64, HostError> {
+        let mut invocation = KV_WRITE.prepare_invoke();
+        invocation
+            .key(key)
+            .key(&self.quota_keys[0])
+            .key(&self.quota_keys[1]);
+        let (op, arg, nx, ex) = match write {
+            KvWrite::Set {
+                value,
+                only_if_absent,
+                expire_seconds,
+            } => (
+                "set",
+                value.to_string(),
+                if only_if_absent { "nx" } else { "" },
+                expire_seconds.map_or_else(String::new, |s| s.to_string()),
+            ),
+            KvWrite::IncrBy(delta) => ("incrby", delta.to_string(), "", String::new()),
+            KvWrite::Del => ("del", String::new(), "", String::new()),
+            KvWrite::Expire(seconds) => ("expire", seconds.to_string(), "", String::new()),
+        };
+        invocation
+            .arg(op)
+            .arg(&*self.kv_prefix)
+            .arg(arg)
+            .arg(nx)
+            .arg(ex)
+            .arg(self.kv_quota_bytes);
+        let (state, value): (String, i64) = invocation
+            .invoke_async(&mut self.redis)
             .await
-            .map_err(|e| host_error(e, true))
+            .map_err(|e| host_error(e, true))?;
+        match state.as_str() {
+            "ok" => Ok(value),
+            _ => Err(self.quota_exceeded(value)),
+        }
+    }
+
+    /// The refusal of a write past the namespace's budget.
+    pub(crate) fn quota_exceeded(&self, used: i64) -> HostError {
+        HostError::QuotaExceeded(format!(
+            "the namespace's keys hold {used} bytes of its budget of {}",
+            self.kv_quota_bytes
+        ))
     }
 
     /// Run an invocation that its owner token makes safe to repeat (the
@@ -256,23 +320,18 @@ impl bindings::dtq::handler::kv::Host for HostCtx {
             }));
             return Ok(Ok(true));
         }
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(value);
-        if options.only_if_absent {
-            cmd.arg("NX");
-        }
-        if let Some(seconds) = options.expire_seconds {
-            cmd.arg("EX").arg(seconds);
-        }
-        // `OK` when written, nil when NX found the key.
-        let reply: Option<String> = guest_try!(self.write(&cmd).await);
-        Ok(Ok(reply.is_some()))
+        let write = KvWrite::Set {
+            value: &value,
+            only_if_absent: options.only_if_absent,
+            expire_seconds: options.expire_seconds,
+        };
+        Ok(self.write(&key, write).await.map(|n| n == 1))
     }
 
     async fn incr_by(&mut self, key: String, delta: i64) -> HostResult<i64> {
         let key = guest_try!(self.kv_key(&key)?);
         if self.operation.is_none() {
-            return Ok(self.write(redis::cmd("INCRBY").arg(key).arg(delta)).await);
+            return Ok(self.write(&key, KvWrite::IncrBy(delta)).await);
         }
         let current = guest_try!(self.current(&key).await);
         let value = match current.as_deref().map(str::parse::<i64>) {
@@ -300,8 +359,7 @@ impl bindings::dtq::handler::kv::Host for HostCtx {
             guest_try!(self.stage(Staged::Del { key }));
             return Ok(Ok(existed));
         }
-        let n: u64 = guest_try!(self.write(redis::cmd("DEL").arg(key)).await);
-        Ok(Ok(n > 0))
+        Ok(self.write(&key, KvWrite::Del).await.map(|n| n > 0))
     }
 
     async fn expire(&mut self, key: String, seconds: u32) -> HostResult<bool> {
@@ -314,8 +372,10 @@ impl bindings::dtq::handler::kv::Host for HostCtx {
             }
             return Ok(Ok(exists));
         }
-        let n: u64 = guest_try!(self.write(redis::cmd("EXPIRE").arg(key).arg(seconds)).await);
-        Ok(Ok(n > 0))
+        Ok(self
+            .write(&key, KvWrite::Expire(seconds))
+            .await
+            .map(|n| n > 0))
     }
 
     async fn exists(&mut self, key: String) -> HostResult<bool> {

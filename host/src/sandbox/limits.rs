@@ -144,6 +144,16 @@ pub struct Limits {
     /// must stay above [`Limits::max_value_bytes`] and
     /// [`Limits::max_result_bytes`] for those limits to answer first.
     pub max_hostcall_bytes: usize,
+
+    /// Bytes one namespace's kv keys may hold in Redis (key names after the
+    /// namespace prefix, plus values). Default 256 MiB; 0: no budget. The
+    /// operator may set another per handler
+    /// ([`HandlerSettings::kv_quota_bytes`](super::HandlerSettings::kv_quota_bytes)).
+    ///
+    /// Stops one tenant from filling Redis, which with a `maxmemory` would
+    /// stop every queue. A write past it gets the WIT error
+    /// `quota-exceeded` and writes nothing.
+    pub kv_quota_bytes: u64,
 }
 
 impl Default for Limits {
@@ -167,6 +177,7 @@ impl Default for Limits {
             max_operation_bytes: 1 << 20,
             claim_lease: Duration::from_secs(5),
             max_hostcall_bytes: 4 << 20,
+            kv_quota_bytes: 256 << 20,
         }
     }
 }

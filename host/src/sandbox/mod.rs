@@ -86,7 +86,7 @@ use call::{CallEnv, LoadedHandler, TaskState};
 use engine::EpochTicker;
 use imports::HostCtx;
 use imports::bindings::{Handler, HandlerPre};
-use outcome::error_chain;
+use outcome::{error_chain, error_line};
 
 /// How a [`Sandbox`] is set up.
 #[derive(Debug, Clone)]
@@ -120,6 +120,10 @@ pub struct HandlerSettings {
     /// the task name. A component whose `dtq-namespace` section asks for
     /// another is refused at load.
     pub namespace: Option<String>,
+    /// The namespace's kv budget in bytes; `None`:
+    /// [`Limits::kv_quota_bytes`]. Handlers sharing a namespace share its
+    /// budget; the value of the handler loaded last applies to its calls.
+    pub kv_quota_bytes: Option<u64>,
 }
 
 impl Default for SandboxConfig {
@@ -405,11 +409,15 @@ impl Sandbox {
             .linker
             .instantiate_pre(&compiled.component)
             .and_then(HandlerPre::new)
-            .map_err(|e| SandboxError::Link(error_chain(&e)))?;
+            .map_err(|e| SandboxError::Link(error_line(&e)))?;
         let handler = Arc::new(LoadedHandler {
             pre,
             kv_prefix: namespace::kv_prefix(&namespace).into(),
             claim_prefix: namespace::claim_prefix(&namespace).into(),
+            quota_keys: namespace::quota_keys(&namespace).into(),
+            kv_quota_bytes: settings
+                .kv_quota_bytes
+                .unwrap_or(self.inner.limits.kv_quota_bytes),
         });
         self.inner
             .handlers

@@ -60,7 +60,10 @@ fn custom_namespace(wasm: &[u8]) -> Result<Option<String>, SandboxError> {
     let mut found: Option<String> = None;
     // `parse_all` descends into nested modules and components by itself.
     for payload in Parser::new(0).parse_all(wasm) {
-        let payload = payload.map_err(|e| SandboxError::InvalidModule(e.to_string()))?;
+        let payload = payload.map_err(|e| {
+            let text = e.to_string();
+            SandboxError::InvalidModule(text.split_whitespace().collect::<Vec<_>>().join(" "))
+        })?;
         let Payload::CustomSection(section) = payload else {
             continue;
         };
@@ -112,6 +115,15 @@ pub(crate) fn validate(namespace: &str) -> Result<(), SandboxError> {
 /// The prefix of every kv key of `namespace`.
 pub(crate) fn kv_prefix(namespace: &str) -> String {
     format!("{GUEST_KEY_PREFIX}{{{namespace}}}:")
+}
+
+/// The count of `namespace`'s kv bytes and its TTL index (see
+/// `store/lua/include/quota.lua`).
+pub(crate) fn quota_keys(namespace: &str) -> [String; 2] {
+    [
+        format!("dtq:quota:{{{namespace}}}"),
+        format!("dtq:quota-ttl:{{{namespace}}}"),
+    ]
 }
 
 /// The prefix of every idempotency claim of `namespace`.

@@ -28,8 +28,12 @@ use super::imports::{HostCtx, HostResult, guest_try};
 
 static BEGIN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../store/lua/claim_begin.lua")));
-static COMMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_commit.lua")));
+static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../store/lua/include/quota.lua"),
+        include_str!("../store/lua/claim_commit.lua")
+    ))
+});
 static ABORT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../store/lua/claim_abort.lua")));
 static RENEW: LazyLock<Script> =
@@ -258,7 +262,14 @@ impl Host for HostCtx {
         guest_try!(self.check_value(&result));
         let op = guest_try!(self.take_operation(&key));
         let mut invocation = COMMIT.prepare_invoke();
-        invocation.key(&op.claim).arg(self.token()).arg(result);
+        invocation
+            .key(&op.claim)
+            .key(&self.quota_keys[0])
+            .key(&self.quota_keys[1])
+            .arg(self.token())
+            .arg(result)
+            .arg(&*self.kv_prefix)
+            .arg(self.kv_quota_bytes);
         for write in &op.writes {
             invocation.key(write.key());
             for arg in write.args() {
@@ -274,6 +285,7 @@ impl Host for HostCtx {
             "refused" => Err(HostError::WrongType(format!(
                 "{detail}; nothing of the operation on {key:?} was applied"
             ))),
+            "quota" => Err(self.quota_exceeded(detail.parse().unwrap_or(0))),
             other => anyhow_protocol("claim_commit", other)?,
         })
     }

@@ -167,6 +167,15 @@ pub(crate) fn classify(err: &wasmtime::Error, log: &TaskLog) -> Trap {
 }
 
 /// `outer: inner: root` for an error and its causes.
+/// [`error_chain`] on one line: what a load error reports, so that a
+/// refused module is one line in a log.
+pub(crate) fn error_line(err: &wasmtime::Error) -> String {
+    error_chain(err)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
     let mut text = String::new();
     for cause in err.chain() {

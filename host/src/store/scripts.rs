@@ -114,3 +114,208 @@ impl Code {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::Code;
+
+    /// The scripts whose replies carry a [`Code`], with their text.
+    const CODED: &[(&str, &str)] = &[
+        ("ingest", include_str!("lua/ingest.lua")),
+        ("start", include_str!("lua/start.lua")),
+        ("complete", include_str!("lua/complete.lua")),
+        ("cancel", include_str!("lua/cancel.lua")),
+        ("requeue", include_str!("lua/requeue.lua")),
+        ("heartbeat", include_str!("lua/heartbeat.lua")),
+    ];
+
+    /// The scripts whose replies are not codes of [`Code`] (counts, claim
+    /// states, XCLAIM entries, or a 1/0 the claim module reads itself).
+    const UNCODED: &[&str] = &[
+        "promote",
+        "reclaim",
+        "claim_begin",
+        "claim_commit",
+        "claim_renew",
+        "claim_abort",
+        "kv_write",
+    ];
+
+    /// Every variant; the match makes a new variant fail to compile here
+    /// until it is listed.
+    fn every_code() -> Vec<Code> {
+        let all = [
+            Code::Skipped,
+            Code::Ok,
+            Code::Replay,
+            Code::CancelRequested,
+            Code::Expired,
+            Code::Exhausted,
+            Code::InProgress,
+            Code::KeyMismatch,
+            Code::QueueFull,
+            Code::Stale,
+            Code::Terminal,
+            Code::NotFound,
+            Code::NotInDlq,
+        ];
+        for code in all {
+            match code {
+                Code::Skipped
+                | Code::Ok
+                | Code::Replay
+                | Code::CancelRequested
+                | Code::Expired
+                | Code::Exhausted
+                | Code::InProgress
+                | Code::KeyMismatch
+                | Code::QueueFull
+                | Code::Stale
+                | Code::Terminal
+                | Code::NotFound
+                | Code::NotInDlq => {}
+            }
+        }
+        all.to_vec()
+    }
+
+    /// A leading integer of `text` (after an optional `{`), followed by a
+    /// comma, a space or the end.
+    fn leading_int(text: &str) -> Option<i64> {
+        let text = text.strip_prefix('{').unwrap_or(text);
+        let end = text
+            .char_indices()
+            .find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && c == '-')))
+            .map_or(text.len(), |(i, _)| i);
+        let rest = &text[end..];
+        if !(rest.is_empty() || rest.starts_with(',') || rest.starts_with(' ')) {
+            return None;
+        }
+        text[..end].parse().ok()
+    }
+
+    /// The codes the header's `Output` section lists: the lines indented
+    /// under it that start with a number (`{-1, id}`, `1, status`, `-4 STALE`).
+    fn header_codes(script: &str) -> BTreeSet<i64> {
+        let header = &script[..script.find("]]").expect("a header")];
+        let mut lines = header
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("Output"));
+        let output = lines.next().expect("an Output section");
+        let indent = output.len() - output.trim_start().len();
+        lines
+            .take_while(|l| !l.trim().is_empty())
+            .filter(|l| l.len() - l.trim_start().len() > indent)
+            .filter_map(|l| leading_int(l.trim()))
+            .collect()
+    }
+
+    /// The values of `text` (split at `,`, `and`, `or`) that are integer
+    /// literals, outside brackets and strings.
+    fn bare_ints(text: &str) -> Vec<i64> {
+        let mut kept = String::new();
+        let (mut depth, mut quoted) = (0, false);
+        for c in text.chars() {
+            match c {
+                '"' => quoted = !quoted,
+                '[' if !quoted => depth += 1,
+                ']' if !quoted => depth -= 1,
+                _ if quoted || depth > 0 => {}
+                _ => kept.push(c),
+            }
+        }
+        kept.split(',')
+            .flat_map(|t| t.split(" or "))
+            .flat_map(|t| t.split(" and "))
+            .filter_map(|t| t.trim().parse().ok())
+            .collect()
+    }
+
+    /// The codes the body returns: `return {N, ...}`, `return N, ...`,
+    /// `emit(N, ...)`, and values put into the reply table `out[...] = ...`.
+    fn body_codes(script: &str) -> BTreeSet<i64> {
+        let body = &script[script.find("]]").expect("a header") + 2..];
+        let mut codes = BTreeSet::new();
+        for line in body.lines().map(str::trim) {
+            if line.starts_with("--") {
+                continue;
+            }
+            for prefix in ["return ", "emit("] {
+                if let Some(at) = line.find(prefix)
+                    && let Some(code) = leading_int(&line[at + prefix.len()..])
+                {
+                    codes.insert(code);
+                }
+            }
+            if line.starts_with("out[")
+                && let Some((_, value)) = line.split_once(" = ")
+            {
+                codes.extend(bare_ints(value));
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn every_script_is_classified() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store/lua");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .expect("the lua directory")
+            .filter_map(|e| {
+                let name = e.expect("an entry").file_name().into_string().ok()?;
+                name.strip_suffix(".lua").map(str::to_owned)
+            })
+            .collect();
+        on_disk.sort();
+        let mut known: Vec<String> = CODED
+            .iter()
+            .map(|(name, _)| *name)
+            .chain(UNCODED.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        known.sort();
+        assert_eq!(on_disk, known, "list a new script in CODED or UNCODED");
+    }
+
+    #[test]
+    fn every_script_code_is_a_code_and_every_code_is_returned() {
+        let mut used = Vec::new();
+        for (name, script) in CODED {
+            let header = header_codes(script);
+            let body = body_codes(script);
+            assert!(!header.is_empty(), "{name}.lua: its header lists no code");
+            assert_eq!(
+                header, body,
+                "{name}.lua: the codes its header lists (left) are not those its body returns (right)"
+            );
+            for code in header {
+                let known = Code::from_i64(code);
+                assert!(
+                    known.is_some(),
+                    "{name}.lua returns {code}, which Code does not know"
+                );
+                used.extend(known);
+            }
+        }
+        for code in every_code() {
+            assert!(used.contains(&code), "no script returns {code:?}");
+        }
+    }
+
+    #[test]
+    fn the_parsers_read_the_header_forms() {
+        assert_eq!(leading_int("{-1, id}"), Some(-1));
+        assert_eq!(leading_int("-4   STALE"), Some(-4));
+        assert_eq!(leading_int("1, status"), Some(1));
+        assert_eq!(leading_int("5 500 instructions"), Some(5));
+        assert_eq!(leading_int("where"), None);
+        assert_eq!(bare_ints(r#"f[4] == "1" and 3 or 1"#), vec![3, 1]);
+        assert_eq!(bare_ints(r#"0, status or "MISSING""#), vec![0]);
+        assert_eq!(
+            bare_ints("f(KEYS[5 + 2 * i], 4 + 9 * i)"),
+            Vec::<i64>::new()
+        );
+    }
+}

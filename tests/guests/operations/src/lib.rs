@@ -13,6 +13,8 @@
 //! | `{"op": "ttl", "seconds": N}` | kv `set` with expiry N, then an operation with TTL N | `{"set": S, "operation": S}`: each error's message, or `"ok"` |
 //! | `{"op": "incr", "key": S, "spin_ms": N}` | spins N ms, then kv incr of S outside any operation | `{"value": n}`, or `{"error": S, "refusal": S}` |
 //! | `{"op": "get", "key": S, "spin_ms": N}` | spins N ms, then kv get of S | `{"value": S?}`, or `{"error": S, "refusal": S}` |
+//! | `{"op": "flood", "kb": N, "max": M, "ttl": T?}` | kv `set` of `f:<i>` to N KiB values (expiring after T s if given) until a write fails or M are written | `{"written": n, "error"?: S, "refusal"?: S}` |
+//! | `{"op": "stage", "key": K, "bytes": N}` | an operation on K that sets kv `s:K` to N bytes | `{"outcome": …}` or `{"error": S, "refusal": S}` |
 //! | `{"op": "forge", "key": K}` | kv writes, deletes and reads of names that look like claim `K` | `{"seen": [S?…]}` |
 //!
 //! `spin_ms` busy-waits inside guest code, so a test can interrupt a call,
@@ -67,6 +69,16 @@ enum Op {
     },
     Forge {
         key: String,
+    },
+    Flood {
+        kb: usize,
+        max: usize,
+        #[serde(default)]
+        ttl: Option<u32>,
+    },
+    Stage {
+        key: String,
+        bytes: usize,
     },
 }
 
@@ -171,6 +183,32 @@ fn run(_ctx: Context, op: Op) -> Result<Value> {
             spin_for(Duration::from_millis(spin_ms));
             Ok(match kv::get(&key) {
                 Ok(value) => json!({"value": value}),
+                Err(e) => refused(&e),
+            })
+        }
+        Op::Flood { kb, max, ttl } => {
+            let value = "x".repeat(kb << 10);
+            let options = kv::SetOptions {
+                only_if_absent: false,
+                expire_seconds: ttl,
+            };
+            for i in 0..max {
+                if let Err(e) = kv::set_with(format!("f:{i}"), &value, options) {
+                    let mut out = refused(&e);
+                    out["written"] = json!(i);
+                    return Ok(out);
+                }
+            }
+            Ok(json!({"written": max}))
+        }
+        Op::Stage { key, bytes } => {
+            let value = "x".repeat(bytes);
+            let staged = idempotency::operation(&key, Options::ttl(TTL_SECONDS), || {
+                kv::set(format!("s:{key}"), &value)
+            });
+            Ok(match staged {
+                Ok(Operation::Executed(())) => json!({"outcome": "executed"}),
+                Ok(other) => json!({"outcome": format!("{other:?}")}),
                 Err(e) => refused(&e),
             })
         }
