@@ -27,6 +27,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::api::error::ErrorCode;
 use crate::store::{NewTask, Store, StoreError, SubmitOutcome, TaskRecord, TaskStatus};
 
 /// Longest accepted idempotency key, in bytes.
@@ -90,7 +91,7 @@ pub enum IngestError {
     #[error("{message}")]
     Invalid {
         /// A stable code, e.g. `INVALID_QUEUE_NAME`.
-        code: &'static str,
+        code: ErrorCode,
         /// What is wrong, for a person.
         message: String,
     },
@@ -130,7 +131,7 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
-fn invalid(code: &'static str, message: impl Into<String>) -> IngestError {
+fn invalid(code: ErrorCode, message: impl Into<String>) -> IngestError {
     IngestError::Invalid {
         code,
         message: message.into(),
@@ -157,12 +158,14 @@ pub struct Submitted {
 /// Check a queue name: 1 to 64 bytes of `[A-Za-z0-9_.-]`. Braces and colons
 /// would break the key layout's hash tags.
 pub fn validate_queue_name(queue: &str) -> Result<(), IngestError> {
-    validate_name(queue).map_err(|why| invalid("INVALID_QUEUE_NAME", format!("queue name {why}")))
+    validate_name(queue)
+        .map_err(|why| invalid(ErrorCode::InvalidQueueName, format!("queue name {why}")))
 }
 
 /// Check a task name, by the same rule as queue names.
 pub fn validate_task_name(task: &str) -> Result<(), IngestError> {
-    validate_name(task).map_err(|why| invalid("INVALID_TASK_NAME", format!("task name {why}")))
+    validate_name(task)
+        .map_err(|why| invalid(ErrorCode::InvalidTaskName, format!("task name {why}")))
 }
 
 fn validate_name(name: &str) -> Result<(), String> {
@@ -187,7 +190,7 @@ fn validate_name(name: &str) -> Result<(), String> {
 pub fn validate_idempotency_key(key: &str) -> Result<(), IngestError> {
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
         return Err(invalid(
-            "INVALID_IDEMPOTENCY_KEY",
+            ErrorCode::InvalidIdempotencyKey,
             format!(
                 "idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes, got {}",
                 key.len()
@@ -196,7 +199,7 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), IngestError> {
     }
     if key.chars().any(char::is_control) {
         return Err(invalid(
-            "INVALID_IDEMPOTENCY_KEY",
+            ErrorCode::InvalidIdempotencyKey,
             "idempotency key has control characters",
         ));
     }
@@ -217,11 +220,11 @@ pub fn fingerprint(task: &str, canonical_payload: &str) -> String {
 }
 
 /// The numeric fields of a submission and the code of each one's errors.
-const NUMBER_FIELDS: [(&str, &str); 4] = [
-    ("max_attempts", "INVALID_MAX_ATTEMPTS"),
-    ("timeout_ms", "INVALID_TIMEOUT"),
-    ("delay_ms", "INVALID_DELAY"),
-    ("expires_in_ms", "INVALID_EXPIRY"),
+const NUMBER_FIELDS: [(&str, ErrorCode); 4] = [
+    ("max_attempts", ErrorCode::InvalidMaxAttempts),
+    ("timeout_ms", ErrorCode::InvalidTimeout),
+    ("delay_ms", ErrorCode::InvalidDelay),
+    ("expires_in_ms", ErrorCode::InvalidExpiry),
 ];
 
 /// Parse the body of `POST /v1/queues/{queue}/tasks`.
@@ -233,7 +236,7 @@ const NUMBER_FIELDS: [(&str, &str); 4] = [
 /// `INVALID_REQUEST`.
 pub fn parse_submit_body(body: &[u8]) -> Result<SubmitRequest, IngestError> {
     let value: Value = serde_json::from_slice(body)
-        .map_err(|e| invalid("INVALID_JSON", format!("request body: {e}")))?;
+        .map_err(|e| invalid(ErrorCode::InvalidJson, format!("request body: {e}")))?;
     if let Value::Object(fields) = &value {
         for (name, code) in NUMBER_FIELDS {
             let max = if name == "max_attempts" {
@@ -265,7 +268,7 @@ pub fn parse_submit_body(body: &[u8]) -> Result<SubmitRequest, IngestError> {
         }
     }
     serde_json::from_value(value)
-        .map_err(|e| invalid("INVALID_REQUEST", format!("request body: {e}")))
+        .map_err(|e| invalid(ErrorCode::InvalidRequest, format!("request body: {e}")))
 }
 
 /// A submission's numbers, in their bounds.
@@ -282,7 +285,7 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
     let max_attempts = req.max_attempts.unwrap_or(settings.default_max_attempts);
     if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
         return Err(invalid(
-            "INVALID_MAX_ATTEMPTS",
+            ErrorCode::InvalidMaxAttempts,
             format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
         ));
     }
@@ -290,7 +293,7 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
         && !(1..=settings.max_timeout_ms).contains(&t)
     {
         return Err(invalid(
-            "INVALID_TIMEOUT",
+            ErrorCode::InvalidTimeout,
             format!(
                 "timeout_ms must be 1 to {}, got {t}",
                 settings.max_timeout_ms
@@ -300,20 +303,20 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
     let delay_ms = req.delay_ms.unwrap_or(0);
     if delay_ms > MAX_DELAY_MS {
         return Err(invalid(
-            "INVALID_DELAY",
+            ErrorCode::InvalidDelay,
             format!("delay_ms must be 0 to {MAX_DELAY_MS}, got {delay_ms}"),
         ));
     }
     if let Some(e) = req.expires_in_ms {
         if !(1..=MAX_EXPIRES_IN_MS).contains(&e) {
             return Err(invalid(
-                "INVALID_EXPIRY",
+                ErrorCode::InvalidExpiry,
                 format!("expires_in_ms must be 1 to {MAX_EXPIRES_IN_MS}, got {e}"),
             ));
         }
         if e <= delay_ms {
             return Err(invalid(
-                "INVALID_EXPIRY",
+                ErrorCode::InvalidExpiry,
                 format!(
                     "expires_in_ms ({e}) must be over delay_ms ({delay_ms}): \
                      the task would expire before it may run"
@@ -338,16 +341,21 @@ pub fn schedule(
     delay_ms: u64,
     expires_in_ms: Option<u64>,
 ) -> Result<(u64, Option<u64>), IngestError> {
-    let run_at = now
-        .checked_add(delay_ms)
-        .ok_or_else(|| invalid("INVALID_DELAY", format!("delay_ms {delay_ms} overflows")))?;
-    let expires_at =
-        match expires_in_ms {
-            None => None,
-            Some(ms) => Some(now.checked_add(ms).ok_or_else(|| {
-                invalid("INVALID_EXPIRY", format!("expires_in_ms {ms} overflows"))
-            })?),
-        };
+    let run_at = now.checked_add(delay_ms).ok_or_else(|| {
+        invalid(
+            ErrorCode::InvalidDelay,
+            format!("delay_ms {delay_ms} overflows"),
+        )
+    })?;
+    let expires_at = match expires_in_ms {
+        None => None,
+        Some(ms) => Some(now.checked_add(ms).ok_or_else(|| {
+            invalid(
+                ErrorCode::InvalidExpiry,
+                format!("expires_in_ms {ms} overflows"),
+            )
+        })?),
+    };
     Ok((run_at, expires_at))
 }
 
@@ -492,7 +500,7 @@ mod tests {
     fn code<T>(r: Result<T, IngestError>) -> &'static str {
         match r {
             Ok(_) => "OK",
-            Err(IngestError::Invalid { code, .. }) => code,
+            Err(IngestError::Invalid { code, .. }) => code.as_str(),
             Err(_) => "OTHER",
         }
     }

@@ -35,12 +35,12 @@
 
 use std::path::Path;
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::ingest::validate_queue_name;
 
 /// A permission a token grants.
@@ -365,8 +365,7 @@ impl Auth {
     ) -> Result<Access, ApiError> {
         if scope == Scope::Admin && !self.admin_enabled {
             return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "ADMIN_DISABLED",
+                ErrorCode::AdminDisabled,
                 "admin routes are disabled: no token has the admin scope \
                  (set DTQ_ADMIN_TOKEN, or give a token the admin scope)",
             ));
@@ -406,8 +405,7 @@ impl Auth {
         }
         let Some(access) = scoped else {
             return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "FORBIDDEN",
+                ErrorCode::Forbidden,
                 format!("this token does not have the {} scope", scope.name()),
             )
             .with_details(json!({"scope": scope.name()})));
@@ -416,8 +414,7 @@ impl Auth {
             && !access.allows(queue)
         {
             return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "FORBIDDEN",
+                ErrorCode::Forbidden,
                 format!(
                     "this token's {} scope does not cover queue {queue:?}",
                     scope.name()
@@ -442,7 +439,7 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 fn unauthorized(message: &str) -> ApiError {
-    ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message)
+    ApiError::new(ErrorCode::Unauthorized, message)
 }
 
 #[cfg(test)]
@@ -461,7 +458,7 @@ mod tests {
     fn code(r: Result<Access, ApiError>) -> &'static str {
         match r {
             Ok(_) => "OK",
-            Err(e) => e.code,
+            Err(e) => e.code.as_str(),
         }
     }
 

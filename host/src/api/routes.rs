@@ -18,11 +18,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::{Auth, Scope};
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::extract::{ApiPath, ApiQuery};
 use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
 use crate::ingest::{self, IngestError, now_ms, validate_queue_name};
-use crate::store::CancelOutcome;
+use crate::store::{CancelOutcome, RequeueOutcome};
 
 type ApiResult = Result<Response, ApiError>;
 
@@ -70,8 +70,7 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
         return Ok(());
     }
     Err(ApiError::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "UNSUPPORTED_MEDIA_TYPE",
+        ErrorCode::UnsupportedMediaType,
         "a submission's body must be sent with `Content-Type: application/json`",
     ))
 }
@@ -79,12 +78,8 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 /// Read the whole body within the body timeout and the size limit.
 async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
-            "request body is too large",
-        )
-        .with_details(json!({"limit": shared.state.ingest.max_payload_bytes}))
+        ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")
+            .with_details(json!({"limit": shared.state.ingest.max_payload_bytes}))
     };
     // A declared length over the limit is refused before a byte is read.
     let declared = headers
@@ -103,8 +98,7 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<B
                 Err(too_large())
             } else {
                 Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_REQUEST",
+                    ErrorCode::InvalidRequest,
                     format!("cannot read the request body: {e}"),
                 ))
             }
@@ -116,8 +110,7 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<B
 fn body_timeout(timeout: Duration) -> ApiError {
     let ms = timeout.as_millis() as u64;
     ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "REQUEST_TIMEOUT",
+        ErrorCode::RequestTimeout,
         format!("the request body did not arrive within {ms} ms"),
     )
     .with_details(json!({"timeout_ms": ms}))
@@ -140,7 +133,7 @@ pub(super) async fn submit(
             v.to_str()
                 .map_err(|_| {
                     ApiError::from(IngestError::Invalid {
-                        code: "INVALID_IDEMPOTENCY_KEY",
+                        code: ErrorCode::InvalidIdempotencyKey,
                         message: "Idempotency-Key header is not visible ASCII".into(),
                     })
                 })?
@@ -182,8 +175,7 @@ fn checked_queue(queue: &str) -> Result<(), ApiError> {
 
 fn task_not_found(queue: &str, id: &str) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "TASK_NOT_FOUND",
+        ErrorCode::TaskNotFound,
         format!("no task {id:?} in queue {queue:?}"),
     )
     .with_details(json!({"task_id": id, "queue": queue}))
@@ -226,8 +218,7 @@ pub(super) async fn cancel(
         )
             .into_response()),
         CancelOutcome::Terminal(status) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "TASK_TERMINAL",
+            ErrorCode::TaskTerminal,
             format!("task {id:?} is already {status}; nothing to cancel"),
         )
         .with_details(json!({"task_id": id, "status": status}))),
@@ -280,8 +271,7 @@ impl ListParams {
         match text.parse::<usize>() {
             Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
             _ => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "INVALID_LIMIT",
+                ErrorCode::InvalidLimit,
                 format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
             )
             .with_details(json!({"max": MAX_LIST_LIMIT}))),
@@ -319,13 +309,12 @@ pub(super) async fn requeue(
     )
     .await?
     {
-        Ok(()) => {
+        RequeueOutcome::Requeued => {
             Ok(Json(json!({"task_id": id, "queue": queue, "status": "QUEUED"})).into_response())
         }
-        Err(None) => Err(task_not_found(&queue, &id)),
-        Err(Some(status)) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "NOT_DEAD_LETTERED",
+        RequeueOutcome::NotFound => Err(task_not_found(&queue, &id)),
+        RequeueOutcome::NotDeadLettered(status) => Err(ApiError::new(
+            ErrorCode::NotDeadLettered,
             format!("task {id:?} is {status}, not dead-lettered"),
         )
         .with_details(json!({"task_id": id, "status": status}))),
@@ -333,13 +322,12 @@ pub(super) async fn requeue(
 }
 
 pub(super) async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route")
+    ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
 pub(super) async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "METHOD_NOT_ALLOWED",
+        ErrorCode::MethodNotAllowed,
         "method not allowed on this route",
     )
 }

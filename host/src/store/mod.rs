@@ -25,7 +25,7 @@ pub use scripts::Code;
 pub use task::{TaskRecord, TaskStatus};
 pub use types::{
     CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,
-    StartDecision, StartedTask, SubmitOutcome,
+    RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
 };
 
 use scripts::Scripts;
@@ -663,15 +663,13 @@ impl Store {
         })
     }
 
-    /// Requeue dead-lettered task `id` of `queue`. Returns `Err(status)`
-    /// (the task's status, `None` if it does not exist) when it is not in
-    /// the DLQ.
+    /// Requeue dead-lettered task `id` of `queue`.
     pub async fn requeue(
         &self,
         queue: &str,
         id: &str,
         now: u64,
-    ) -> Result<Result<(), Option<TaskStatus>>, StoreError> {
+    ) -> Result<RequeueOutcome, StoreError> {
         let keys = QueueKeys::new(queue);
         let idem_key = self.idempotency_key_of(&keys, id).await?;
         let mut inv = self.scripts.requeue.prepare_invoke();
@@ -689,14 +687,14 @@ impl Store {
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
         match code_of(reply.next())? {
-            Code::Ok => Ok(Ok(())),
+            Code::Ok => Ok(RequeueOutcome::Requeued),
             Code::NotInDlq => {
                 let status: String = from_value(reply.next())?;
-                Ok(Err(if status.is_empty() {
-                    None
+                Ok(if status.is_empty() {
+                    RequeueOutcome::NotFound
                 } else {
-                    Some(status.parse()?)
-                }))
+                    RequeueOutcome::NotDeadLettered(status.parse()?)
+                })
             }
             other => Err(unexpected("requeue", other)),
         }

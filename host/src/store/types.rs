@@ -222,6 +222,17 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// What a DLQ requeue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequeueOutcome {
+    /// The task left the DLQ and is QUEUED again.
+    Requeued,
+    /// The task is not dead-lettered: its status.
+    NotDeadLettered(TaskStatus),
+    /// No such task.
+    NotFound,
+}
+
 /// Counts of one queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueStats {
