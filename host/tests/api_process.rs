@@ -8,12 +8,11 @@
 //! The process runs with its default API settings: nothing here needs a
 //! flag, since the cap follows the descriptor limit by itself.
 
-use std::fs::File;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+use dtq_tests::process::{DtqProcess, dtq_command};
 use dtq_tests::{RedisServer, TempDir, free_port};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -38,44 +37,15 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Scheduling slack on top of the design's bound.
 const SLACK: Duration = Duration::from_secs(3);
 
-/// A child process killed on drop.
-struct Proc {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Proc {
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Start `dtq api` on `port` with a soft `RLIMIT_NOFILE` of `FD_LIMIT`.
-fn start_api(dir: &TempDir, redis: &RedisServer, port: u16) -> Result<Proc> {
+fn start_api(dir: &TempDir, redis: &RedisServer, port: u16) -> Result<DtqProcess> {
     let log = dir.path.join("api.log");
-    let out = File::create(&log)?;
-    let mut cmd = Command::new(DTQ);
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("DTQ_")) {
-            cmd.env_remove(name);
-        }
-    }
-    cmd.env("DTQ_LOG", "info")
-        .arg("api")
+    let mut cmd = dtq_command(DTQ);
+    cmd.arg("api")
         .args(["--redis", &redis.url()])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--handlers")
-        .arg(&dir.path)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
+        .arg(&dir.path);
     // SAFETY: the closure runs in the forked child before exec and calls
     // only getrlimit(2) and setrlimit(2), which are async-signal-safe, on a
     // local `rlimit`; it allocates nothing and takes no lock.
@@ -95,29 +65,7 @@ fn start_api(dir: &TempDir, redis: &RedisServer, port: u16) -> Result<Proc> {
             Ok(())
         });
     }
-    let child = cmd.spawn().with_context(|| format!("cannot run {DTQ}"))?;
-    Ok(Proc { child, log })
-}
-
-async fn wait_healthy(proc: &mut Proc, base: &str) -> Result<()> {
-    let http = reqwest::Client::new();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = proc.child.try_wait()? {
-            bail!("dtq api exited with {status}:\n{}", proc.log_text());
-        }
-        if let Ok(resp) = http.get(format!("{base}/healthz")).send().await
-            && resp.status() == 200
-        {
-            return Ok(());
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(60),
-            "dtq api did not answer /healthz:\n{}",
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    DtqProcess::spawn("api", cmd, log, format!("http://127.0.0.1:{port}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,7 +75,7 @@ async fn with_a_low_fd_limit_idle_connections_do_not_make_the_api_unreachable() 
     let port = free_port()?;
     let base = format!("http://127.0.0.1:{port}");
     let mut api = start_api(&dir, &redis, port)?;
-    wait_healthy(&mut api, &base).await?;
+    api.wait_healthy(Duration::from_secs(60)).await?;
     let log = api.log_text();
     ensure!(
         log.contains("connection cap lowered") && log.contains("cap=32"),
@@ -170,7 +118,7 @@ async fn with_a_low_fd_limit_idle_connections_do_not_make_the_api_unreachable() 
         );
     }
     ensure!(
-        api.child.try_wait()?.is_none(),
+        api.exit_status()?.is_none(),
         "dtq api exited:\n{}",
         api.log_text()
     );

@@ -35,14 +35,14 @@
 //! directory is kept.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use dtq_tests::process::DtqProcess;
 use dtq_tests::{ApiClient, PersistentRedis, TempDir, free_port, guests};
 use futures::StreamExt;
 use rand::rngs::StdRng;
@@ -158,16 +158,10 @@ impl Settings {
 // ---------------------------------------------------------------------------
 // Processes
 
-/// A `dtq` command with no `DTQ_*` variable inherited from the environment
-/// (the chaos test's own ones included), so only the flags configure it.
+/// A `dtq` command configured by its flags alone, without colour.
 fn dtq_command() -> Command {
-    let mut cmd = Command::new(DTQ);
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("DTQ_")) {
-            cmd.env_remove(name);
-        }
-    }
-    cmd.env("DTQ_LOG", "info").env("NO_COLOR", "1");
+    let mut cmd = dtq_tests::process::dtq_command(DTQ);
+    cmd.env("NO_COLOR", "1");
     cmd
 }
 
@@ -196,15 +190,21 @@ fn server_flags(redis_url: &str) -> Vec<String> {
     .collect()
 }
 
-/// A `dtq worker` or `dtq api` process, killed on drop.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    /// `http://127.0.0.1:<port>` (an API's).
-    api: String,
-    /// Set once the process is known to have exited.
-    exited: Option<std::process::ExitStatus>,
+/// A `dtq worker` or `dtq api` process, killed on drop. Its log is not
+/// printed then (the test prints the tails it needs).
+struct Proc(DtqProcess);
+
+impl std::ops::Deref for Proc {
+    type Target = DtqProcess;
+    fn deref(&self) -> &DtqProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut DtqProcess {
+        &mut self.0
+    }
 }
 
 impl Proc {
@@ -217,29 +217,18 @@ impl Proc {
         for attempt in 0..3 {
             let port = free_port()?;
             let log = dir.join(format!("{name}-{attempt}.log"));
-            let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
             let mut cmd = dtq_command();
             cmd.arg(subcommand).args(server_flags(redis_url));
             if subcommand == "api" {
                 cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
             }
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out)
-                .spawn()
-                .with_context(|| format!("cannot run {DTQ}"))?;
-            let mut proc = Proc {
-                name: name.to_owned(),
-                child,
-                log,
-                api: format!("http://127.0.0.1:{port}"),
-                exited: None,
-            };
+            let api = format!("http://127.0.0.1:{port}");
+            let mut proc = Proc(DtqProcess::spawn(name, cmd, log, api)?);
+            proc.print_log_on_drop = false;
             let ready = if subcommand == "worker" {
-                proc.wait_log("worker started").await
+                proc.wait_log("worker started", STARTUP).await
             } else {
-                proc.wait_healthy().await
+                proc.wait_healthy(STARTUP).await
             };
             match ready {
                 Ok(()) => return Ok(proc),
@@ -248,80 +237,6 @@ impl Proc {
             }
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("{name} did not start")))
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The exit status, if the process has exited.
-    fn exit_status(&mut self) -> Result<Option<std::process::ExitStatus>> {
-        if self.exited.is_none() {
-            self.exited = self.child.try_wait()?;
-        }
-        Ok(self.exited)
-    }
-
-    /// Fail with the log if the process has exited.
-    fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.exit_status()? {
-            bail!(
-                "{} exited early with {status}; its log:\n{}",
-                self.name,
-                self.log_text()
-            );
-        }
-        Ok(())
-    }
-
-    async fn wait_healthy(&mut self) -> Result<()> {
-        let http = reqwest::Client::new();
-        let url = format!("{}/healthz", self.api);
-        let start = Instant::now();
-        loop {
-            self.check_alive()?;
-            if let Ok(resp) = http.get(&url).send().await
-                && resp.status() == 200
-            {
-                return Ok(());
-            }
-            if start.elapsed() > STARTUP {
-                bail!("{} did not answer {url} within {STARTUP:?}", self.name);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn wait_log(&mut self, needle: &str) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            self.check_alive()?;
-            if self.log_text().contains(needle) {
-                return Ok(());
-            }
-            if start.elapsed() > STARTUP {
-                bail!("{} did not log {needle:?} within {STARTUP:?}", self.name);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// SIGKILL: the process dies at once, as in a crash.
-    fn crash(&mut self) -> Result<()> {
-        self.child.kill()?;
-        self.exited = Some(self.child.wait()?);
-        Ok(())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

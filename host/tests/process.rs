@@ -11,12 +11,11 @@
 //! file in the test's temporary directory (printed when the test fails), and
 //! is killed when the test ends, however it ends.
 
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+use dtq_tests::process::DtqProcess;
 use dtq_tests::{ApiClient, RedisServer, TempDir, free_port, guests};
 use serde_json::{Value, json};
 
@@ -33,17 +32,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The visibility timeout every server runs with (ms).
 const VISIBILITY_MS: u64 = 1_000;
 
-/// A `dtq` command with no `DTQ_*` variable inherited from the environment,
-/// so only the flags a test passes configure it.
 fn dtq_command() -> Command {
-    let mut cmd = Command::new(DTQ);
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("DTQ_")) {
-            cmd.env_remove(name);
-        }
-    }
-    cmd.env("DTQ_LOG", "info");
-    cmd
+    dtq_tests::process::dtq_command(DTQ)
 }
 
 /// The flags of every server process: the test's Redis, the example
@@ -73,12 +63,19 @@ fn server_flags(redis: &RedisServer, port: u16) -> Vec<String> {
 }
 
 /// A `dtq` server process (`serve`, `worker` or `api`), killed on drop.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    /// `http://127.0.0.1:<port>` (meaningful for `serve` and `api`).
-    api: String,
+struct Proc(DtqProcess);
+
+impl std::ops::Deref for Proc {
+    type Target = DtqProcess;
+    fn deref(&self) -> &DtqProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut DtqProcess {
+        &mut self.0
+    }
 }
 
 impl Proc {
@@ -98,26 +95,16 @@ impl Proc {
         for attempt in 0..3 {
             let port = free_port()?;
             let log = dir.path.join(format!("{name}-{attempt}.log"));
-            let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
-            let child = dtq_command()
-                .arg(subcommand)
+            let mut cmd = dtq_command();
+            cmd.arg(subcommand)
                 .args(server_flags(redis, port))
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out)
-                .spawn()
-                .with_context(|| format!("cannot run {DTQ}"))?;
-            let mut proc = Proc {
-                name: name.to_owned(),
-                child,
-                log,
-                api: format!("http://127.0.0.1:{port}"),
-            };
+                .args(extra);
+            let api = format!("http://127.0.0.1:{port}");
+            let mut proc = Proc(DtqProcess::spawn(name, cmd, log, api)?);
             let ready = if subcommand == "worker" {
                 proc.wait_log("worker started", STARTUP).await
             } else {
-                proc.wait_healthy().await
+                proc.wait_healthy(STARTUP).await
             };
             match ready {
                 Ok(()) => return Ok(proc),
@@ -126,120 +113,6 @@ impl Proc {
             }
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("{name} did not start")))
-    }
-
-    fn pid(&self) -> libc::pid_t {
-        libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t")
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Fail with the log if the process has exited.
-    fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited early with {status}; its log:\n{}",
-                self.name,
-                self.log_text()
-            );
-        }
-        Ok(())
-    }
-
-    async fn wait_healthy(&mut self) -> Result<()> {
-        let http = reqwest::Client::new();
-        let url = format!("{}/healthz", self.api);
-        let start = Instant::now();
-        loop {
-            self.check_alive()?;
-            if let Ok(resp) = http.get(&url).send().await
-                && resp.status() == 200
-            {
-                return Ok(());
-            }
-            if start.elapsed() > STARTUP {
-                bail!(
-                    "{} did not answer {url} within {STARTUP:?}; its log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn wait_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            self.check_alive()?;
-            if self.log_text().contains(needle) {
-                return Ok(());
-            }
-            if start.elapsed() > timeout {
-                bail!(
-                    "{} did not log {needle:?} within {timeout:?}; its log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Send `signal` to the process.
-    fn signal(&self, signal: libc::c_int) -> Result<()> {
-        // SAFETY: kill(2) with the pid of a child this struct owns and has
-        // not reaped yet (it is reaped only in `wait_exit` or on drop), so
-        // the pid cannot have been reused by another process.
-        let rc = unsafe { libc::kill(self.pid(), signal) };
-        ensure!(
-            rc == 0,
-            "kill({}, {signal}): {}",
-            self.pid(),
-            std::io::Error::last_os_error()
-        );
-        Ok(())
-    }
-
-    /// SIGKILL: the process dies at once, as in a crash.
-    fn crash(&mut self) -> Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
-
-    /// Wait for the process to exit; fail after `timeout`.
-    async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if start.elapsed() > timeout {
-                bail!(
-                    "{} did not exit within {timeout:?}; its log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // Shown only when the test fails: the test harness captures it.
-        eprintln!(
-            "--- log of {} ({}) ---\n{}",
-            self.name,
-            self.log.display(),
-            self.log_text()
-        );
     }
 }
 
@@ -744,21 +617,11 @@ async fn a_bad_handler_file_is_reported_in_one_line_and_the_rest_run() -> Result
         .context("no --handlers flag")?;
     flags[at + 1] = handlers.display().to_string();
     let log = dir.path.join("serve.log");
-    let out = File::create(&log)?;
-    let child = dtq_command()
-        .arg("serve")
-        .args(&flags)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
-    let mut proc = Proc {
-        name: "serve".into(),
-        child,
-        log,
-        api: format!("http://127.0.0.1:{port}"),
-    };
-    proc.wait_healthy().await?;
+    let mut cmd = dtq_command();
+    cmd.arg("serve").args(&flags);
+    let api = format!("http://127.0.0.1:{port}");
+    let mut proc = Proc(DtqProcess::spawn("serve", cmd, log, api)?);
+    proc.wait_healthy(STARTUP).await?;
     let api = client(&proc);
     let id = api
         .submit_new(

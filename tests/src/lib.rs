@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod process;
+
 /// Paths of the guest components `build.rs` compiled for this test run.
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));

@@ -256,7 +256,9 @@ impl HostCtx {
         let max = self.limits.max_operation_bytes;
         match &mut self.operation {
             Some(op) => op.stage(write, max),
-            None => unreachable!("staged without an open operation"),
+            None => Err(HostError::InvalidArgument(
+                "no operation is open to stage a write in".to_string(),
+            )),
         }
     }
 }

@@ -253,7 +253,7 @@ impl Host for HostCtx {
             "done" => ClaimState::Done(value),
             "busy" => ClaimState::InProgress,
             "abandoned" => ClaimState::Abandoned,
-            other => anyhow_protocol("claim_begin", other)?,
+            other => unknown_state("claim_begin", other)?,
         }))
     }
 
@@ -286,7 +286,7 @@ impl Host for HostCtx {
                 "{detail}; nothing of the operation on {key:?} was applied"
             ))),
             "quota" => Err(self.quota_exceeded(detail.parse().unwrap_or(0))),
-            other => anyhow_protocol("claim_commit", other)?,
+            other => unknown_state("claim_commit", other)?,
         })
     }
 
@@ -315,7 +315,7 @@ impl Host for HostCtx {
 
 /// A script answered with a state its header does not list: a host bug,
 /// which traps the call rather than guessing.
-fn anyhow_protocol<T>(script: &str, state: &str) -> wasmtime::Result<T> {
+fn unknown_state<T>(script: &str, state: &str) -> wasmtime::Result<T> {
     Err(wasmtime::Error::msg(format!(
         "{script} answered with an unknown state {state:?}"
     )))
