@@ -23,9 +23,23 @@ pub struct Config {
     )]
     pub redis_url: String,
 
-    /// Directory of handler modules: `<task>.wasm` handles tasks named `<task>`.
-    #[arg(long = "handlers", env = "DTQ_HANDLERS", default_value = "handlers")]
-    pub handlers: PathBuf,
+    /// Directory of handler modules, for development: `<task>.wasm` handles
+    /// tasks named `<task>`. It is watched: a new or changed file is loaded
+    /// without a restart, a bad one is logged and skipped. A handler
+    /// deployed with `dtq deploy` wins over a file of the same name.
+    /// Without it, the process runs what is deployed in Redis.
+    #[arg(long = "handlers", env = "DTQ_HANDLERS")]
+    pub handlers: Option<PathBuf>,
+
+    /// How often the registry of deployed handlers and the handlers
+    /// directory are checked for changes (ms), besides the notice every
+    /// deploy publishes.
+    #[arg(long, env = "DTQ_RELOAD_INTERVAL_MS", default_value_t = 1_000)]
+    pub reload_interval_ms: u64,
+
+    /// Largest module `dtq deploy` accepts, MiB.
+    #[arg(long, env = "DTQ_MAX_MODULE_MIB", default_value_t = 64)]
+    pub max_module_mib: u64,
 
     /// Address the HTTP API listens on.
     #[arg(long, env = "DTQ_LISTEN", default_value = "127.0.0.1:8080")]
@@ -216,6 +230,16 @@ impl Config {
         })
     }
 
+    /// The largest module a deploy accepts, bytes.
+    pub fn max_module_bytes(&self) -> usize {
+        usize::try_from(self.max_module_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+
+    /// How often handlers are checked for changes.
+    pub fn reload_interval(&self) -> Duration {
+        Duration::from_millis(self.reload_interval_ms)
+    }
+
     /// The visibility timeout.
     pub fn visibility_timeout(&self) -> Duration {
         Duration::from_millis(self.visibility_timeout_ms)
@@ -285,6 +309,8 @@ impl Config {
             })?;
         }
         at_least("--visibility-timeout-ms", 100, self.visibility_timeout_ms)?;
+        at_least("--reload-interval-ms", 10, self.reload_interval_ms)?;
+        at_least("--max-module-mib", 1, self.max_module_mib)?;
         let max = crate::ingest::MAX_ATTEMPTS_LIMIT;
         if !(1..=max).contains(&self.max_attempts) {
             return Err(ConfigError::OutOfRange {

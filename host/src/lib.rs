@@ -19,12 +19,16 @@
 //!   cancel listener.
 //! - [`sandbox`]: the wasmtime engine, module cache, per-call store and
 //!   limits, and the host imports a handler can reach.
+//! - [`deploy`]: the handler registry in Redis (modules by digest, active
+//!   versions with operator settings, history, rollback) and the hot reload
+//!   that keeps every process in step with it.
 //! - [`server`]: the one composition of a server process (store, handlers,
 //!   worker, API, shutdown) and its typed errors with their exit codes,
 //!   used by the `dtq` binary and the test harness alike.
 
 pub mod api;
 pub mod config;
+pub mod deploy;
 pub mod ingest;
 pub mod sandbox;
 pub mod server;

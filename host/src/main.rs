@@ -1,5 +1,6 @@
 //! The `dtq` command: the server (`serve`, `worker`, `api`) and a client for
-//! its HTTP API (`submit`, `status`, `cancel`, `queues`, `dlq`).
+//! its HTTP API (`submit`, `status`, `cancel`, `queues`, `dlq`, `deploy`,
+//! `handlers`, `rollback`, `undeploy`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -90,6 +91,91 @@ enum Command {
     /// List or requeue dead-lettered tasks.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Deploy a handler module to the fleet (needs the admin token).
+    ///
+    /// The module is checked first (it compiles, fits the handler world,
+    /// its imports are provided, its namespace is granted), stored in Redis
+    /// by its SHA-256, and made the active version of the task. Every API
+    /// and worker picks it up without a restart; tasks already running
+    /// finish on the version they started with. Then this waits until every
+    /// live worker runs it (--wait-s) and prints the rollout.
+    #[command(after_help = DEPLOY_HELP)]
+    Deploy(DeployArgs),
+    /// Show the deployed handlers and what each live worker runs; `history
+    /// TASK` shows a task's versions.
+    Handlers {
+        #[command(subcommand)]
+        command: Option<HandlersCommand>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make an earlier version of a task's handler active again (needs the
+    /// admin token): by default the newest one in its history that differs
+    /// from the active one.
+    Rollback {
+        /// The task.
+        task: String,
+        /// Return to this digest (see `dtq handlers history TASK`).
+        #[arg(long)]
+        to: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a task's handler from the fleet (needs the admin token). New
+    /// submissions of the task are refused; waiting ones wait for a deploy.
+    /// Its history stays, so `dtq rollback TASK` brings it back.
+    Undeploy {
+        /// The task.
+        task: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+const DEPLOY_HELP: &str = "\
+A manifest deploys several handlers at once; each table names a task, its
+module (relative to the manifest) and its settings:
+
+  [handlers.send_receipt]
+  file = \"send_receipt.wasm\"
+  namespace = \"billing\"
+  memory_mib = 32
+  timeout_ms = 10000
+  max_attempts = 5
+  kv_quota_mib = 16
+
+Unset settings take each worker's flags (--memory-mib, --task-timeout-ms, ...).";
+
+#[derive(Subcommand)]
+enum HandlersCommand {
+    /// A task's active version and its history, newest first.
+    History {
+        /// The task.
+        task: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["file", "manifest"]))]
+struct DeployArgs {
+    /// The component (`.wasm`, built for wasm32-wasip2).
+    file: Option<std::path::PathBuf>,
+    /// The task it handles. Default: the file's stem, `-` read as `_`.
+    #[arg(long, conflicts_with = "manifest")]
+    task: Option<String>,
+    /// Deploy every handler of this TOML manifest instead (see below).
+    #[arg(long, conflicts_with_all = ["file", "task"])]
+    manifest: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    settings: dtq_host::deploy::DeploySettings,
+    /// Wait up to this many seconds for every live worker to run the new
+    /// version; 0 does not wait.
+    #[arg(long, default_value_t = 10)]
+    wait_s: u64,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Subcommand)]
@@ -223,6 +309,24 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Worker(config) => return serve(config, Roles::WORKER).await,
         Command::Api(config) => return serve(config, Roles::API).await,
         Command::Submit(args) => return submit(args).await,
+        Command::Deploy(args) => return deploy(args).await,
+        Command::Handlers {
+            command: None,
+            client,
+        } => (client, Method::GET, path(&["handlers"])?),
+        Command::Handlers {
+            command: Some(HandlersCommand::History { task, client }),
+            ..
+        } => (client, Method::GET, path(&["handlers", &task])?),
+        Command::Undeploy { task, client } => (client, Method::DELETE, path(&["handlers", &task])?),
+        Command::Rollback { task, to, client } => {
+            let api = Api::new(client)?;
+            let body = to
+                .map(|to| json!({ "to": to }))
+                .unwrap_or_else(|| json!({}));
+            let path = path(&["handlers", &task, "rollback"])?;
+            return print_json(&api.request(Method::POST, &path, Some(body), None).await?);
+        }
         Command::Status { queue, id, client } => (
             client,
             Method::GET,
@@ -433,9 +537,31 @@ impl Api {
         if let Some(key) = idempotency_key {
             req = req.header("Idempotency-Key", key);
         }
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
-        }
+        self.send(req, &url).await
+    }
+
+    /// `PUT` module `wasm` with `settings` as the query.
+    async fn put_module(
+        &self,
+        path: &str,
+        wasm: Vec<u8>,
+        settings: &dtq_host::deploy::DeploySettings,
+    ) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.base);
+        let req = self
+            .http
+            .put(&url)
+            .query(settings)
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(wasm);
+        self.send(req, &url).await
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder, url: &str) -> Result<Value, Failure> {
+        let req = match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        };
         let resp = req
             .send()
             .await
@@ -458,6 +584,152 @@ impl Api {
             }
             _ => Err(fail(1, anyhow::anyhow!("HTTP {status} from {url}"))),
         }
+    }
+}
+
+/// One handler to deploy: its task, module file and settings.
+struct Deployment {
+    task: String,
+    file: std::path::PathBuf,
+    settings: dtq_host::deploy::DeploySettings,
+}
+
+/// The default task name of a module file: its stem, `-` read as `_`.
+fn task_of(file: &std::path::Path) -> Result<String, Failure> {
+    file.file_stem()
+        .and_then(|s| s.to_str())
+        .map(|s| s.replace('-', "_"))
+        .ok_or_else(|| {
+            fail(
+                2,
+                anyhow::anyhow!("cannot name a task after {}", file.display()),
+            )
+        })
+}
+
+/// The handlers of a manifest: `[handlers.<task>]` tables, each with a
+/// `file` (relative to the manifest) and settings.
+fn read_manifest(path: &std::path::Path) -> Result<Vec<Deployment>, Failure> {
+    let bad = |e: String| fail(2, anyhow::anyhow!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| fail(2, anyhow::anyhow!("cannot read {}: {e}", path.display())))?;
+    let mut doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let Some(toml::Value::Table(handlers)) = doc.remove("handlers") else {
+        return Err(bad("no [handlers.<task>] table".into()));
+    };
+    if let Some(other) = doc.keys().next() {
+        return Err(bad(format!(
+            "unknown key {other:?} (only [handlers.<task>] tables)"
+        )));
+    }
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    let mut out = Vec::new();
+    for (task, table) in handlers {
+        let toml::Value::Table(mut table) = table else {
+            return Err(bad(format!("handlers.{task} is not a table")));
+        };
+        let Some(toml::Value::String(file)) = table.remove("file") else {
+            return Err(bad(format!("handlers.{task} has no `file`")));
+        };
+        let settings = table
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("handlers.{task}: {e}")))?;
+        out.push(Deployment {
+            file: base.join(file),
+            task,
+            settings,
+        });
+    }
+    Ok(out)
+}
+
+async fn deploy(args: DeployArgs) -> Result<(), Failure> {
+    let deployments = match (&args.manifest, args.file) {
+        (Some(manifest), _) => read_manifest(manifest)?,
+        (None, Some(file)) => vec![Deployment {
+            task: match args.task {
+                Some(task) => task,
+                None => task_of(&file)?,
+            },
+            file,
+            settings: args.settings,
+        }],
+        (None, None) => return Err(fail(2, anyhow::anyhow!("name a module or --manifest"))),
+    };
+    let api = Api::new(args.client)?;
+    let mut results = Vec::new();
+    for d in &deployments {
+        let wasm = std::fs::read(&d.file)
+            .map_err(|e| fail(2, anyhow::anyhow!("cannot read {}: {e}", d.file.display())))?;
+        let path = path(&["handlers", &d.task])?;
+        results.push(api.put_module(&path, wasm, &d.settings).await?);
+    }
+    let stored = Instant::now();
+    let wait = Duration::from_secs(args.wait_s);
+    for result in &mut results {
+        result["rollout"] = rollout(&api, result, stored, wait).await?;
+    }
+    match <[Value; 1]>::try_from(results) {
+        Ok([one]) if args.manifest.is_none() => print_json(&one),
+        Ok(one) => print_json(&json!(one)),
+        Err(all) => print_json(&json!(all)),
+    }
+}
+
+/// Wait (up to `wait` from `stored`) until every live worker runs the
+/// deployed version of `deployed`, or failed to load it; report how many
+/// did, which failed and why, and when.
+async fn rollout(
+    api: &Api,
+    deployed: &Value,
+    stored: Instant,
+    wait: Duration,
+) -> Result<Value, Failure> {
+    let (task, digest) = (&deployed["task"], &deployed["digest"]);
+    loop {
+        let fleet = api
+            .request(reqwest::Method::GET, &path(&["handlers"])?, None, None)
+            .await?;
+        let workers = fleet["workers"].as_array().cloned().unwrap_or_default();
+        let task = task.as_str().unwrap_or_default();
+        let running = workers
+            .iter()
+            .filter(|w| w["loaded"][task] == *digest)
+            .count();
+        let failed: serde_json::Map<String, Value> = workers
+            .iter()
+            .filter(|w| w["loaded"][task] != *digest && w["failed"][task].is_string())
+            .map(|w| {
+                (
+                    w["id"].as_str().unwrap_or("?").to_owned(),
+                    w["failed"][task].clone(),
+                )
+            })
+            .collect();
+        let settled = running + failed.len() == workers.len();
+        if settled || stored.elapsed() >= wait {
+            if !failed.is_empty() {
+                eprintln!(
+                    "warning: {} worker(s) cannot run {task}: see rollout.failed",
+                    failed.len()
+                );
+            } else if !settled {
+                eprintln!(
+                    "warning: {running} of {} workers run {task}'s new version after {}s",
+                    workers.len(),
+                    wait.as_secs()
+                );
+            }
+            return Ok(json!({
+                "workers": workers.len(),
+                "running": running,
+                "failed": failed,
+                "waited_ms": stored.elapsed().as_millis() as u64,
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -24,8 +24,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{self, ApiState, HandlerCheck};
+use crate::api::{self, ApiState, DeployState, HandlerCheck};
 use crate::config::{Config, ConfigError};
+use crate::deploy::{Catalog, Registry, RegistryError, Watcher};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::store::{Store, StoreError};
 use crate::worker::{self, WorkerError};
@@ -80,19 +81,13 @@ pub enum ServerError {
     Sandbox(#[source] SandboxError),
     /// The handlers directory does not exist.
     #[error(
-        "handlers directory {} does not exist (set --handlers or DTQ_HANDLERS)",
+        "handlers directory {} does not exist (--handlers, DTQ_HANDLERS)",
         .0.display()
     )]
     NoHandlersDir(PathBuf),
-    /// The handlers directory cannot be listed.
-    #[error("cannot read the handlers directory {}", dir.display())]
-    HandlersDir {
-        /// The directory.
-        dir: PathBuf,
-        /// Why.
-        #[source]
-        source: SandboxError,
-    },
+    /// The handler registry cannot be read.
+    #[error("cannot read the handler registry")]
+    Registry(#[source] RegistryError),
     /// The API's address cannot be bound.
     #[error("cannot listen on {addr}")]
     Listen {
@@ -123,9 +118,8 @@ impl ServerError {
             ServerError::Config(_)
             | ServerError::Tokens(_)
             | ServerError::NoHandlersDir(_)
-            | ServerError::HandlersDir { .. }
             | ServerError::Worker(WorkerError::Config(_)) => 2,
-            ServerError::Redis { .. } => 3,
+            ServerError::Redis { .. } | ServerError::Registry(_) => 3,
             ServerError::Sandbox(_)
             | ServerError::Listen { .. }
             | ServerError::Api(_)
@@ -149,55 +143,106 @@ pub async fn run(
         .await
 }
 
-/// A server ready to run: configuration checked, Redis connected, and (for
-/// a worker) the handlers loaded. [`run`] in two steps, for callers that
-/// reach into the store or the sandbox first, such as the test harness
-/// (which loads its test guests too) or an embedding that binds its own
-/// listener.
+/// A server ready to run: configuration checked, Redis connected, and the
+/// handlers loaded (for a worker) or known (for the API). [`run`] in two
+/// steps, for callers that reach into the store or the sandbox first, such
+/// as the test harness (which loads its test guests too) or an embedding
+/// that binds its own listener.
 #[derive(Clone)]
 pub struct Server {
     config: Config,
     roles: Roles,
     store: Store,
+    /// The worker's sandbox, with its handlers.
     sandbox: Option<Sandbox>,
+    /// Checks deployed modules: the worker's sandbox, or one of its own.
+    checker: Sandbox,
+    registry: Registry,
+    catalog: Catalog,
+    /// Keeps the handlers in step with the registry and the directory.
+    /// Clones share it, and only one `serve` at a time runs it.
+    watcher: Arc<tokio::sync::Mutex<Watcher>>,
 }
 
 impl Server {
-    /// Check `config`, connect to Redis and, when `roles` has a worker,
-    /// load the sandbox and the handlers directory (a bad file is skipped
-    /// and logged in one line; the good ones load).
+    /// Check `config`, connect to Redis, and read what is deployed (from
+    /// the registry, and the handlers directory if there is one): a worker
+    /// loads it (a bad module is skipped and logged in one line; the good
+    /// ones load), an API knows it.
     pub async fn prepare(config: Config, roles: Roles) -> Result<Server, ServerError> {
         config.check()?;
+        if let Some(dir) = &config.handlers
+            && !dir.is_dir()
+        {
+            return Err(ServerError::NoHandlersDir(dir.clone()));
+        }
+        let redis = |source| ServerError::Redis {
+            url: config.redis_url.clone(),
+            source,
+        };
         let store = Store::connect(&config.redis_url, config.store_settings())
             .await
-            .map_err(|source| ServerError::Redis {
-                url: config.redis_url.clone(),
-                source,
-            })?;
-        let sandbox = if roles.worker {
-            Some(load_sandbox(&config, &store)?)
-        } else {
-            None
+            .map_err(redis)?;
+        // Modules are large: their reads and writes get a connection, and a
+        // timeout, of their own.
+        let registry = Registry::new(
+            store
+                .dedicated_connection(REGISTRY_TIMEOUT)
+                .await
+                .map_err(redis)?,
+        );
+        let sandbox = match roles.worker {
+            true => Some(new_sandbox(&config, &store, false)?),
+            false => None,
         };
+        let checker = match &sandbox {
+            Some(sandbox) => sandbox.clone(),
+            None => new_sandbox(&config, &store, true)?,
+        };
+        let catalog = Catalog::default();
+        let mut watcher = new_watcher(&config, &store, &registry, &catalog, sandbox.clone());
+        let started = Instant::now();
+        watcher.sync().await.map_err(ServerError::Registry)?;
+        let tasks = catalog.tasks();
+        if tasks.is_empty() {
+            warn!("no handlers: deploy one with `dtq deploy`, or give --handlers a directory");
+        }
+        info!(handlers = ?tasks, failed = watcher.failed().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64, "handlers known");
         Ok(Server {
             config,
             roles,
             store,
             sandbox,
+            checker,
+            registry,
+            catalog,
+            watcher: Arc::new(tokio::sync::Mutex::new(watcher)),
         })
     }
 
-    /// The same server with other roles; the handlers are loaded if a
-    /// worker is asked for and they are not yet.
+    /// The same server with other roles; a sandbox is made if a worker is
+    /// asked for and there is none yet (it loads the handlers once served).
     pub fn with_roles(&self, roles: Roles) -> Result<Server, ServerError> {
-        let sandbox = match (&self.sandbox, roles.worker) {
-            (Some(sandbox), _) => Some(sandbox.clone()),
-            (None, true) => Some(load_sandbox(&self.config, &self.store)?),
-            (None, false) => None,
-        };
+        if !roles.worker || self.sandbox.is_some() {
+            return Ok(Server {
+                roles,
+                ..self.clone()
+            });
+        }
+        let sandbox = new_sandbox(&self.config, &self.store, false)?;
+        let watcher = new_watcher(
+            &self.config,
+            &self.store,
+            &self.registry,
+            &self.catalog,
+            Some(sandbox.clone()),
+        );
         Ok(Server {
             roles,
-            sandbox,
+            checker: sandbox.clone(),
+            sandbox: Some(sandbox),
+            watcher: Arc::new(tokio::sync::Mutex::new(watcher)),
             ..self.clone()
         })
     }
@@ -218,6 +263,11 @@ impl Server {
         self.sandbox.as_ref()
     }
 
+    /// The handler registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Serve until `shutdown` resolves, then stop both roles gracefully.
     /// The API is served on `listener`, or on `config.listen` when it is
     /// `None`; a server without the API role ignores it.
@@ -231,7 +281,18 @@ impl Server {
             true => Some(self.start_api(listener, &stop).await?),
             false => None,
         };
-        // `prepare` and `with_roles` load the sandbox of every worker role.
+        // Another serve of a clone of this server may run the watcher
+        // already; one is enough.
+        let watching = self
+            .watcher
+            .clone()
+            .try_lock_owned()
+            .ok()
+            .map(|mut watcher| {
+                let stop = stop.clone();
+                tokio::spawn(async move { watcher.run(stop).await })
+            });
+        // `prepare` and `with_roles` make the sandbox of every worker role.
         let worker = self.sandbox.filter(|_| self.roles.worker).map(|sandbox| {
             worker::run(
                 self.store,
@@ -240,7 +301,12 @@ impl Server {
                 stop.clone().cancelled_owned(),
             )
         });
-        supervise(api, worker, shutdown, stop).await
+        let ended = supervise(api, worker, shutdown, stop.clone()).await;
+        stop.cancel();
+        if let Some(watching) = watching {
+            let _ = watching.await;
+        }
+        ended
     }
 
     /// Bind (unless given a listener) and spawn the API.
@@ -259,23 +325,24 @@ impl Server {
                     .map_err(|source| ServerError::Listen { addr, source })?
             }
         };
-        let has_handler: HandlerCheck = match &self.sandbox {
-            Some(sandbox) => {
-                let sandbox = sandbox.clone();
-                Arc::new(move |task: &str| sandbox.has_handler(task))
-            }
-            // An API-only process checks the deployed files, so a module
-            // copied into the directory is accepted without a restart.
-            None => {
-                let dir = self.config.handlers.clone();
-                Arc::new(move |task: &str| dir.join(format!("{task}.wasm")).is_file())
-            }
-        };
+        // What the registry or the directory has, or this process runs
+        // (an embedding may load handlers of its own).
+        let catalog = self.catalog.clone();
+        let sandbox = self.sandbox.clone();
+        let has_handler: HandlerCheck = Arc::new(move |task: &str| {
+            catalog.has(task) || sandbox.as_ref().is_some_and(|s| s.has_handler(task))
+        });
         let state = ApiState {
             store: self.store.clone(),
             ingest: self.config.ingest_settings(),
             admin_token: self.config.admin_token.clone(),
             has_handler,
+            catalog: self.catalog.clone(),
+            deploy: DeployState {
+                registry: self.registry.clone(),
+                checker: self.checker.clone(),
+                max_module_bytes: self.config.max_module_bytes(),
+            },
         };
         Ok(tokio::spawn(api::serve_with(
             listener,
@@ -357,32 +424,39 @@ fn keep_first(failure: &mut Option<ServerError>, e: ServerError) {
     }
 }
 
-/// The sandbox with the handlers directory loaded.
-fn load_sandbox(config: &Config, store: &Store) -> Result<Sandbox, ServerError> {
-    if !config.handlers.is_dir() {
-        return Err(ServerError::NoHandlersDir(config.handlers.clone()));
+/// Timeout of the registry's connection: a module may be tens of MiB.
+const REGISTRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A sandbox for a worker, or (`checker`) one that only checks deployed
+/// modules: the same engine settings, a pool of one slot.
+fn new_sandbox(config: &Config, store: &Store, checker: bool) -> Result<Sandbox, ServerError> {
+    let mut sandbox_config = config.sandbox_config();
+    if checker {
+        sandbox_config.max_concurrent_calls = 1;
     }
-    let sandbox =
-        Sandbox::new(config.sandbox_config(), store.connection()).map_err(ServerError::Sandbox)?;
-    let started = Instant::now();
-    let report = sandbox
-        .load_dir(&config.handlers)
-        .map_err(|source| ServerError::HandlersDir {
-            dir: config.handlers.clone(),
-            source,
-        })?;
-    // A bad module is one line in the log; the good ones run.
-    for (file, error) in &report.failed {
-        let error = error.to_string();
-        let error = error.split_whitespace().collect::<Vec<_>>().join(" ");
-        error!("handler skipped: {}: {error}", file.display());
-    }
-    if report.loaded.is_empty() {
-        warn!(dir = %config.handlers.display(), "no <task>.wasm handlers loaded");
-    }
-    info!(handlers = ?report.loaded, skipped = report.failed.len(),
-        elapsed_ms = started.elapsed().as_millis() as u64, "handlers loaded");
-    Ok(sandbox)
+    Sandbox::new(sandbox_config, store.connection()).map_err(ServerError::Sandbox)
+}
+
+fn new_watcher(
+    config: &Config,
+    store: &Store,
+    registry: &Registry,
+    catalog: &Catalog,
+    sandbox: Option<Sandbox>,
+) -> Watcher {
+    let queues = match sandbox {
+        Some(_) => config.queues.clone(),
+        None => Vec::new(),
+    };
+    Watcher::new(
+        registry.clone(),
+        store.client().clone(),
+        catalog.clone(),
+        sandbox,
+        config.handlers.clone(),
+        config.reload_interval(),
+        queues,
+    )
 }
 
 #[cfg(test)]

@@ -212,6 +212,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 attempt: task.attempts,
                 retry_at: 0,
                 now: ingest::now_ms(),
+                digest: None,
             })
             .collect();
         let outcomes = store.complete(&completions).await?;

@@ -113,6 +113,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
         attempt,
         retry_at: 0,
         now: dtq_host::ingest::now_ms(),
+        digest: None,
     }
 }
 

@@ -80,8 +80,11 @@ error_codes! {
     /// `expires_in_ms` out of its bounds, not over `delay_ms`, not a whole
     /// number, or overflowing the expiry time.
     InvalidExpiry = "INVALID_EXPIRY", BAD_REQUEST;
-    /// No handler is deployed for the submitted task name.
+    /// No handler is deployed for the submitted task name (or, on a
+    /// handler route, the task was never deployed).
     UnknownTask = "UNKNOWN_TASK", BAD_REQUEST;
+    /// A deploy's setting is out of its range (`details.setting` names it).
+    InvalidSettings = "INVALID_SETTINGS", BAD_REQUEST;
     /// No bearer token, or one that is not configured.
     Unauthorized = "UNAUTHORIZED", UNAUTHORIZED;
     /// The token lacks the route's scope or the queue.
@@ -92,6 +95,8 @@ error_codes! {
     TaskNotFound = "TASK_NOT_FOUND", NOT_FOUND;
     /// No such route.
     NotFound = "NOT_FOUND", NOT_FOUND;
+    /// A rollback to a digest that is not in the task's history.
+    UnknownVersion = "UNKNOWN_VERSION", NOT_FOUND;
     /// The route exists, not with this method.
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED;
     /// The request body did not arrive within the body timeout.
@@ -102,10 +107,18 @@ error_codes! {
     TaskTerminal = "TASK_TERMINAL", CONFLICT;
     /// Requeue of a task that is not dead-lettered.
     NotDeadLettered = "NOT_DEAD_LETTERED", CONFLICT;
+    /// A rollback with no earlier version in the task's history.
+    NoEarlierVersion = "NO_EARLIER_VERSION", CONFLICT;
     /// The body or the payload is over its size limit.
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE;
+    /// A deployed module over `--max-module-mib`.
+    ModuleTooLarge = "MODULE_TOO_LARGE", PAYLOAD_TOO_LARGE;
     /// A submission not declared `Content-Type: application/json`.
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE;
+    /// A deployed module that cannot run as a handler: not a component, not
+    /// of the handler world, an import the host does not provide, or a
+    /// namespace not granted. The message is the reason, in one line.
+    InvalidModule = "INVALID_MODULE", UNPROCESSABLE_ENTITY;
     /// The idempotency key was used with another task or payload.
     IdempotencyKeyMismatch = "IDEMPOTENCY_KEY_MISMATCH", UNPROCESSABLE_ENTITY;
     /// The queue is at its depth limit.

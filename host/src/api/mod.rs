@@ -9,6 +9,11 @@
 //! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
 //! | `GET /v1/queues/{queue}/dlq` | `read` | dead-lettered tasks |
 //! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | `admin` | requeue a dead-lettered task |
+//! | `GET /v1/handlers` | `read` | each deployed task's active version and how many live workers run it; each live worker's handlers |
+//! | `GET /v1/handlers/{task}` | `read` | a task's active version and history |
+//! | `PUT /v1/handlers/{task}` | `admin` | deploy: the body is the module (`application/wasm`), the query its settings |
+//! | `POST /v1/handlers/{task}/rollback` | `admin` | make an earlier version active (`{"to": digest}`, optional) |
+//! | `DELETE /v1/handlers/{task}` | `admin` | undeploy |
 //! | `GET /healthz` | none | Redis reachable |
 //!
 //! Every error has one body: `{"error": {"code", "message", "details"}}`
@@ -30,6 +35,7 @@
 mod auth;
 pub mod error;
 mod extract;
+mod handlers;
 mod routes;
 mod server;
 
@@ -45,7 +51,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 pub use auth::{Scope, Tokens, TokensError};
 
+use crate::deploy::{Catalog, Registry};
 use crate::ingest::IngestSettings;
+use crate::sandbox::Sandbox;
 use crate::store::Store;
 
 /// Tells whether a handler is deployed for a task name.
@@ -65,6 +73,22 @@ pub struct ApiState {
     /// Whether a task name has a handler: submissions of unknown tasks are
     /// refused before anything is written.
     pub has_handler: HandlerCheck,
+    /// The deployed tasks, for their operator defaults (`max_attempts`).
+    pub catalog: Catalog,
+    /// What the handler routes need.
+    pub deploy: DeployState,
+}
+
+/// What the handler routes need: the registry, and a sandbox to check a
+/// module with before it is stored.
+#[derive(Clone)]
+pub struct DeployState {
+    /// The handler registry.
+    pub registry: Registry,
+    /// Checks modules (compiles them, without running them).
+    pub checker: Sandbox,
+    /// Largest module accepted, bytes.
+    pub max_module_bytes: usize,
 }
 
 /// Default page size of list routes (`?limit=`).
@@ -159,6 +183,14 @@ pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
         .route("/v1/queues/{queue}/tasks/{id}/cancel", post(routes::cancel))
         .route("/v1/queues/{queue}/dlq", get(routes::list_dlq))
         .route("/v1/queues/{queue}/dlq/{id}/requeue", post(routes::requeue))
+        .route("/v1/handlers", get(handlers::list))
+        .route(
+            "/v1/handlers/{task}",
+            get(handlers::history)
+                .put(handlers::deploy)
+                .delete(handlers::undeploy),
+        )
+        .route("/v1/handlers/{task}/rollback", post(handlers::rollback))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -107,7 +107,7 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<B
     }
 }
 
-fn body_timeout(timeout: Duration) -> ApiError {
+pub(super) fn body_timeout(timeout: Duration) -> ApiError {
     let ms = timeout.as_millis() as u64;
     ApiError::new(
         ErrorCode::RequestTimeout,
@@ -141,6 +141,11 @@ pub(super) async fn submit(
         ),
         None => None,
     };
+    let mut req = req;
+    if req.max_attempts.is_none() {
+        // The operator's default for the task, set at deploy.
+        req.max_attempts = shared.state.catalog.max_attempts(&req.task);
+    }
     let state = shared.state.clone();
     let done = store_call(&shared, async move {
         let has_handler = &state.has_handler;

@@ -127,12 +127,15 @@ pub(crate) struct LoadedHandler {
     /// `dtq:quota:{<namespace>}` and `dtq:quota-ttl:{<namespace>}`.
     pub(crate) quota_keys: Arc<[String; 2]>,
     pub(crate) kv_quota_bytes: u64,
+    /// SHA-256 of the module, lowercase hex.
+    pub(crate) digest: Arc<str>,
+    /// The sandbox's limits with the operator's settings of this handler.
+    pub(crate) limits: Arc<Limits>,
 }
 
 /// What [`run`] needs from the sandbox.
 pub(crate) struct CallEnv<'a> {
     pub(crate) engine: &'a wasmtime::Engine,
-    pub(crate) limits: &'a Arc<Limits>,
     pub(crate) redis: &'a redis::aio::ConnectionManager,
 }
 
@@ -165,7 +168,7 @@ pub(crate) async fn run(
     budget: Duration,
     cancel: &CancelHandle,
 ) -> RunResult {
-    let limits = env.limits;
+    let limits = &handler.limits;
     let log = TaskLog::new(limits.max_log_bytes);
     let deadline_at = Instant::now() + budget;
     let state = TaskState {

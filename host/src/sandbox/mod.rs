@@ -88,6 +88,11 @@ use imports::HostCtx;
 use imports::bindings::{Handler, HandlerPre};
 use outcome::{error_chain, error_line};
 
+/// Check that `namespace` can name a handler namespace.
+pub fn validate_namespace(namespace: &str) -> Result<(), SandboxError> {
+    namespace::validate(namespace)
+}
+
 /// How a [`Sandbox`] is set up.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -113,7 +118,7 @@ pub struct SandboxConfig {
 }
 
 /// What the operator decides for one task's handler, whatever its component
-/// asks for.
+/// asks for. Each `None` takes the sandbox's [`Limits`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HandlerSettings {
     /// The namespace its kv keys and idempotency claims live in; `None`:
@@ -124,6 +129,54 @@ pub struct HandlerSettings {
     /// [`Limits::kv_quota_bytes`]. Handlers sharing a namespace share its
     /// budget; the value of the handler loaded last applies to its calls.
     pub kv_quota_bytes: Option<u64>,
+    /// Linear memory one call may hold; at most [`Limits::memory_bytes`],
+    /// which sizes the pool's slots: a handler asking for more cannot be
+    /// loaded by this sandbox ([`SandboxError::Unsupported`]).
+    pub memory_bytes: Option<usize>,
+    /// Wall-clock deadline of one call, in place of [`Limits::deadline`]
+    /// (longer or shorter). A task may still ask for less.
+    pub deadline: Option<Duration>,
+    /// Fuel per call. Needs a sandbox that meters fuel ([`Limits::fuel`]
+    /// set); another cannot load the handler
+    /// ([`SandboxError::Unsupported`]).
+    pub fuel: Option<u64>,
+}
+
+impl HandlerSettings {
+    /// The limits a handler with these settings runs under, from the
+    /// sandbox's; an error when this sandbox cannot honour them.
+    fn limits(&self, base: &Limits) -> Result<Limits, SandboxError> {
+        let mut limits = base.clone();
+        if let Some(bytes) = self.memory_bytes {
+            if bytes > base.memory_bytes {
+                return Err(SandboxError::Unsupported(format!(
+                    "the handler may use {} MiB of memory, but this worker's pool slots hold {} MiB \
+                     (start it with --memory-mib {} or more)",
+                    bytes >> 20,
+                    base.memory_bytes >> 20,
+                    bytes.div_ceil(1 << 20)
+                )));
+            }
+            limits.memory_bytes = bytes;
+        }
+        if let Some(fuel) = self.fuel {
+            if base.fuel.is_none() {
+                return Err(SandboxError::Unsupported(
+                    "the handler has a fuel budget, but this worker does not meter fuel \
+                     (start it with --fuel)"
+                        .into(),
+                ));
+            }
+            limits.fuel = Some(fuel);
+        }
+        if let Some(deadline) = self.deadline {
+            limits.deadline = deadline;
+        }
+        if let Some(bytes) = self.kv_quota_bytes {
+            limits.kv_quota_bytes = bytes;
+        }
+        Ok(limits)
+    }
 }
 
 impl Default for SandboxConfig {
@@ -208,6 +261,11 @@ pub enum SandboxError {
         /// The namespace the operator gave the task (by default its name).
         granted: String,
     },
+    /// The handler's settings ask for what this sandbox cannot give (more
+    /// memory than its pool slots hold, fuel without metering). Another
+    /// worker may run it.
+    #[error("this worker cannot run it: {0}")]
+    Unsupported(String),
     /// The handler's namespace is not acceptable.
     #[error("invalid namespace {namespace:?}: {reason}")]
     InvalidNamespace {
@@ -388,16 +446,72 @@ impl Sandbox {
             })
     }
 
+    /// Check that `wasm` would load as the handler of `task` with
+    /// `settings`, without loading it: it is a component that fits the
+    /// handler world, every import is provided, its namespace is granted
+    /// and the settings can be honoured here. Compiles it (or finds it in
+    /// the artifact cache, which it fills), so a load that follows is fast.
+    /// The memory and fuel settings are not checked: they depend on the
+    /// worker that loads the handler.
+    /// Blocking and CPU-heavy: call it from a blocking context.
+    pub fn check(
+        &self,
+        task: &str,
+        wasm: &[u8],
+        settings: &HandlerSettings,
+    ) -> Result<LoadReport, SandboxError> {
+        // Memory and fuel depend on each worker's pool and engine, not on
+        // the module: each worker checks them when it loads the handler.
+        let settings = HandlerSettings {
+            memory_bytes: None,
+            fuel: None,
+            ..settings.clone()
+        };
+        self.prepare(task, wasm, &settings)
+            .map(|(_, report)| report)
+            .map_err(|source| SandboxError::Handler {
+                task: task.to_string(),
+                source: Box::new(source),
+            })
+    }
+
     fn load_inner(
         &self,
         task: &str,
         wasm: &[u8],
         settings: &HandlerSettings,
     ) -> Result<LoadReport, SandboxError> {
+        let (handler, report) = self.prepare(task, wasm, settings)?;
+        let replaced = self
+            .inner
+            .handlers
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(task.to_string(), handler);
+        tracing::info!(
+            task,
+            namespace = %report.namespace,
+            digest = %report.sha256,
+            replaced = replaced.is_some(),
+            from_cache = report.from_cache,
+            load_ms = report.load_time.as_secs_f64() * 1e3,
+            "handler loaded"
+        );
+        Ok(report)
+    }
+
+    /// Compile and pre-instantiate `wasm` as the handler of `task`.
+    fn prepare(
+        &self,
+        task: &str,
+        wasm: &[u8],
+        settings: &HandlerSettings,
+    ) -> Result<(Arc<LoadedHandler>, LoadReport), SandboxError> {
         let started = Instant::now();
         if task.is_empty() || task.chars().any(|c| c.is_control()) {
             return Err(SandboxError::InvalidTaskName(task.to_string()));
         }
+        let limits = settings.limits(&self.inner.limits)?;
         let namespace = namespace::namespace_of(task, wasm, settings.namespace.as_deref())?;
         let sha256 = cache::sha256_hex(wasm);
         let compiled = self
@@ -415,15 +529,10 @@ impl Sandbox {
             kv_prefix: namespace::kv_prefix(&namespace).into(),
             claim_prefix: namespace::claim_prefix(&namespace).into(),
             quota_keys: namespace::quota_keys(&namespace).into(),
-            kv_quota_bytes: settings
-                .kv_quota_bytes
-                .unwrap_or(self.inner.limits.kv_quota_bytes),
+            kv_quota_bytes: limits.kv_quota_bytes,
+            digest: sha256.as_str().into(),
+            limits: Arc::new(limits),
         });
-        self.inner
-            .handlers
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(task.to_string(), handler);
         let report = LoadReport {
             task: task.to_string(),
             namespace,
@@ -432,14 +541,7 @@ impl Sandbox {
             compile_time: compiled.compile_time,
             load_time: started.elapsed(),
         };
-        tracing::info!(
-            task,
-            namespace = %report.namespace,
-            from_cache = report.from_cache,
-            load_ms = report.load_time.as_secs_f64() * 1e3,
-            "handler loaded"
-        );
-        Ok(report)
+        Ok((handler, report))
     }
 
     /// Remove the handler of `task`; returns whether there was one. Calls
@@ -470,6 +572,18 @@ impl Sandbox {
             .collect();
         names.sort();
         names
+    }
+
+    /// The module digest (SHA-256, lowercase hex) of each loaded handler,
+    /// by task name.
+    pub fn loaded(&self) -> std::collections::BTreeMap<String, String> {
+        self.inner
+            .handlers
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(task, handler)| (task.clone(), handler.digest.to_string()))
+            .collect()
     }
 
     /// Calls holding a pool slot right now (running, or instantiating).
@@ -508,7 +622,16 @@ impl Sandbox {
 
     async fn call_inner(&self, call: Call, cancel: &CancelHandle) -> CallReport {
         let started = Instant::now();
-        let limits = &self.inner.limits;
+        let Some(handler) = self.handler(&call.task) else {
+            return CallReport {
+                outcome: Outcome::Trapped(Trap::UnknownHandler(call.task.clone())),
+                log: String::new(),
+                host_calls: 0,
+                elapsed: started.elapsed(),
+                digest: None,
+            };
+        };
+        let limits = &handler.limits;
         let report = |outcome: Outcome, log: String, host_calls: u64| {
             tracing::debug!(
                 outcome = %outcome,
@@ -521,16 +644,10 @@ impl Sandbox {
                 log,
                 host_calls,
                 elapsed: started.elapsed(),
+                digest: Some(handler.digest.clone()),
             }
         };
 
-        let Some(handler) = self.handler(&call.task) else {
-            return report(
-                Outcome::Trapped(Trap::UnknownHandler(call.task.clone())),
-                String::new(),
-                0,
-            );
-        };
         if call.payload.len() > limits.max_payload_bytes {
             return report(
                 Outcome::Trapped(Trap::LimitExceeded(Limit::Payload)),
@@ -566,7 +683,6 @@ impl Sandbox {
             .map_or(limits.deadline, |d| d.min(limits.deadline));
         let env = CallEnv {
             engine: &self.inner.engine,
-            limits,
             redis: &self.inner.redis,
         };
         let result = call::run(env, &handler, &call, budget, cancel).await;

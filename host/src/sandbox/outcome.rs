@@ -18,6 +18,9 @@ pub struct CallReport {
     pub host_calls: u64,
     /// Wall-clock time of the call, waiting for a pool slot included.
     pub elapsed: Duration,
+    /// The digest (SHA-256, lowercase hex) of the module that ran; `None`
+    /// when no handler of the task was loaded.
+    pub digest: Option<std::sync::Arc<str>>,
 }
 
 /// How a call ended.

@@ -513,7 +513,8 @@ impl Store {
                 .arg(c.now)
                 .arg(flag(c.idempotency_key.is_some()))
                 .arg(attempt)
-                .arg(c.retry_at);
+                .arg(c.retry_at)
+                .arg(c.digest.as_deref().unwrap_or(""));
         }
         inv
     }

@@ -132,8 +132,15 @@ mod tests {
     ];
 
     /// The scripts whose replies are not codes of [`Code`] (counts, claim
-    /// states, XCLAIM entries, or a 1/0 the claim module reads itself).
+    /// states, XCLAIM entries, or a 1/0 the claim module reads itself; the
+    /// handler registry's scripts answer codes of their own, which
+    /// `deploy/registry.rs` reads).
     const UNCODED: &[&str] = &[
+        "handler_deploy",
+        "handler_rollback",
+        "handler_undeploy",
+        "handler_gc",
+        "fleet_report",
         "promote",
         "reclaim",
         "claim_begin",

@@ -135,6 +135,9 @@ pub struct TaskRecord {
     pub msg_id: Option<String>,
     /// Whether a cancel was requested while it ran.
     pub cancel_requested: bool,
+    /// The digest (SHA-256) of the module each attempt ran, in order; `-`
+    /// for an attempt whose worker died.
+    pub attempt_digests: Vec<String>,
 }
 
 /// Field `name` of a task hash, which every task has.
@@ -180,6 +183,9 @@ impl TaskRecord {
             expires_at: number(take("expires_at"), "expires_at")?,
             msg_id: take("msg_id"),
             cancel_requested: take("cancel_requested").as_deref() == Some("1"),
+            attempt_digests: take("digests")
+                .map(|d| d.split(',').map(str::to_owned).collect())
+                .unwrap_or_default(),
             id,
         })
     }
@@ -217,6 +223,17 @@ impl TaskRecord {
             "run_at": self.run_at,
             "expires_at": self.expires_at,
             "cancel_requested": self.cancel_requested,
+            "handler_digest": self.handler_digest(),
+            "attempt_digests": self.attempt_digests,
         })
+    }
+
+    /// The digest of the module the last attempt that ran used.
+    pub fn handler_digest(&self) -> Option<&str> {
+        self.attempt_digests
+            .iter()
+            .rev()
+            .map(String::as_str)
+            .find(|d| *d != "-")
     }
 }

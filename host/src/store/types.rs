@@ -158,6 +158,11 @@ pub enum CompletionKind {
     Lost,
     /// Not started before its expiry.
     Expired,
+    /// Not run: this worker has no handler for the task (not loaded yet,
+    /// or it cannot run it). The attempt is given back and the task waits,
+    /// SCHEDULED, for any worker, after a backoff of its own (see
+    /// `complete.lua`).
+    Defer,
 }
 
 impl CompletionKind {
@@ -170,6 +175,7 @@ impl CompletionKind {
             CompletionKind::Cancelled => "cancelled",
             CompletionKind::Lost => "lost",
             CompletionKind::Expired => "expired",
+            CompletionKind::Defer => "defer",
         }
     }
 }
@@ -197,6 +203,8 @@ pub struct Completion {
     pub retry_at: u64,
     /// Now (ms since epoch).
     pub now: u64,
+    /// The digest of the module the attempt ran, when one did.
+    pub digest: Option<std::sync::Arc<str>>,
 }
 
 /// What a completion did.

@@ -6,6 +6,7 @@
 //! | `Fatal`, or a trap retrying cannot help ([`Outcome::is_retryable`]) | fatal | FAILED |
 //! | `Retryable`, deadline, other traps | retry | RETRYING, or DEAD_LETTERED when attempts are spent |
 //! | `Trapped(Cancelled)` | cancelled | CANCELLED |
+//! | `Trapped(UnknownHandler)`: no handler of the task loaded here | defer (the attempt is given back) | SCHEDULED, for any worker |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,10 +94,12 @@ async fn execute(
         CompletionKind::Success => {
             debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded")
         }
+        CompletionKind::Defer => debug!(error = %detail, "deferred"),
         _ => warn!(outcome = ?kind, error = %detail, "attempt failed"),
     }
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
-    let completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
+    let mut completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
+    completion.digest = report.digest;
     hand_over(&shared, completion, permit, registration).await;
 }
 
@@ -110,6 +113,12 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
         Outcome::Trapped(Trap::Cancelled) => {
             (CompletionKind::Cancelled, "cancelled while running".into())
         }
+        // Deployed but not (yet) runnable here: another worker, or this one
+        // once it has loaded the handler, runs it.
+        Outcome::Trapped(Trap::UnknownHandler(task)) => (
+            CompletionKind::Defer,
+            format!("waiting for a worker that has loaded the handler of {task:?}"),
+        ),
         Outcome::Trapped(trap) if retryable => (CompletionKind::Retry, trap.to_string()),
         Outcome::Trapped(trap) => (CompletionKind::Fatal, trap.to_string()),
     }
@@ -154,6 +163,7 @@ fn completion_of(
         attempt: task.attempts,
         retry_at,
         now: now_ms(),
+        digest: None,
     }
 }
 

@@ -22,17 +22,28 @@
     ARGV[1] consumer group
     ARGV[2] retention of terminal task hashes (s)
     ARGV[3] events stream max length
-    then, per completion i, 9 values from ARGV[4 + 9i]:
+    then, per completion i, 10 values from ARGV[4 + 10i]:
       task id; stream message id ("" for a task not in the stream);
-      outcome: success | fatal | retry | lost | cancelled | expired;
+      outcome: success | fatal | retry | lost | cancelled | expired | defer;
       result (JSON, for success) or error message; captured log;
       now (ms since epoch); "1" when the task has an idempotency key;
       the attempt this completion belongs to ("" for expired);
-      retry due time (ms since epoch), used when the outcome retries
+      retry due time (ms since epoch), used when the outcome retries;
+      digest of the module the attempt ran ("" when unknown)
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
     attempt's) is left as it is.
+
+    "defer" gives back an attempt that did not run: the worker has no
+    handler for the task (not loaded yet, or it cannot run it). The attempt
+    is not counted, and the task waits in the delayed set, SCHEDULED, for
+    any worker: DEFER_BASE_MS doubling with each deferral of the task
+    (field `deferrals`), at most DEFER_MAX_MS. A deferred task whose cancel
+    was requested is CANCELLED instead.
+
+  Every attempt that ran appends its module digest to the task's field
+  `digests` (comma-separated, "-" for an attempt whose worker died).
 
   Output: one flat array, a code and a status per completion, in order:
     1, status     OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
@@ -51,13 +62,15 @@
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
 
+local DEFER_BASE_MS, DEFER_MAX_MS = 250, 30000
+
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 local acks = {}
 
-for a = 6, #ARGV, 9 do
-  if not (direct[ARGV[a]] or failed[ARGV[a]]) then
+for a = 6, #ARGV, 10 do
+  if not (direct[ARGV[a]] or failed[ARGV[a]] or ARGV[a] == "defer") then
     return redis.error_reply("ERR unknown outcome " .. ARGV[a])
   end
 end
@@ -65,20 +78,45 @@ end
 -- Numbers stay the strings they came as: Lua formats numbers slowly.
 -- Returns the completion's code and the task's status.
 local function completeOne(taskKey, idemKey, a)
-  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt =
+  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt, digest =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
+    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
 
   local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts",
-    "cancel_requested", "error")
-  local current, attempts, maxAttempts, cancelRequested, hadError =
-    f[1], f[2] or "0", f[3] or "1", f[4] == "1", f[5]
+    "cancel_requested", "error", "digests")
+  local current, attempts, maxAttempts, cancelRequested, hadError, digests =
+    f[1], f[2] or "0", f[3] or "1", f[4] == "1", f[5], f[6]
   if outcome == "expired" then
     if not waiting[current] then
       return -4, current or "MISSING"
     end
   elseif current ~= "RUNNING" or attempts ~= attempt then
     return -4, current or "MISSING"
+  end
+
+  if outcome == "defer" then
+    if msgId ~= "" then
+      acks[#acks + 1] = msgId
+    end
+    if cancelRequested then
+      local before = tonumber(attempts) - 1
+      redis.call("HSET", taskKey, "status", "CANCELLED", "updated_at", now,
+        "attempts", before, "error", "cancelled before it ran", "finished_at", now)
+      redis.call("EXPIRE", taskKey, retention)
+      addEvent(eventsKey, eventsMaxLen, taskId, "CANCELLED", before, now)
+      if hasKey then
+        setIdemState(idemKey, taskId, "failed", now)
+      end
+      return 1, "CANCELLED"
+    end
+    local n = redis.call("HINCRBY", taskKey, "deferrals", 1)
+    local due = tonumber(now) + math.min(DEFER_BASE_MS * 2 ^ math.min(n - 1, 16), DEFER_MAX_MS)
+    local before = tonumber(attempts) - 1
+    redis.call("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
+      "attempts", before, "error", detail, "run_at", due)
+    addEvent(eventsKey, eventsMaxLen, taskId, "SCHEDULED", before, now)
+    redis.call("ZADD", delayedKey, due, taskId)
+    return 1, "SCHEDULED"
   end
 
   local status = direct[outcome]
@@ -98,12 +136,21 @@ local function completeOne(taskKey, idemKey, a)
   if status == "RETRYING" then
     timeField, at = "run_at", retryAt
   end
+  if outcome ~= "expired" then
+    if digest == "" then
+      digest = "-"
+    end
+    digests = digests and (digests .. "," .. digest) or digest
+  end
   if outcome == "lost" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, detailField, detail,
-      timeField, at)
-  else
+      timeField, at, "digests", digests)
+  elseif outcome == "expired" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at)
+  else
+    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
+      detailField, detail, timeField, at, "digests", digests)
   end
   if status == "SUCCEEDED" and hadError then
     redis.call("HDEL", taskKey, "error")
@@ -173,7 +220,7 @@ end
 
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
-  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 9 * i)
+  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 10 * i)
 end
 
 -- 5. The ACK, then the acknowledged entries leave the stream, so that it

@@ -1,0 +1,258 @@
+//! The routes of the handler registry: list, history, deploy, rollback,
+//! undeploy. Changing what the fleet runs is running code on it, so every
+//! change needs the `admin` scope; listing needs `read`.
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::LengthLimitError;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Shared;
+use super::auth::Scope;
+use super::error::{ApiError, ErrorCode};
+use super::extract::{ApiPath, ApiQuery};
+use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError};
+use crate::ingest::{now_ms, validate_task_name};
+
+type ApiResult = Result<Response, ApiError>;
+
+/// `{"task", "digest", "size", "deployed_at", "action", "settings"}` of an
+/// active entry.
+pub(crate) fn active_json(task: &str, entry: &Entry) -> Value {
+    let mut value = entry_json(entry);
+    if let Some(fields) = value.as_object_mut() {
+        fields.remove("at");
+    }
+    value["task"] = json!(task);
+    value["deployed_at"] = json!(entry.at);
+    value
+}
+
+/// `{"action", "at", "digest", "size", "settings"}` of a history entry
+/// (an undeploy has no version fields).
+fn entry_json(entry: &Entry) -> Value {
+    let mut value = json!({"action": entry.action, "at": entry.at});
+    if let Some(v) = &entry.version {
+        value["digest"] = json!(v.digest);
+        value["size"] = json!(v.size);
+        value["settings"] = json!(v.settings);
+    }
+    value
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        let message = e.to_string();
+        match e {
+            RegistryError::Redis(e) => crate::store::StoreError::from(e).into(),
+            RegistryError::UnknownTask(task) => {
+                ApiError::new(ErrorCode::UnknownTask, message).with_details(json!({"task": task}))
+            }
+            RegistryError::UnknownVersion { task, digest } => {
+                ApiError::new(ErrorCode::UnknownVersion, message)
+                    .with_details(json!({"task": task, "digest": digest}))
+            }
+            RegistryError::NoEarlierVersion(task) => {
+                ApiError::new(ErrorCode::NoEarlierVersion, message)
+                    .with_details(json!({"task": task}))
+            }
+            RegistryError::Corrupt(_) => ApiError::internal(message),
+        }
+    }
+}
+
+/// `GET /v1/handlers`: each deployed task's active version, with how many
+/// live workers run it, and what each live worker runs.
+pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
+    shared.auth.authorize(&headers, Scope::Read, None)?;
+    let registry = &shared.state.deploy.registry;
+    let (_, active) = registry.active().await?;
+    let fleet = registry.fleet(REPORT_LIVE_MS).await?;
+    let workers: Vec<_> = fleet.iter().filter(|r| !r.queues.is_empty()).collect();
+    let mut handlers = Vec::new();
+    for (task, entry) in active {
+        let entry = entry?;
+        let mut value = active_json(&task, &entry);
+        let digest = entry.version.as_ref().map(|v| v.digest.as_str());
+        let running = workers
+            .iter()
+            .filter(|w| w.loaded.get(&task).map(String::as_str) == digest)
+            .count();
+        value["workers"] = json!({"running": running, "total": workers.len()});
+        handlers.push(value);
+    }
+    Ok(Json(json!({"handlers": handlers, "workers": workers})).into_response())
+}
+
+/// `GET /v1/handlers/{task}`: the active version and the history.
+pub(super) async fn history(
+    State(shared): State<Shared>,
+    ApiPath(task): ApiPath<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    shared.auth.authorize(&headers, Scope::Read, None)?;
+    validate_task_name(&task)?;
+    let (active, history) = shared.state.deploy.registry.history(&task).await?;
+    if active.is_none() && history.is_empty() {
+        return Err(RegistryError::UnknownTask(task).into());
+    }
+    let history: Vec<Value> = history.iter().map(entry_json).collect();
+    Ok(Json(json!({
+        "task": task,
+        "active": active.map(|e| active_json(&task, &e)),
+        "history": history,
+    }))
+    .into_response())
+}
+
+/// `PUT /v1/handlers/{task}`: the body is the module; the query holds the
+/// settings. Checked (it compiles, fits the handler world, its imports are
+/// provided, its namespace is granted) before it is stored: a refused
+/// module never reaches a worker.
+pub(super) async fn deploy(
+    State(shared): State<Shared>,
+    ApiPath(task): ApiPath<String>,
+    ApiQuery(settings): ApiQuery<DeploySettings>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    validate_task_name(&task)?;
+    settings.check().map_err(|e| {
+        ApiError::new(ErrorCode::InvalidSettings, e.to_string())
+            .with_details(json!({"setting": e.setting}))
+    })?;
+    let deploy = &shared.state.deploy;
+    let wasm = read_module(&shared, &headers, body, deploy.max_module_bytes).await?;
+
+    let checker = deploy.checker.clone();
+    let (t, w, s) = (task.clone(), wasm.clone(), settings.handler_settings());
+    let checked = tokio::task::spawn_blocking(move || checker.check(&t, &w, &s))
+        .await
+        .map_err(|e| ApiError::internal(format!("the module check failed: {e}")))?;
+    if let Err(e) = checked {
+        let reason = e
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        return Err(ApiError::new(ErrorCode::InvalidModule, reason)
+            .with_details(json!({"task": task, "size": wasm.len()})));
+    }
+
+    let deployed = deploy
+        .registry
+        .deploy(&task, &wasm, settings, now_ms())
+        .await?;
+    let mut body = active_json(&task, &deployed.active);
+    body["unchanged"] = json!(deployed.unchanged);
+    body["previous"] = json!(
+        deployed
+            .previous
+            .filter(|_| !deployed.unchanged)
+            .and_then(|e| e.version)
+            .map(|v| v.digest)
+    );
+    let status = if deployed.unchanged {
+        StatusCode::OK
+    } else {
+        tracing::info!(task, digest = %body["digest"], "handler deployed");
+        StatusCode::CREATED
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+/// Read a module body within the body timeout and `limit`.
+async fn read_module(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::ModuleTooLarge,
+            format!("the module is over the limit of {limit} bytes (--max-module-mib)"),
+        )
+        .with_details(json!({"limit": limit}))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let timeout = shared.limits.body_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                Err(too_large())
+            } else {
+                Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("cannot read the module: {e}"),
+                ))
+            }
+        }
+        Err(_) => Err(super::routes::body_timeout(timeout)),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackRequest {
+    /// The digest to return to; default: the newest different version.
+    to: Option<String>,
+}
+
+/// `POST /v1/handlers/{task}/rollback`, optional body `{"to": digest}`.
+pub(super) async fn rollback(
+    State(shared): State<Shared>,
+    ApiPath(task): ApiPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    validate_task_name(&task)?;
+    let request: RollbackRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        RollbackRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))?
+    };
+    let entry = shared
+        .state
+        .deploy
+        .registry
+        .rollback(&task, request.to.as_deref(), now_ms())
+        .await?;
+    tracing::info!(task, "handler rolled back");
+    Ok(Json(active_json(&task, &entry)).into_response())
+}
+
+/// `DELETE /v1/handlers/{task}`.
+pub(super) async fn undeploy(
+    State(shared): State<Shared>,
+    ApiPath(task): ApiPath<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    validate_task_name(&task)?;
+    let undeployed = shared
+        .state
+        .deploy
+        .registry
+        .undeploy(&task, now_ms())
+        .await?;
+    if undeployed {
+        tracing::info!(task, "handler undeployed");
+    }
+    Ok(Json(json!({"task": task, "undeployed": undeployed})).into_response())
+}

@@ -1,0 +1,27 @@
+//! Deploying handlers to a fleet: modules stored in Redis by digest, one
+//! active version per task with its operator settings, a bounded history to
+//! roll back to, and hot reload in every process.
+//!
+//! - `registry.rs`: the Redis side ([`Registry`]): deploy, rollback,
+//!   undeploy, history, modules, and the fleet's reports of what each
+//!   worker runs.
+//! - `settings.rs`: [`DeploySettings`], what the operator sets per handler.
+//! - `watch.rs`: [`Watcher`], which keeps a process's handlers (and the
+//!   API's [`Catalog`]) in step with the registry and its directory.
+//!
+//! A module is checked before it is stored (`Sandbox::check`: it compiles,
+//! fits the handler world, its imports are provided, its namespace is
+//! granted), so a refused module never reaches a worker. A worker that still
+//! cannot run a version (its pool is too small for the memory setting, say)
+//! reports why and leaves the task to workers that can: it defers, never
+//! fails, a task it has no handler for.
+
+mod registry;
+mod settings;
+mod watch;
+
+pub use registry::{
+    Action, CHANNEL, Deployed, Entry, FleetReport, HISTORY_LIMIT, Registry, RegistryError, Version,
+};
+pub use settings::{DeploySettings, MAX_MEMORY_MIB, SettingsError};
+pub use watch::{Catalog, Known, REPORT_EVERY, REPORT_LIVE_MS, Watcher};

@@ -1,0 +1,181 @@
+//! The operator's settings of one deployed handler, as `dtq deploy` takes
+//! them (flags, a manifest, or the query of `PUT /v1/handlers/{task}`) and
+//! as the registry stores them (JSON in each version).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ingest::MAX_ATTEMPTS_LIMIT;
+use crate::sandbox::{HandlerSettings, validate_namespace};
+
+/// Largest `memory_mib` a handler may be given (4 GiB: a wasm32 memory's
+/// size).
+pub const MAX_MEMORY_MIB: u64 = 4096;
+
+/// What the operator decides for a handler at deploy; every field unset
+/// takes the worker's flag (`--memory-mib`, `--task-timeout-ms`, ...).
+///
+/// Unknown fields are refused, in a request and in the registry alike: a
+/// worker older than the settings it reads (one that does not know a
+/// network allow-list, say) cannot honour them, so it does not load the
+/// version and leaves its tasks to workers that can.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct DeploySettings {
+    /// The namespace of its kv keys and idempotency claims (default: the
+    /// task name). A component that asks for a namespace is deployed only
+    /// when given exactly that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Linear memory one call may use, MiB; at most the worker's
+    /// `--memory-mib`, which sizes its pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub memory_mib: Option<u64>,
+    /// Deadline of one attempt, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// Fuel per call (workers must meter fuel: `--fuel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub fuel: Option<u64>,
+    /// Attempts of a task whose submission does not set `max_attempts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// kv bytes its namespace may hold in Redis, MiB (0: no budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub kv_quota_mib: Option<u64>,
+}
+
+/// A setting that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting}: {reason}")]
+pub struct SettingsError {
+    /// The setting's name.
+    pub setting: &'static str,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+impl DeploySettings {
+    /// Check every value against its range.
+    pub fn check(&self) -> Result<(), SettingsError> {
+        let error = |setting, reason: String| Err(SettingsError { setting, reason });
+        if let Some(ns) = &self.namespace
+            && let Err(e) = validate_namespace(ns)
+        {
+            return error("namespace", e.to_string());
+        }
+        if let Some(mib) = self.memory_mib
+            && !(1..=MAX_MEMORY_MIB).contains(&mib)
+        {
+            return error("memory_mib", format!("must be 1 to {MAX_MEMORY_MIB}"));
+        }
+        if self.timeout_ms == Some(0) {
+            return error("timeout_ms", "must be at least 1".into());
+        }
+        if self.fuel == Some(0) {
+            return error("fuel", "must be at least 1".into());
+        }
+        if let Some(n) = self.max_attempts
+            && !(1..=MAX_ATTEMPTS_LIMIT).contains(&n)
+        {
+            return error("max_attempts", format!("must be 1 to {MAX_ATTEMPTS_LIMIT}"));
+        }
+        if let Some(mib) = self.kv_quota_mib
+            && mib > u64::MAX >> 20
+        {
+            return error("kv_quota_mib", "is too large".into());
+        }
+        Ok(())
+    }
+
+    /// What the sandbox takes.
+    pub fn handler_settings(&self) -> HandlerSettings {
+        let mib = |n: u64| usize::try_from(n << 20).unwrap_or(usize::MAX);
+        HandlerSettings {
+            namespace: self.namespace.clone(),
+            kv_quota_bytes: self.kv_quota_mib.map(|n| n << 20),
+            memory_bytes: self.memory_mib.map(mib),
+            deadline: self.timeout_ms.map(Duration::from_millis),
+            fuel: self.fuel,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_and_refuse_unknown_fields() {
+        let settings = DeploySettings {
+            namespace: Some("billing".into()),
+            memory_mib: Some(32),
+            max_attempts: Some(5),
+            ..DeploySettings::default()
+        };
+        let json = serde_json::to_string(&settings).expect("serializes");
+        assert_eq!(
+            json,
+            r#"{"namespace":"billing","memory_mib":32,"max_attempts":5}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<DeploySettings>(&json).expect("parses"),
+            settings
+        );
+        let newer = r#"{"memory_mib":32,"allow_hosts":["api.example.com"]}"#;
+        assert!(serde_json::from_str::<DeploySettings>(newer).is_err());
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_setting() {
+        let bad = [
+            DeploySettings {
+                memory_mib: Some(0),
+                ..DeploySettings::default()
+            },
+            DeploySettings {
+                max_attempts: Some(MAX_ATTEMPTS_LIMIT + 1),
+                ..DeploySettings::default()
+            },
+            DeploySettings {
+                namespace: Some("a{b".into()),
+                ..DeploySettings::default()
+            },
+            DeploySettings {
+                timeout_ms: Some(0),
+                ..DeploySettings::default()
+            },
+        ];
+        let names: Vec<&str> = bad
+            .iter()
+            .map(|s| s.check().expect_err("refused").setting)
+            .collect();
+        assert_eq!(
+            names,
+            ["memory_mib", "max_attempts", "namespace", "timeout_ms"]
+        );
+        assert!(DeploySettings::default().check().is_ok());
+    }
+
+    #[test]
+    fn units_become_the_sandboxs() {
+        let settings = DeploySettings {
+            memory_mib: Some(3),
+            timeout_ms: Some(1500),
+            kv_quota_mib: Some(2),
+            ..DeploySettings::default()
+        }
+        .handler_settings();
+        assert_eq!(settings.memory_bytes, Some(3 << 20));
+        assert_eq!(settings.deadline, Some(Duration::from_millis(1500)));
+        assert_eq!(settings.kv_quota_bytes, Some(2 << 20));
+        assert_eq!(settings.namespace, None);
+    }
+}
