@@ -26,7 +26,13 @@ const EXAMPLES: &[&str] = &[
 ];
 
 /// Test guests in `guests/`.
-const TEST_GUESTS: &[&str] = &["adversarial", "namespaced", "operations"];
+const TEST_GUESTS: &[&str] = &[
+    "adversarial",
+    "namespaced",
+    "operations",
+    "versioned_v1",
+    "versioned_v2",
+];
 
 fn main() {
     let manifest_dir =

@@ -144,7 +144,10 @@ module (relative to the manifest) and its settings:
   max_attempts = 5
   kv_quota_mib = 16
 
-Unset settings take each worker's flags (--memory-mib, --task-timeout-ms, ...).";
+Unset settings take each worker's flags (--memory-mib, --task-timeout-ms, ...).
+The manifest is read whole first (a bad key stops everything); then the
+handlers are deployed in order, and a refused module stops there, those
+before it deployed.";
 
 #[derive(Subcommand)]
 enum HandlersCommand {

@@ -13,6 +13,13 @@ use anyhow::{Context, Result, bail};
 
 pub mod process;
 
+/// The SHA-256 of `bytes`, lowercase hex: a module's digest as the host
+/// records it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 /// Paths of the guest components `build.rs` compiled for this test run.
 pub mod guests {
     include!(concat!(env!("OUT_DIR"), "/guests.rs"));
@@ -272,6 +279,31 @@ impl ApiClient {
             req = req.header(*k, *v);
         }
         let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        let body = serde_json::from_str(&text)
+            .with_context(|| format!("response is not JSON: {text:?}"))?;
+        Ok((status, body))
+    }
+
+    /// Deploy module `wasm` as `task` with `settings` (query parameters),
+    /// presenting `token` as the bearer token.
+    pub async fn deploy(
+        &self,
+        task: &str,
+        wasm: Vec<u8>,
+        settings: &[(&str, &str)],
+        token: &str,
+    ) -> Result<(u16, serde_json::Value)> {
+        let resp = self
+            .http
+            .put(format!("{}/v1/handlers/{task}", self.base))
+            .query(settings)
+            .bearer_auth(token)
+            .header("Content-Type", "application/wasm")
+            .body(wasm)
+            .send()
+            .await?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
         let body = serde_json::from_str(&text)

@@ -148,6 +148,10 @@ pub(super) async fn deploy(
         .registry
         .deploy(&task, &wasm, settings, now_ms())
         .await?;
+    shared
+        .state
+        .catalog
+        .note(&task, deployed.active.version.as_ref());
     let mut body = active_json(&task, &deployed.active);
     body["unchanged"] = json!(deployed.unchanged);
     body["previous"] = json!(
@@ -233,6 +237,7 @@ pub(super) async fn rollback(
         .registry
         .rollback(&task, request.to.as_deref(), now_ms())
         .await?;
+    shared.state.catalog.note(&task, entry.version.as_ref());
     tracing::info!(task, "handler rolled back");
     Ok(Json(active_json(&task, &entry)).into_response())
 }
@@ -252,6 +257,7 @@ pub(super) async fn undeploy(
         .undeploy(&task, now_ms())
         .await?;
     if undeployed {
+        shared.state.catalog.note(&task, None);
         tracing::info!(task, "handler undeployed");
     }
     Ok(Json(json!({"task": task, "undeployed": undeployed})).into_response())

@@ -142,22 +142,36 @@ pub(super) async fn submit(
         None => None,
     };
     let mut req = req;
-    if req.max_attempts.is_none() {
-        // The operator's default for the task, set at deploy.
-        req.max_attempts = shared.state.catalog.max_attempts(&req.task);
-    }
     let state = shared.state.clone();
     let done = store_call(&shared, async move {
-        let has_handler = &state.has_handler;
+        let known = if (state.has_handler)(&req.task) {
+            if req.max_attempts.is_none() {
+                // The operator's default for the task, set at deploy.
+                req.max_attempts = state.catalog.max_attempts(&req.task);
+            }
+            true
+        } else {
+            // A task this process does not know yet may have been deployed
+            // a moment ago (through another API): the registry decides.
+            match state.deploy.registry.active_entry(&req.task).await? {
+                Some(entry) => {
+                    let settings = entry.version.map(|v| v.settings).unwrap_or_default();
+                    req.max_attempts = req.max_attempts.or(settings.max_attempts);
+                    true
+                }
+                None => false,
+            }
+        };
         ingest::submit(
             &state.store,
             &state.ingest,
             &queue,
             header_key.as_deref(),
             req,
-            |t| has_handler(t),
+            |_| known,
         )
         .await
+        .map_err(ApiError::from)
     })
     .await?;
     let mut body = match &done.record {

@@ -418,6 +418,16 @@ impl Registry {
         Ok((rev.unwrap_or(0), entries))
     }
 
+    /// `task`'s active entry, if it is deployed.
+    pub async fn active_entry(&self, task: &str) -> Result<Option<Entry>, RegistryError> {
+        let entry: Option<String> = redis::cmd("HGET")
+            .arg(ACTIVE)
+            .arg(task)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        entry.map(|e| Entry::decode(&e)).transpose()
+    }
+
     /// `task`'s active entry (if deployed) and its history, newest first.
     pub async fn history(&self, task: &str) -> Result<(Option<Entry>, Vec<Entry>), RegistryError> {
         let (active, history): (Option<String>, Vec<String>) = redis::pipe()

@@ -66,6 +66,27 @@ impl Catalog {
         self.read().get(task).and_then(|k| k.max_attempts)
     }
 
+    /// Record what a registry change made active for `task` (`None`:
+    /// undeployed), so that the process that made it knows at once, before
+    /// its next pass reads the registry.
+    pub fn note(&self, task: &str, version: Option<&Version>) {
+        let mut known = self.0.write().unwrap_or_else(|p| p.into_inner());
+        match version {
+            Some(v) => {
+                known.insert(
+                    task.to_owned(),
+                    Known {
+                        digest: Some(v.digest.clone()),
+                        max_attempts: v.settings.max_attempts,
+                    },
+                );
+            }
+            None => {
+                known.remove(task);
+            }
+        }
+    }
+
     /// The known tasks, sorted.
     pub fn tasks(&self) -> Vec<String> {
         self.read().keys().cloned().collect()

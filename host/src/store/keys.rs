@@ -16,6 +16,7 @@
 //! | `dtq:clock:{q}` | hash | the queue's liveness clock: `last` tick and when it `resumed` after an outage (ms, Redis's clock) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
+//! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
 
 /// The consumer group every worker of every queue reads with.
 pub const GROUP: &str = "dtq-workers";
