@@ -269,6 +269,29 @@ async fn a_deployed_handler_runs_with_the_operators_settings() -> Result<()> {
         .await?;
     let error = dead["error"].as_str().unwrap_or_default();
     assert!(error.contains("memory"), "{dead:#}");
+
+    // A kv quota set at deploy: 1 MiB for the namespace, where the
+    // worker's flag gives 256. 700 KB fits; twice that does not.
+    let adversarial = read(guests::ADVERSARIAL)?;
+    let (status, body) = dtq
+        .deploy(
+            "thrifty",
+            adversarial,
+            &[("kv_quota_mib", "1"), ("max_attempts", "1")],
+            ADMIN,
+        )
+        .await?;
+    assert_eq!(status, 201, "{body:#}");
+    let value = "v".repeat(700_000);
+    let write = |key: &str| json!({"task": "thrifty", "payload": {"op": "keys", "keys": [key], "value": value}});
+    let ok = dtq.submit_new("default", write("a"), None).await?;
+    dtq.wait_for("default", &ok, &["SUCCEEDED"], WAIT).await?;
+    let over = dtq.submit_new("default", write("b"), None).await?;
+    let dead = dtq
+        .wait_for("default", &over, &["DEAD_LETTERED"], WAIT)
+        .await?;
+    let error = dead["error"].as_str().unwrap_or_default();
+    assert!(error.contains("quota"), "{dead:#}");
     Ok(())
 }
 
@@ -399,14 +422,22 @@ async fn a_worker_that_cannot_honour_the_settings_reports_why_and_defers() -> Re
         .submit_new("default", json!({"task": "greedy", "payload": {}}), None)
         .await?;
 
+    // And a fuel budget, which this worker (no --fuel) does not meter.
+    let echo = read(guests::ECHO)?;
+    let (status, body) = dtq
+        .deploy("metered", echo, &[("fuel", "100000")], ADMIN)
+        .await?;
+    assert_eq!(status, 201, "{body:#}");
+
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let (_, fleet) = dtq.call(Method::GET, "/v1/handlers", None, &[]).await?;
-        let failure = fleet["workers"][0]["failed"]["greedy"]
-            .as_str()
-            .unwrap_or("");
-        if failure.contains("--memory-mib 128") {
+        let failed = &fleet["workers"][0]["failed"];
+        let greedy = failed["greedy"].as_str().unwrap_or("");
+        let metered = failed["metered"].as_str().unwrap_or("");
+        if greedy.contains("--memory-mib 128") && metered.contains("--fuel") {
             let greedy = &fleet["handlers"][0];
+            assert_eq!(greedy["task"], "greedy", "{fleet:#}");
             assert_eq!(
                 greedy["workers"],
                 json!({"running": 0, "total": 1}),
