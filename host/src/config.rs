@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::api::{ApiLimits, ApiSettings, Tokens};
 use crate::ingest::IngestSettings;
-use crate::sandbox::{HandlerSettings, Limits, SandboxConfig};
+use crate::sandbox::{AllowList, HandlerSettings, Limits, SandboxConfig};
 use crate::store::StoreSettings;
 
 /// Everything a `dtq` server process (API, worker, or both) is configured by.
@@ -145,6 +145,34 @@ pub struct Config {
     #[arg(long, env = "DTQ_KV_QUOTA_MIB", default_value_t = 256)]
     pub kv_quota_mib: u64,
 
+    /// Let TASK's handler send HTTP requests to hosts matching PATTERN
+    /// (`scheme://host[:port]`: `https://api.example.com`,
+    /// `https://*.example.com`, `http://127.0.0.1:*`). Repeatable, or
+    /// comma-separated in the variable. For handlers of the --handlers
+    /// directory; a deployed handler has its own (`dtq deploy
+    /// --allow-hosts`). Without one, a handler reaches no host.
+    #[arg(
+        long = "allow-host",
+        env = "DTQ_ALLOW_HOSTS",
+        value_name = "TASK=PATTERN",
+        value_delimiter = ',',
+        value_parser = parse_allow_host
+    )]
+    pub allow_hosts: Vec<(String, String)>,
+
+    /// Longest an outbound HTTP request of a handler may take (ms); the
+    /// task's remaining deadline caps it too.
+    #[arg(long, env = "DTQ_HTTP_TIMEOUT_MS", default_value_t = 10_000)]
+    pub http_timeout_ms: u64,
+
+    /// Largest response body a handler's HTTP request may read, bytes.
+    #[arg(long, env = "DTQ_HTTP_MAX_RESPONSE_BYTES", default_value_t = 4 << 20)]
+    pub http_max_response_bytes: usize,
+
+    /// HTTP requests one attempt of a handler may send.
+    #[arg(long, env = "DTQ_HTTP_MAX_REQUESTS", default_value_t = 100)]
+    pub http_max_requests: u64,
+
     /// API: how long a connection may take to send a request's headers,
     /// counted from the accept and again from the end of each response, so
     /// it is also the keep-alive idle timeout (ms).
@@ -176,6 +204,34 @@ pub struct Config {
     /// or `;`. Prefer the variable or the file: a flag shows in `ps`.
     #[arg(long, env = "DTQ_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
+
+    /// Also serve `GET /metrics` (Prometheus) alone on this address, with
+    /// the API's tokens (`read` scope) and limits: for a `dtq worker`, which
+    /// has no API to scrape. Unset: only the API serves `/metrics`.
+    #[arg(long, env = "DTQ_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Log format on stderr: `text` (coloured only on a terminal) or `json`
+    /// (one object per line: timestamp, level, target, message and the
+    /// event's fields, and the fields of its span, such as task_id, queue
+    /// and task). `DTQ_LOG` chooses what is logged (default `info`).
+    #[arg(
+        long,
+        env = "DTQ_LOG_FORMAT",
+        default_value = "text",
+        value_parser = ["text", "json"]
+    )]
+    pub log_format: String,
+}
+
+/// `TASK=PATTERN`, the pattern checked.
+fn parse_allow_host(text: &str) -> Result<(String, String), String> {
+    let (task, pattern) = text
+        .split_once('=')
+        .filter(|(task, pattern)| !task.is_empty() && !pattern.is_empty())
+        .ok_or_else(|| format!("{text:?} is not TASK=PATTERN"))?;
+    AllowList::parse(pattern).map_err(|e| e.to_string())?;
+    Ok((task.to_string(), pattern.to_string()))
 }
 
 /// `TASK=NS`.
@@ -260,6 +316,9 @@ impl Config {
             max_hostcall_bytes: Limits::default()
                 .max_hostcall_bytes
                 .max(self.max_payload_bytes.saturating_add(1 << 20)),
+            http_timeout: Duration::from_millis(self.http_timeout_ms),
+            max_http_response_bytes: self.http_max_response_bytes,
+            max_http_requests: self.http_max_requests,
             ..Limits::default()
         };
         SandboxConfig {
@@ -269,19 +328,30 @@ impl Config {
                 .clone()
                 .or_else(SandboxConfig::default_cache_dir),
             max_concurrent_calls: self.concurrency as u32,
-            handlers: self
-                .namespaces
-                .iter()
-                .map(|(task, namespace)| {
-                    let settings = HandlerSettings {
-                        namespace: Some(namespace.clone()),
-                        ..HandlerSettings::default()
-                    };
-                    (task.clone(), settings)
-                })
-                .collect(),
+            handlers: self.handler_settings(),
             ..SandboxConfig::default()
         }
+    }
+
+    /// The settings of the handlers of the --handlers directory, from
+    /// `--namespace` and `--allow-host`, by task.
+    fn handler_settings(&self) -> std::collections::HashMap<String, HandlerSettings> {
+        let mut settings: std::collections::HashMap<String, HandlerSettings> =
+            std::collections::HashMap::new();
+        for (task, namespace) in &self.namespaces {
+            settings.entry(task.clone()).or_default().namespace = Some(namespace.clone());
+        }
+        for (task, pattern) in &self.allow_hosts {
+            // Checked when parsed.
+            if let Ok(list) = AllowList::parse(pattern) {
+                settings
+                    .entry(task.clone())
+                    .or_default()
+                    .allow_hosts
+                    .extend(list);
+            }
+        }
+        settings
     }
 
     /// Check the values clap cannot; [`Config::check`] as text.
@@ -310,6 +380,7 @@ impl Config {
         }
         at_least("--visibility-timeout-ms", 100, self.visibility_timeout_ms)?;
         at_least("--reload-interval-ms", 10, self.reload_interval_ms)?;
+        at_least("--http-timeout-ms", 1, self.http_timeout_ms)?;
         at_least("--max-module-mib", 1, self.max_module_mib)?;
         let max = crate::ingest::MAX_ATTEMPTS_LIMIT;
         if !(1..=max).contains(&self.max_attempts) {

@@ -22,6 +22,9 @@
 //! - [`deploy`]: the handler registry in Redis (modules by digest, active
 //!   versions with operator settings, history, rollback) and the hot reload
 //!   that keeps every process in step with it.
+//! - [`metrics`]: the process's Prometheus registry (attempt outcomes and
+//!   durations, traps, in-flight tasks, Redis latency, queue depths), served
+//!   at `/metrics`.
 //! - [`server`]: the one composition of a server process (store, handlers,
 //!   worker, API, shutdown) and its typed errors with their exit codes,
 //!   used by the `dtq` binary and the test harness alike.
@@ -30,6 +33,7 @@ pub mod api;
 pub mod config;
 pub mod deploy;
 pub mod ingest;
+pub mod metrics;
 pub mod sandbox;
 pub mod server;
 pub mod store;

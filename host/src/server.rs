@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 use crate::api::{self, ApiState, DeployState, HandlerCheck};
 use crate::config::{Config, ConfigError};
 use crate::deploy::{Catalog, Registry, RegistryError, Watcher};
+use crate::metrics::Metrics;
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::store::{Store, StoreError};
 use crate::worker::{self, WorkerError};
@@ -159,6 +160,13 @@ pub struct Server {
     checker: Sandbox,
     registry: Registry,
     catalog: Catalog,
+    /// The process's one metrics registry: the worker records into it, the
+    /// API (and `--metrics-listen`) serves it. Clones share it.
+    metrics: Metrics,
+    /// Held by the `serve` that runs the `--metrics-listen` listener: clones
+    /// served at once (an API and a worker, as the test harness runs them)
+    /// bind it once.
+    metrics_listener: Arc<tokio::sync::Mutex<()>>,
     /// Keeps the handlers in step with the registry and the directory.
     /// Clones share it, and only one `serve` at a time runs it.
     watcher: Arc<tokio::sync::Mutex<Watcher>>,
@@ -200,6 +208,10 @@ impl Server {
             None => new_sandbox(&config, &store, true)?,
         };
         let catalog = Catalog::default();
+        let metrics = Metrics::new(&store, catalog.clone());
+        if let Some(sandbox) = &sandbox {
+            metrics.set_sandbox(sandbox.clone());
+        }
         let mut watcher = new_watcher(&config, &store, &registry, &catalog, sandbox.clone());
         let started = Instant::now();
         watcher.sync().await.map_err(ServerError::Registry)?;
@@ -217,6 +229,8 @@ impl Server {
             checker,
             registry,
             catalog,
+            metrics,
+            metrics_listener: Arc::default(),
             watcher: Arc::new(tokio::sync::Mutex::new(watcher)),
         })
     }
@@ -231,6 +245,7 @@ impl Server {
             });
         }
         let sandbox = new_sandbox(&self.config, &self.store, false)?;
+        self.metrics.set_sandbox(sandbox.clone());
         let watcher = new_watcher(
             &self.config,
             &self.store,
@@ -268,6 +283,11 @@ impl Server {
         &self.registry
     }
 
+    /// The process's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Serve until `shutdown` resolves, then stop both roles gracefully.
     /// The API is served on `listener`, or on `config.listen` when it is
     /// `None`; a server without the API role ignores it.
@@ -281,6 +301,21 @@ impl Server {
             true => Some(self.start_api(listener, &stop).await?),
             false => None,
         };
+        let metrics = match (
+            self.config.metrics_listen,
+            self.metrics_listener.clone().try_lock_owned(),
+        ) {
+            (Some(addr), Ok(held)) => match self.start_metrics(addr, held, &stop).await {
+                Ok(metrics) => Some(metrics),
+                Err(e) => {
+                    // The API may be serving already.
+                    stop.cancel();
+                    return Err(e);
+                }
+            },
+            _ => None,
+        };
+        let http = either(api, metrics, stop.clone());
         // Another serve of a clone of this server may run the watcher
         // already; one is enough.
         let watching = self
@@ -294,14 +329,15 @@ impl Server {
             });
         // `prepare` and `with_roles` make the sandbox of every worker role.
         let worker = self.sandbox.filter(|_| self.roles.worker).map(|sandbox| {
-            worker::run(
+            worker::run_with_metrics(
                 self.store,
                 sandbox,
                 self.config,
+                self.metrics.worker(),
                 stop.clone().cancelled_owned(),
             )
         });
-        let ended = supervise(api, worker, shutdown, stop.clone()).await;
+        let ended = supervise(http, worker, shutdown, stop.clone()).await;
         stop.cancel();
         if let Some(watching) = watching {
             let _ = watching.await;
@@ -325,6 +361,45 @@ impl Server {
                     .map_err(|source| ServerError::Listen { addr, source })?
             }
         };
+        Ok(tokio::spawn(api::serve_with_metrics(
+            listener,
+            self.api_state(),
+            settings,
+            self.metrics.clone(),
+            stop.clone().cancelled_owned(),
+        )))
+    }
+
+    /// Bind `addr` and spawn the listener that serves `/metrics` alone
+    /// (`--metrics-listen`), with the API's tokens and limits.
+    async fn start_metrics(
+        &self,
+        addr: SocketAddr,
+        held: tokio::sync::OwnedMutexGuard<()>,
+        stop: &CancellationToken,
+    ) -> Result<JoinHandle<std::io::Result<()>>, ServerError> {
+        let settings = self.config.api_settings().map_err(ServerError::Tokens)?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Listen { addr, source })?;
+        let serve = api::serve_metrics(
+            listener,
+            self.api_state(),
+            settings,
+            self.metrics.clone(),
+            stop.clone().cancelled_owned(),
+        );
+        Ok(tokio::spawn(async move {
+            let served = serve.await;
+            drop(held);
+            served.map_err(|e| {
+                std::io::Error::other(format!("the metrics listener on {addr} failed: {e}"))
+            })
+        }))
+    }
+
+    /// What the API's routes share.
+    fn api_state(&self) -> ApiState {
         // What the registry or the directory has, or this process runs
         // (an embedding may load handlers of its own).
         let catalog = self.catalog.clone();
@@ -332,7 +407,7 @@ impl Server {
         let has_handler: HandlerCheck = Arc::new(move |task: &str| {
             catalog.has(task) || sandbox.as_ref().is_some_and(|s| s.has_handler(task))
         });
-        let state = ApiState {
+        ApiState {
             store: self.store.clone(),
             ingest: self.config.ingest_settings(),
             admin_token: self.config.admin_token.clone(),
@@ -343,14 +418,35 @@ impl Server {
                 checker: self.checker.clone(),
                 max_module_bytes: self.config.max_module_bytes(),
             },
-        };
-        Ok(tokio::spawn(api::serve_with(
-            listener,
-            state,
-            settings,
-            stop.clone().cancelled_owned(),
-        )))
+        }
     }
+}
+
+/// The API and the metrics listener as one task for [`supervise`]: when
+/// either ends, `stop` stops the other (at shutdown it is stopping
+/// already), and the task ends once both have, with the first error.
+fn either(
+    api: Option<JoinHandle<std::io::Result<()>>>,
+    metrics: Option<JoinHandle<std::io::Result<()>>>,
+    stop: CancellationToken,
+) -> Option<JoinHandle<std::io::Result<()>>> {
+    let (mut api, mut metrics) = match (api, metrics) {
+        (None, one) | (one, None) => return one,
+        (Some(api), Some(metrics)) => (api, metrics),
+    };
+    let settle = |ended: Result<std::io::Result<()>, tokio::task::JoinError>| match ended {
+        Ok(result) => result,
+        Err(e) => Err(std::io::Error::other(e.to_string())),
+    };
+    Some(tokio::spawn(async move {
+        let (first, other) = tokio::select! {
+            ended = &mut api => (ended, metrics),
+            ended = &mut metrics => (ended, api),
+        };
+        stop.cancel();
+        let second = other.await;
+        settle(first).and(settle(second))
+    }))
 }
 
 /// Wait for `shutdown` or for either role to end; then stop the other and

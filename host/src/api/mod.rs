@@ -15,6 +15,7 @@
 //! | `POST /v1/handlers/{task}/rollback` | `admin` | make an earlier version active (`{"to": digest}`, optional) |
 //! | `DELETE /v1/handlers/{task}` | `admin` | undeploy |
 //! | `GET /healthz` | none | Redis reachable |
+//! | `GET /metrics` | `read` (every queue) | Prometheus metrics ([`crate::metrics`]) |
 //!
 //! Every error has one body: `{"error": {"code", "message", "details"}}`
 //! ([`error::ApiError`]), extractor rejections and unknown routes included.
@@ -36,6 +37,7 @@ mod auth;
 pub mod error;
 mod extract;
 mod handlers;
+mod metrics;
 mod routes;
 mod server;
 
@@ -50,6 +52,7 @@ use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub use auth::{Scope, Tokens, TokensError};
+pub use metrics::{serve_metrics, serve_with_metrics};
 
 use crate::deploy::{Catalog, Registry};
 use crate::ingest::IngestSettings;
@@ -176,6 +179,7 @@ pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
     };
     Router::new()
         .route("/healthz", get(routes::healthz))
+        .route("/metrics", get(metrics::scrape))
         .route("/v1/queues", get(routes::list_queues))
         .route("/v1/queues/{queue}", get(routes::queue_stats))
         .route("/v1/queues/{queue}/tasks", post(routes::submit))
@@ -218,6 +222,18 @@ pub async fn serve_with(
     settings: ApiSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let router = router_with(state, &settings);
+    serve_router(listener, router, &settings, shutdown).await
+}
+
+/// Serve `router`, the API's (with layers of its own, maybe), as
+/// [`serve_with`] does.
+async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    settings: &ApiSettings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     if settings.tokens.is_empty() {
         tracing::warn!(
             "the API is open: no API token is configured (--tokens-file, DTQ_TOKENS_FILE, \
@@ -227,6 +243,5 @@ pub async fn serve_with(
     } else {
         tracing::info!(tokens = settings.tokens.len(), "API tokens loaded");
     }
-    let limits = settings.limits;
-    server::run(listener, router_with(state, &settings), limits, shutdown).await
+    server::run(listener, router, settings.limits, shutdown).await
 }

@@ -34,7 +34,7 @@ type ApiResult = Result<Response, ApiError>;
 /// at the deadline: a store call cut between two awaits could leave the
 /// store's per-process state half-updated, and the store's own timeouts
 /// still bound it.
-async fn store_call<T, E>(
+pub(super) async fn store_call<T, E>(
     shared: &Shared,
     call: impl Future<Output = Result<T, E>> + Send + 'static,
 ) -> Result<T, ApiError>

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::MAX_ATTEMPTS_LIMIT;
-use crate::sandbox::{HandlerSettings, validate_namespace};
+use crate::sandbox::{AllowList, HandlerSettings, validate_namespace};
 
 /// Largest `memory_mib` a handler may be given (4 GiB: a wasm32 memory's
 /// size).
@@ -50,6 +50,13 @@ pub struct DeploySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub kv_quota_mib: Option<u64>,
+    /// Hosts it may send HTTP requests to, comma-separated
+    /// `scheme://host[:port]` patterns (`https://api.example.com`,
+    /// `https://*.example.com`, `http://127.0.0.1:*`); none by default.
+    /// Loopback and private addresses only when a pattern names them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub allow_hosts: Option<String>,
 }
 
 /// A setting that cannot be used.
@@ -92,6 +99,11 @@ impl DeploySettings {
         {
             return error("kv_quota_mib", "is too large".into());
         }
+        if let Some(hosts) = &self.allow_hosts
+            && let Err(e) = AllowList::parse(hosts)
+        {
+            return error("allow_hosts", e.to_string());
+        }
         Ok(())
     }
 
@@ -104,6 +116,12 @@ impl DeploySettings {
             memory_bytes: self.memory_mib.map(mib),
             deadline: self.timeout_ms.map(Duration::from_millis),
             fuel: self.fuel,
+            // Checked at deploy; a list that does not parse allows nothing.
+            allow_hosts: self
+                .allow_hosts
+                .as_deref()
+                .and_then(|hosts| AllowList::parse(hosts).ok())
+                .unwrap_or_default(),
         }
     }
 }

@@ -11,7 +11,9 @@ use tokio::sync::Notify;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::http::{AllowList, Clients, OutboundHttp};
 use super::imports::bindings::{self, HandlerError, HandlerPre};
 use super::imports::{Caller, HostCtx};
 use super::limits::{Limit, Limits, StoreLimiter};
@@ -104,6 +106,8 @@ pub(crate) struct TaskState {
     table: ResourceTable,
     limiter: StoreLimiter,
     pub(crate) host: HostCtx,
+    http: WasiHttpCtx,
+    outbound: OutboundHttp,
     deadline_at: Instant,
     cancel: CancelHandle,
 }
@@ -113,6 +117,19 @@ impl WasiView for TaskState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for TaskState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        // What a request sent now needs to know of the other imports.
+        self.outbound.other_calls = self.host.host_calls;
+        self.outbound.operation = self.host.operation.as_ref().map(|op| op.key().to_owned());
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outbound,
         }
     }
 }
@@ -131,12 +148,15 @@ pub(crate) struct LoadedHandler {
     pub(crate) digest: Arc<str>,
     /// The sandbox's limits with the operator's settings of this handler.
     pub(crate) limits: Arc<Limits>,
+    /// The hosts it may send HTTP requests to.
+    pub(crate) allow: Arc<AllowList>,
 }
 
 /// What [`run`] needs from the sandbox.
 pub(crate) struct CallEnv<'a> {
     pub(crate) engine: &'a wasmtime::Engine,
     pub(crate) redis: &'a redis::aio::ConnectionManager,
+    pub(crate) http: &'a Clients,
 }
 
 /// The outcome, log and host-call count of one call.
@@ -171,6 +191,22 @@ pub(crate) async fn run(
     let limits = &handler.limits;
     let log = TaskLog::new(limits.max_log_bytes);
     let deadline_at = Instant::now() + budget;
+    let http_requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let task_key = call
+        .ctx
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| call.ctx.task_id.clone());
+    let outbound = OutboundHttp::new(
+        env.http.clone(),
+        handler.allow.clone(),
+        limits.clone(),
+        log.clone(),
+        deadline_at,
+        http_requests.clone(),
+        call.ctx.queue.clone(),
+        task_key,
+    );
     let state = TaskState {
         wasi: locked_down_wasi(&log),
         table: ResourceTable::new(),
@@ -191,7 +227,10 @@ pub(crate) async fn run(
             },
             deadline_at,
             operation: None,
+            http_requests,
         },
+        http: WasiHttpCtx::new(),
+        outbound,
         deadline_at,
         cancel: cancel.clone(),
     };
@@ -264,7 +303,7 @@ pub(crate) async fn run(
     RunResult {
         outcome,
         log: log.finish(),
-        host_calls: store.data().host.host_calls,
+        host_calls: store.data().host.calls(),
     }
 }
 

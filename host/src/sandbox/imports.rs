@@ -94,6 +94,8 @@ pub(crate) struct HostCtx {
     pub(crate) deadline_at: Instant,
     /// The open idempotent operation, whose kv writes are staged.
     pub(crate) operation: Option<Operation>,
+    /// Outbound HTTP requests sent, which count as host calls too.
+    pub(crate) http_requests: Arc<std::sync::atomic::AtomicU64>,
 }
 
 pub(crate) type HostResult<T> = wasmtime::Result<Result<T, HostError>>;
@@ -102,10 +104,18 @@ impl HostCtx {
     /// Count one import call; trap once the cap is crossed.
     pub(crate) fn count(&mut self) -> wasmtime::Result<()> {
         self.host_calls += 1;
-        if self.host_calls > self.limits.max_host_calls {
+        if self.calls() > self.limits.max_host_calls {
             return Err(wasmtime::Error::new(LimitTrap::Exceeded(Limit::HostCalls)));
         }
         Ok(())
+    }
+
+    /// Host calls so far: import calls and HTTP requests.
+    pub(crate) fn calls(&self) -> u64 {
+        self.host_calls
+            + self
+                .http_requests
+                .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn check_key(&self, key: &str) -> Result<(), HostError> {

@@ -154,6 +154,26 @@ pub struct Limits {
     /// stop every queue. A write past it gets the WIT error
     /// `quota-exceeded` and writes nothing.
     pub kv_quota_bytes: u64,
+
+    /// Longest an outbound HTTP request may take, response body included;
+    /// the call's remaining deadline caps it too. Default 10 s.
+    ///
+    /// Stops a slow service from holding a call (and its pool slot) for the
+    /// whole deadline without the handler being able to react.
+    pub http_timeout: Duration,
+
+    /// Bytes of an outbound HTTP response body. Default 4 MiB.
+    ///
+    /// Stops a response from filling host memory; past it the body read
+    /// fails with `HTTP-response-body-size`.
+    pub max_http_response_bytes: usize,
+
+    /// Outbound HTTP requests one call may send (they count as host calls
+    /// too). Default 100.
+    ///
+    /// Stops a guest from turning the worker into a request flood; past it
+    /// a request fails with `connection-limit-reached`.
+    pub max_http_requests: u64,
 }
 
 impl Default for Limits {
@@ -178,6 +198,9 @@ impl Default for Limits {
             claim_lease: Duration::from_secs(5),
             max_hostcall_bytes: 4 << 20,
             kv_quota_bytes: 256 << 20,
+            http_timeout: Duration::from_secs(10),
+            max_http_response_bytes: 4 << 20,
+            max_http_requests: 100,
         }
     }
 }

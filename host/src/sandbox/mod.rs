@@ -36,7 +36,9 @@
 //! | log flooding | [`Limits::max_log_bytes`] | truncated with a marker, not a failure |
 //! | Redis flooding | [`Limits::max_host_calls`], [`Limits::max_key_bytes`], [`Limits::max_value_bytes`] | [`Limit::HostCalls`] trap; `invalid-key` / `value-too-large` WIT errors |
 //! | reaching other keys | every key is a suffix of `dtq:guest:<namespace>:` | — |
-//! | files, environment, network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
+//! | files, environment, raw network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
+//! | reaching hosts it should not (SSRF, cloud metadata) | outbound HTTP only through `wasi:http`, to the operator's [`AllowList`]; host names reach public addresses only, no redirects followed (`http.rs`) | `HTTP-request-denied`, `destination-IP-prohibited` |
+//! | slow or huge responses, request floods | [`Limits::http_timeout`] (and the deadline), [`Limits::max_http_response_bytes`], [`Limits::max_http_requests`] | the request fails with its wasi:http error code |
 //! | a task that must stop now | [`CancelHandle`] (epoch callback + the same wait as the deadline) | [`Trap::Cancelled`] |
 //!
 //! Epochs cannot be avoided by wasm code, but (see wasmtime's `Config`
@@ -53,6 +55,8 @@
 //! - `limits.rs`: [`Limits`] and the store's resource limiter.
 //! - `imports.rs`: the WIT bindings and the host side of `kv`,
 //!   `idempotency` and `log`.
+//! - `http.rs`: outbound HTTP (`wasi:http/outgoing-handler`): the
+//!   allow-list, the host's client, limits and `Idempotency-Key`.
 //! - `log.rs`: the capped task log and the stdout/stderr streams feeding it.
 //! - `call.rs`: one call, its store, deadline and cancellation.
 //! - `outcome.rs`: [`Outcome`], [`Trap`] and the classification of errors.
@@ -60,6 +64,7 @@
 mod cache;
 mod call;
 mod engine;
+mod http;
 mod imports;
 mod limits;
 mod log;
@@ -77,6 +82,7 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 pub use call::{Call, CancelHandle, TaskContext};
+pub use http::{AllowList, IDEMPOTENCY_KEY, PatternError};
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
 pub use outcome::{CallReport, Outcome, Trap};
@@ -140,6 +146,8 @@ pub struct HandlerSettings {
     /// set); another cannot load the handler
     /// ([`SandboxError::Unsupported`]).
     pub fuel: Option<u64>,
+    /// The hosts it may send HTTP requests to; none by default.
+    pub allow_hosts: AllowList,
 }
 
 impl HandlerSettings {
@@ -326,6 +334,7 @@ struct Inner {
     settings: HashMap<String, HandlerSettings>,
     cache: ArtifactCache,
     redis: redis::aio::ConnectionManager,
+    http: http::Clients,
     handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
     slots: tokio::sync::Semaphore,
     max_calls: usize,
@@ -354,8 +363,12 @@ impl Sandbox {
         let mut linker = Linker::<TaskState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
         Handler::add_to_linker::<TaskState, HasSelf<HostCtx>>(&mut linker, |state| &mut state.host)
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
+        let http = http::Clients::new()
+            .map_err(|e| SandboxError::Engine(format!("cannot set up the HTTP client: {e}")))?;
         let cache = ArtifactCache::new(config.cache_dir.clone(), &engine)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
         let slots = usize::try_from(config.max_concurrent_calls.max(1)).unwrap_or(usize::MAX);
@@ -367,6 +380,7 @@ impl Sandbox {
                 settings: config.handlers,
                 cache,
                 redis,
+                http,
                 handlers: RwLock::new(HashMap::new()),
                 slots: tokio::sync::Semaphore::new(slots),
                 max_calls: slots,
@@ -532,6 +546,7 @@ impl Sandbox {
             kv_quota_bytes: limits.kv_quota_bytes,
             digest: sha256.as_str().into(),
             limits: Arc::new(limits),
+            allow: Arc::new(settings.allow_hosts.clone()),
         });
         let report = LoadReport {
             task: task.to_string(),
@@ -684,6 +699,7 @@ impl Sandbox {
         let env = CallEnv {
             engine: &self.inner.engine,
             redis: &self.inner.redis,
+            http: &self.inner.http,
         };
         let result = call::run(env, &handler, &call, budget, cancel).await;
         report(result.outcome, result.log, result.host_calls)

@@ -161,6 +161,11 @@ impl Operation {
     }
 
     /// The staged value of `key`: `None` when no write touched it.
+    /// The operation's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     pub(crate) fn value(&self, key: &str) -> Option<Option<&str>> {
         self.view.get(key).map(Option::as_deref)
     }

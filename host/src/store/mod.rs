@@ -5,7 +5,8 @@
 //!
 //! Every state change of a task is one script, so no reader ever sees a task
 //! half-submitted or half-completed. [`Store`] counts the round trips it makes
-//! ([`Store::round_trips`]), which the benchmarks report per task.
+//! ([`Store::round_trips`]), which the benchmarks report per task, and times
+//! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
 mod keys;
 mod scripts;
@@ -15,7 +16,7 @@ mod types;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Value};
@@ -28,6 +29,7 @@ pub use types::{
     RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
 };
 
+use crate::metrics::RedisLatency;
 use scripts::Scripts;
 
 /// Why a store operation failed.
@@ -91,6 +93,8 @@ pub struct Store {
     scripts: Arc<Scripts>,
     settings: StoreSettings,
     round_trips: Arc<AtomicU64>,
+    /// How long each round trip took, by operation (`/metrics`).
+    latency: RedisLatency,
     /// Queues this process already added to [`QUEUES`]: the set is written
     /// once per queue and process, not once per submission.
     registered: Arc<Mutex<HashSet<String>>>,
@@ -110,6 +114,7 @@ impl Store {
             scripts: Arc::new(Scripts::new()),
             settings,
             round_trips: Arc::new(AtomicU64::new(0)),
+            latency: RedisLatency::default(),
             registered: Arc::new(Mutex::new(HashSet::new())),
         };
         store.load_scripts().await?;
@@ -152,8 +157,20 @@ impl Store {
         self.round_trips.load(Ordering::Relaxed)
     }
 
-    fn trip(&self) {
+    /// The latency of this store's round trips (and its clones'), by
+    /// operation.
+    pub fn round_trip_latency(&self) -> &RedisLatency {
+        &self.latency
+    }
+
+    /// Make one round trip, `call`, to Redis as `operation`: counted, and
+    /// timed when it completes.
+    async fn trip<T>(&self, operation: &'static str, call: impl Future<Output = T>) -> T {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let out = call.await;
+        self.latency.observe(operation, started.elapsed());
+        out
     }
 
     async fn load_scripts(&self) -> Result<(), StoreError> {
@@ -161,22 +178,28 @@ impl Store {
         for script in self.scripts.all() {
             pipe.load_script(script).ignore();
         }
-        self.trip();
-        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        self.trip(
+            "load_scripts",
+            pipe.query_async::<()>(&mut self.conn.clone()),
+        )
+        .await?;
         Ok(())
     }
 
     /// Create the consumer group of `queue` (and its stream) if missing.
     pub async fn ensure_group(&self, queue: &str) -> Result<(), StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let created: Result<(), _> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&keys.stream)
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn.clone())
+        let created: Result<(), _> = self
+            .trip(
+                "ensure_group",
+                redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(&keys.stream)
+                    .arg(GROUP)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut self.conn.clone()),
+            )
             .await;
         match created {
             Ok(()) => Ok(()),
@@ -233,8 +256,9 @@ impl Store {
         field("id", new.id.clone());
         field("queue", new.queue.clone());
         field("fingerprint", new.fingerprint.clone());
-        self.trip();
-        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = self
+            .trip("submit", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         let mut reply = reply.into_iter();
         let code = code_of(reply.next())?;
         let second = reply.next();
@@ -266,11 +290,14 @@ impl Store {
         if !lock(&self.registered).insert(queue.to_owned()) {
             return Ok(());
         }
-        self.trip();
-        let added = redis::cmd("SADD")
-            .arg(QUEUES)
-            .arg(queue)
-            .query_async::<()>(&mut self.conn.clone())
+        let added = self
+            .trip(
+                "register_queue",
+                redis::cmd("SADD")
+                    .arg(QUEUES)
+                    .arg(queue)
+                    .query_async::<()>(&mut self.conn.clone()),
+            )
             .await;
         if added.is_err() {
             lock(&self.registered).remove(queue);
@@ -281,10 +308,13 @@ impl Store {
     /// The task `id` of `queue`, if its hash exists.
     pub async fn task(&self, queue: &str, id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let fields: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(keys.task(id))
-            .query_async(&mut self.conn.clone())
+        let fields: HashMap<String, String> = self
+            .trip(
+                "task",
+                redis::cmd("HGETALL")
+                    .arg(keys.task(id))
+                    .query_async(&mut self.conn.clone()),
+            )
             .await?;
         if fields.is_empty() {
             return Ok(None);
@@ -304,19 +334,22 @@ impl Store {
         block: Duration,
     ) -> Result<Vec<Delivery>, StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count)
-            .arg("BLOCK")
-            .arg(block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&keys.stream)
-            .arg(">")
-            .query_async(conn)
+        let reply: Value = self
+            .trip(
+                "read",
+                redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(GROUP)
+                    .arg(consumer)
+                    .arg("COUNT")
+                    .arg(count)
+                    .arg("BLOCK")
+                    .arg(block.as_millis() as u64)
+                    .arg("STREAMS")
+                    .arg(&keys.stream)
+                    .arg(">")
+                    .query_async(conn),
+            )
             .await?;
         let mut out = Vec::new();
         // Reply: nil, or [[stream, [[id, [field, value, ...]], ...]]] (RESP2)
@@ -355,8 +388,9 @@ impl Store {
             .arg(consumer)
             .arg(visibility.as_millis() as u64)
             .arg(count);
-        self.trip();
-        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = self
+            .trip("reclaim", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         let mut reply = reply.into_iter();
         let mut reclaimed = Reclaimed::default();
         parse_entries(from_value(reply.next())?, &mut reclaimed.dead)?;
@@ -388,8 +422,9 @@ impl Store {
         for d in deliveries {
             inv.arg(&d.msg_id).arg(&d.task_id);
         }
-        self.trip();
-        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = self
+            .trip("start", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         let mut reply = reply.into_iter();
         let decisions = deliveries
             .iter()
@@ -445,15 +480,17 @@ impl Store {
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
-        self.trip();
-        let replies: Vec<Vec<Value>> = match pipe.query_async(&mut self.conn.clone()).await {
+        let replies: Vec<Vec<Value>> = match self
+            .trip("complete", pipe.query_async(&mut self.conn.clone()))
+            .await
+        {
             Ok(replies) => replies,
             // The scripts were flushed (a restart or failover): load them and
             // try once more. EVALSHA of a missing script runs nothing.
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 self.load_scripts().await?;
-                self.trip();
-                pipe.query_async(&mut self.conn.clone()).await?
+                self.trip("complete", pipe.query_async(&mut self.conn.clone()))
+                    .await?
             }
             Err(e) => return Err(e.into()),
         };
@@ -529,17 +566,20 @@ impl Store {
         limit: usize,
     ) -> Result<(u64, Option<u64>), StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let due: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&keys.delayed)
-            .arg("-inf")
-            .arg("+inf")
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit + 1)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn.clone())
+        let due: Vec<(String, f64)> = self
+            .trip(
+                "promote_scan",
+                redis::cmd("ZRANGE")
+                    .arg(&keys.delayed)
+                    .arg("-inf")
+                    .arg("+inf")
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit + 1)
+                    .arg("WITHSCORES")
+                    .query_async(&mut self.conn.clone()),
+            )
             .await?;
         let ready: Vec<&String> = due
             .iter()
@@ -560,8 +600,9 @@ impl Store {
         for id in &ready {
             inv.arg(id.as_str());
         }
-        self.trip();
-        let moved: u64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        let moved: u64 = self
+            .trip("promote", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         // More may be due than `limit`; the caller comes back at once.
         let next = if ready.len() == limit {
             Some(now)
@@ -596,8 +637,9 @@ impl Store {
         for (d, attempt) in running {
             inv.arg(&d.msg_id).arg(attempt);
         }
-        self.trip();
-        let reply: Vec<i64> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<i64> = self
+            .trip("heartbeat", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         if reply.len() != running.len() {
             return Err(StoreError::Protocol(format!(
                 "heartbeat answered {} codes for {} attempts",
@@ -622,11 +664,14 @@ impl Store {
         keys: &QueueKeys,
         id: &str,
     ) -> Result<Option<String>, StoreError> {
-        self.trip();
-        Ok(redis::cmd("HGET")
-            .arg(keys.task(id))
-            .arg("idempotency_key")
-            .query_async(&mut self.conn.clone())
+        Ok(self
+            .trip(
+                "idempotency_key",
+                redis::cmd("HGET")
+                    .arg(keys.task(id))
+                    .arg("idempotency_key")
+                    .query_async(&mut self.conn.clone()),
+            )
             .await?)
     }
 
@@ -651,8 +696,9 @@ impl Store {
             .arg(self.settings.events_max_len)
             .arg(CANCEL_CHANNEL)
             .arg(format!("{queue}\n{id}"));
-        self.trip();
-        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = self
+            .trip("cancel", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         let mut reply = reply.into_iter();
         let code = code_of(reply.next())?;
         Ok(match code {
@@ -684,8 +730,9 @@ impl Store {
             .arg(flag(idem_key.is_some()))
             .arg(self.settings.idem_ttl_s)
             .arg(self.settings.events_max_len);
-        self.trip();
-        let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply: Vec<Value> = self
+            .trip("requeue", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
         let mut reply = reply.into_iter();
         match code_of(reply.next())? {
             Code::Ok => Ok(RequeueOutcome::Requeued),
@@ -708,12 +755,15 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<TaskRecord>, StoreError> {
         let keys = QueueKeys::new(queue);
-        self.trip();
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.dlq)
-            .arg(0)
-            .arg(limit.saturating_sub(1) as i64)
-            .query_async(&mut self.conn.clone())
+        let ids: Vec<String> = self
+            .trip(
+                "dlq_ids",
+                redis::cmd("ZRANGE")
+                    .arg(&keys.dlq)
+                    .arg(0)
+                    .arg(limit.saturating_sub(1) as i64)
+                    .query_async(&mut self.conn.clone()),
+            )
             .await?;
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -722,8 +772,9 @@ impl Store {
         for id in &ids {
             pipe.hgetall(keys.task(id));
         }
-        self.trip();
-        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let hashes: Vec<HashMap<String, String>> = self
+            .trip("dlq_tasks", pipe.query_async(&mut self.conn.clone()))
+            .await?;
         hashes
             .into_iter()
             .filter(|h| !h.is_empty())
@@ -741,16 +792,19 @@ impl Store {
             .zcard(&keys.delayed)
             .zcard(&keys.dlq)
             .exists(&keys.stream);
-        self.trip();
-        let (len, delayed, dead_lettered, exists): (u64, u64, u64, bool) =
-            pipe.query_async(&mut self.conn.clone()).await?;
+        let (len, delayed, dead_lettered, exists): (u64, u64, u64, bool) = self
+            .trip("stats", pipe.query_async(&mut self.conn.clone()))
+            .await?;
         let mut running = 0;
         if exists {
-            self.trip();
-            let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
-                .arg("GROUPS")
-                .arg(&keys.stream)
-                .query_async(&mut self.conn.clone())
+            let groups: Vec<HashMap<String, Value>> = self
+                .trip(
+                    "stats_groups",
+                    redis::cmd("XINFO")
+                        .arg("GROUPS")
+                        .arg(&keys.stream)
+                        .query_async(&mut self.conn.clone()),
+                )
                 .await?;
             for group in groups {
                 if group
@@ -778,10 +832,13 @@ impl Store {
 
     /// Every queue that has received a submission, sorted.
     pub async fn queues(&self) -> Result<Vec<String>, StoreError> {
-        self.trip();
-        let mut queues: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(QUEUES)
-            .query_async(&mut self.conn.clone())
+        let mut queues: Vec<String> = self
+            .trip(
+                "queues",
+                redis::cmd("SMEMBERS")
+                    .arg(QUEUES)
+                    .query_async(&mut self.conn.clone()),
+            )
             .await?;
         queues.sort();
         Ok(queues)

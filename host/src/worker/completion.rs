@@ -32,6 +32,7 @@ use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
 use crate::config::Config;
+use crate::metrics::{AttemptOutcome, WorkerMetrics};
 use crate::store::{CompleteOutcome, Completion, Store, StoreError};
 
 /// Most completions written in one round trip.
@@ -41,6 +42,8 @@ const MAX_BATCH: usize = 128;
 /// (releasing both) after the write.
 pub(super) struct Pending {
     pub(super) completion: Completion,
+    /// Its task's label in `/metrics` (the task name, or `other`).
+    pub(super) task: String,
     pub(super) slot: OwnedSemaphorePermit,
     /// The message's entry in the running set.
     pub(super) registration: Registration,
@@ -57,6 +60,7 @@ const WRITERS: usize = 2;
 /// reclaimed and run again.
 pub(super) async fn run(
     store: Store,
+    metrics: WorkerMetrics,
     mut rx: mpsc::Receiver<Pending>,
     finish: CancellationToken,
     abandon: CancellationToken,
@@ -84,6 +88,7 @@ pub(super) async fn run(
         }
         writes.spawn(write(
             store.clone(),
+            metrics.clone(),
             std::mem::take(&mut batch),
             abandon.clone(),
         ));
@@ -94,12 +99,26 @@ pub(super) async fn run(
 /// Write one batch, retrying with backoff until it is written, rejected
 /// (see the module's doc), or `abandon` is cancelled. What the tasks hold is
 /// released when this returns.
-async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
-    let (completions, _held): (Vec<Completion>, Vec<_>) = batch
-        .into_iter()
-        .map(|p| (p.completion, (p.slot, p.registration)))
-        .unzip();
-    match write_retrying(&store, &completions, &abandon).await {
+async fn write(
+    store: Store,
+    metrics: WorkerMetrics,
+    batch: Vec<Pending>,
+    abandon: CancellationToken,
+) {
+    let mut completions = Vec::with_capacity(batch.len());
+    let mut tasks = Vec::with_capacity(batch.len());
+    // Released when this returns.
+    let mut held = Vec::with_capacity(batch.len());
+    for p in batch {
+        completions.push(p.completion);
+        tasks.push(p.task);
+        held.push((p.slot, p.registration));
+    }
+    let counted = Counted {
+        metrics: &metrics,
+        tasks: &tasks,
+    };
+    match write_retrying(&store, &completions, counted, &abandon).await {
         Written::Yes => return,
         Written::Abandoned => return,
         Written::Rejected(_) if completions.len() > 1 => {
@@ -110,8 +129,12 @@ async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
         }
         Written::Rejected(e) => return rejected(&completions[0], &e),
     }
-    for completion in &completions {
-        match write_retrying(&store, std::slice::from_ref(completion), &abandon).await {
+    for (completion, task) in completions.iter().zip(&tasks) {
+        let counted = Counted {
+            metrics: &metrics,
+            tasks: std::slice::from_ref(task),
+        };
+        match write_retrying(&store, std::slice::from_ref(completion), counted, &abandon).await {
             Written::Yes => {}
             Written::Abandoned => return,
             Written::Rejected(e) => rejected(completion, &e),
@@ -132,9 +155,18 @@ enum Written {
     Abandoned,
 }
 
+/// Where the outcomes of written completions are counted: the metrics,
+/// and the task label of each completion, in order.
+#[derive(Clone, Copy)]
+struct Counted<'a> {
+    metrics: &'a WorkerMetrics,
+    tasks: &'a [String],
+}
+
 async fn write_retrying(
     store: &Store,
     completions: &[Completion],
+    counted: Counted<'_>,
     abandon: &CancellationToken,
 ) -> Written {
     let mut backoff = Backoff::default();
@@ -158,10 +190,19 @@ async fn write_retrying(
             return Written::Abandoned;
         }
     };
-    for (completion, outcome) in completions.iter().zip(outcomes) {
-        if let CompleteOutcome::Stale(status) = &outcome {
-            debug!(task_id = %completion.task_id, %status,
-                "completion was stale: the task was reclaimed or completed elsewhere");
+    for ((completion, outcome), task) in completions.iter().zip(outcomes).zip(counted.tasks) {
+        match outcome {
+            CompleteOutcome::Done(status) => {
+                if let Some(outcome) = AttemptOutcome::of(completion.kind, status) {
+                    counted
+                        .metrics
+                        .count_outcome(&completion.queue, task, outcome);
+                }
+            }
+            CompleteOutcome::Stale(status) => {
+                debug!(task_id = %completion.task_id, %status,
+                    "completion was stale: the task was reclaimed or completed elsewhere");
+            }
         }
     }
     Written::Yes

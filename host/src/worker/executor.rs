@@ -17,7 +17,8 @@ use tracing::{Instrument, debug, info_span, warn};
 use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
 use crate::ingest::now_ms;
-use crate::sandbox::{Call, Outcome, TaskContext, Trap};
+use crate::metrics::{TrapClass, WorkerMetrics};
+use crate::sandbox::{Call, CallReport, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask};
 
 /// Run each task on a tokio task of its own on the guest runtime (see
@@ -82,6 +83,8 @@ async fn execute(
             return;
         }
     };
+    let label = shared.metrics.task_label(&task.task);
+    record_call(&shared.metrics, &task.queue, &label, &report);
     if registration.is_stale() {
         // Another worker took the task over (the heartbeat that found it
         // logged it): this attempt was interrupted, or finished just before,
@@ -100,7 +103,20 @@ async fn execute(
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
     let mut completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
     completion.digest = report.digest;
-    hand_over(&shared, completion, permit, registration).await;
+    hand_over(&shared, completion, label, permit, registration).await;
+}
+
+/// What `/metrics` keeps of a handler call: its duration, and its trap's
+/// class if it trapped. A call that found no handler ran nothing and counts
+/// for neither (its attempt is deferred).
+fn record_call(metrics: &WorkerMetrics, queue: &str, task: &str, report: &CallReport) {
+    if let Outcome::Trapped(trap) = &report.outcome {
+        match TrapClass::of(trap) {
+            Some(class) => metrics.count_trap(class),
+            None => return,
+        }
+    }
+    metrics.observe_call(queue, task, report.elapsed);
 }
 
 /// Map a sandbox outcome to what the completion script takes.
@@ -125,15 +141,18 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
 }
 
 /// Hand a completion to the completer, with the slot and the running-set
-/// entry its task holds until it is written.
+/// entry its task holds until it is written; `task` is its task's label in
+/// `/metrics`.
 async fn hand_over(
     shared: &Shared,
     completion: Completion,
+    task: String,
     slot: OwnedSemaphorePermit,
     registration: Registration,
 ) {
     let pending = Pending {
         completion,
+        task,
         slot,
         registration,
     };
@@ -180,6 +199,7 @@ pub(super) async fn finish_unrun(
     permit: OwnedSemaphorePermit,
     registration: Registration,
 ) {
+    let label = shared.metrics.task_label(&task.task);
     let completion = if expired {
         let detail = "expired before it started".to_owned();
         completion_of(
@@ -204,5 +224,5 @@ pub(super) async fn finish_unrun(
             0,
         )
     };
-    hand_over(&shared, completion, permit, registration).await;
+    hand_over(&shared, completion, label, permit, registration).await;
 }

@@ -21,6 +21,10 @@
 //!   loop that ended on its own, so the process exits and is restarted
 //!   instead of staying up doing nothing.
 //!
+//! What a worker does (attempt outcomes and durations, traps, tasks in
+//! flight, slots) is recorded for `/metrics` into the [`WorkerMetrics`]
+//! given to [`run_with_metrics`].
+//!
 //! [`run`] takes its shutdown signal as a future: when it resolves the worker
 //! stops fetching, lets running tasks finish for the grace period, and
 //! abandons the rest (their messages stay pending, to be reclaimed). Dropped
@@ -40,12 +44,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+use crate::metrics::WorkerMetrics;
 use crate::sandbox::{CancelHandle, Sandbox};
 use crate::store::{Delivery, StartDecision, Store, StoreError};
 
@@ -87,9 +93,19 @@ struct Held {
 struct Running {
     held: Mutex<HashMap<u64, Held>>,
     next_id: AtomicU64,
+    /// `dtq_worker_tasks_in_flight`: one per registration alive.
+    in_flight: Gauge,
 }
 
 impl Running {
+    /// An empty set that counts its registrations in `in_flight`.
+    fn counted(in_flight: Gauge) -> Running {
+        Running {
+            in_flight,
+            ..Running::default()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -111,6 +127,7 @@ impl Running {
                 stale: stale.clone(),
             },
         );
+        self.in_flight.inc();
         Registration {
             running: self.clone(),
             id,
@@ -214,6 +231,7 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.running.lock().remove(&self.id);
+        self.running.in_flight.dec();
     }
 }
 
@@ -222,6 +240,8 @@ struct Shared {
     store: Store,
     sandbox: Sandbox,
     config: Config,
+    /// What `/metrics` shows of this worker.
+    metrics: WorkerMetrics,
     /// This worker's consumer name in every queue's group.
     consumer: String,
     /// One permit per execution slot. The fetch and reclaim loops take
@@ -339,10 +359,25 @@ pub enum WorkerError {
 }
 
 /// Run a worker until `shutdown` resolves, then shut down gracefully.
+/// What it records for `/metrics` goes nowhere: a server process runs
+/// [`run_with_metrics`].
 pub async fn run(
     store: Store,
     sandbox: Sandbox,
     config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    run_with_metrics(store, sandbox, config, WorkerMetrics::detached(), shutdown).await
+}
+
+/// [`run`], recording attempt outcomes and durations, traps, in-flight
+/// tasks and slots into `metrics` (the process's, see
+/// [`crate::metrics::Metrics::worker`]).
+pub async fn run_with_metrics(
+    store: Store,
+    sandbox: Sandbox,
+    config: Config,
+    metrics: WorkerMetrics,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     config.validate().map_err(WorkerError::Config)?;
@@ -354,12 +389,14 @@ pub async fn run(
     let (tx, rx) = mpsc::channel(config.concurrency.max(1));
     let guest_runtime = GuestRuntime::new(config.concurrency)?;
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
+    let _slots = metrics.hold_slots(config.concurrency);
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.concurrency)),
         store,
         sandbox,
         consumer,
-        running: Arc::default(),
+        running: Arc::new(Running::counted(metrics.in_flight())),
+        metrics,
         completions: tx,
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
@@ -378,6 +415,7 @@ pub async fn run(
         "completer",
         completion::run(
             shared.store.clone(),
+            shared.metrics.clone(),
             rx,
             finish.clone(),
             shared.abandon.clone(),
