@@ -28,6 +28,7 @@ const EXAMPLES: &[&str] = &[
 /// Test guests in `guests/`.
 const TEST_GUESTS: &[&str] = &[
     "adversarial",
+    "http_client",
     "namespaced",
     "operations",
     "versioned_v1",

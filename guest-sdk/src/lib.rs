@@ -21,27 +21,31 @@
 //!
 //! # Example
 //!
-//! Charge an order and email a receipt at most once, however often the task
-//! is redelivered:
+//! Charge an order through a payment service once, however often the task
+//! is retried or redelivered (`examples/send_receipt` also emails the
+//! receipt):
 //!
 //! ```no_run
-//! use dtq_guest::{Context, Result, idempotent_operation, kv};
+//! use dtq_guest::{Context, Result, http, idempotent_operation};
 //! use serde_json::{Value, json};
 //!
 //! #[derive(serde::Deserialize)]
-//! struct Order { order_id: String, amount_cents: u64 }
+//! struct Order { order_id: String, amount_cents: u64, payment_url: String }
 //!
-//! fn send_receipt(_ctx: Context, order: Order) -> Result<Value> {
+//! fn charge(_ctx: Context, order: Order) -> Result<Value> {
 //!     let id = &order.order_id;
-//!     let (executed, _) = idempotent_operation(format!("receipt:{id}"), 86_400, || {
-//!         kv::incr(format!("charges:{id}"))?;
-//!         let email = json!({"order_id": id, "amount_cents": order.amount_cents});
-//!         kv::set(format!("emails:{id}"), email.to_string())
+//!     // Inside the operation the host sends the same Idempotency-Key on
+//!     // every run, so the payment service charges once.
+//!     let (charged, _) = idempotent_operation(format!("charge:{id}"), 86_400, || {
+//!         let body = json!({"order_id": id, "amount_cents": order.amount_cents});
+//!         http::post_json(format!("{}/charges", order.payment_url), &body)?
+//!             .error_for_status()?
+//!             .json::<Value>()
 //!     })?;
-//!     Ok(if executed { json!({"charged": true, "order_id": id}) } else { json!({"deduped": true}) })
+//!     Ok(json!({"order_id": id, "deduped": !charged}))
 //! }
 //!
-//! dtq_guest::handler!(send_receipt);
+//! dtq_guest::handler!(charge);
 //! # fn main() {}
 //! ```
 //!
@@ -59,13 +63,14 @@
 //!
 //! The bindings compile on any target so that `cargo check` and doc tests
 //! work on the build machine, but the host imports exist only inside a dtq
-//! worker: calling [`kv`], [`log`] or [`idempotent_operation`] outside one
-//! panics.
+//! worker: calling [`kv`], [`log`], [`http`] or [`idempotent_operation`]
+//! outside one panics.
 
 #![deny(missing_docs)]
 
 mod context;
 mod error;
+pub mod http;
 pub mod idempotency;
 mod json;
 pub mod kv;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 pub mod process;
+pub mod services;
 
 /// The SHA-256 of `bytes`, lowercase hex: a module's digest as the host
 /// records it.

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use dtq_host::sandbox::{
-    Call, CallReport, CancelHandle, HandlerSettings, Limit, Limits, Outcome, Sandbox,
+    AllowList, Call, CallReport, CancelHandle, HandlerSettings, Limit, Limits, Outcome, Sandbox,
     SandboxConfig, TaskContext, Trap,
 };
 use dtq_tests::guests;
+use dtq_tests::services::Service;
 use dtq_tests::{RedisServer, TempDir};
 use serde_json::{Value, json};
 
@@ -275,36 +276,68 @@ async fn order_total_prices_an_order() -> Result<()> {
     Ok(())
 }
 
+/// A sandbox with `send_receipt` loaded and allowed to reach loopback, where
+/// the tests' payment and email services listen.
+async fn send_receipt(redis: &RedisServer) -> Result<Sandbox> {
+    let sandbox = sandbox(redis, Limits::default()).await?;
+    let settings = HandlerSettings {
+        allow_hosts: AllowList::parse("http://127.0.0.1:*")?,
+        ..HandlerSettings::default()
+    };
+    sandbox.load_with(
+        "send_receipt",
+        &std::fs::read(guests::SEND_RECEIPT)?,
+        &settings,
+    )?;
+    Ok(sandbox)
+}
+
+/// A `send_receipt` payload for `order_id` that charges through `payments`
+/// and emails through `emails`.
+fn order(order_id: &str, amount_cents: u64, payments: &Service, emails: &Service) -> Value {
+    json!({
+        "order_id": order_id,
+        "amount_cents": amount_cents,
+        "payment_url": payments.url(),
+        "email_url": emails.url(),
+    })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn send_receipt_charges_once_then_dedupes() -> Result<()> {
     let redis = RedisServer::start()?;
-    let sandbox = sandbox(&redis, Limits::default()).await?;
-    load(&sandbox, "send_receipt", guests::SEND_RECEIPT)?;
+    let (payments, emails) = (Service::start()?, Service::start()?);
+    let sandbox = send_receipt(&redis).await?;
 
-    let order = json!({"order_id": "A-1", "amount_cents": 1999});
+    let order = order("A-1", 1999, &payments, &emails);
     let first = run(&sandbox, "send_receipt", order.clone()).await;
     assert_eq!(
         success(&first)?,
-        json!({"charged": true, "order_id": "A-1"})
+        json!({"order_id": "A-1", "charge_id": "ch_1", "receipt_sent": true})
     );
     let second = run(&sandbox, "send_receipt", order).await;
-    assert_eq!(success(&second)?, json!({"deduped": true}));
-
     assert_eq!(
-        get(&redis, "dtq:guest:{send_receipt}:charges:A-1")
-            .await?
-            .as_deref(),
-        Some("1")
+        success(&second)?,
+        json!({"order_id": "A-1", "charge_id": "ch_1", "receipt_sent": true, "deduped": true})
     );
-    let email: Value = serde_json::from_str(
-        &get(&redis, "dtq:guest:{send_receipt}:emails:A-1")
-            .await?
-            .context("no email record")?,
-    )?;
-    assert_eq!(email["amount_cents"], 1999);
-    // The claim is done, holds the stored result, and has the TTL the guest
-    // asked for.
-    let claim = "dtq:claim:{send_receipt}:receipt:A-1";
+
+    assert_eq!(payments.charges_for("A-1"), 1, "{:?}", payments.charges());
+    assert_eq!(payments.charges()[0].amount_cents, 1999);
+    let sent = emails.emails();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].body["amount_cents"], 1999);
+    assert_eq!(sent[0].body["charge_id"], "ch_1");
+    assert_eq!(sent[0].body["to"], "customer-of-A-1@example.com");
+    // Each effect was asked for once, with the key the host adds inside an
+    // operation.
+    let charge_requests = payments.requests_to("/charges");
+    assert_eq!(charge_requests.len(), 1, "{charge_requests:?}");
+    assert!(charge_requests[0].idempotency_key.is_some());
+    assert_eq!(emails.requests_to("/emails").len(), 1);
+
+    // The claim is done, holds the stored result (what the second run read
+    // its charge from), and has the TTL the guest asked for.
+    let claim = "dtq:claim:{send_receipt}:charge:A-1";
     let mut conn = redis.conn().await?;
     let (state, result): (Option<String>, Option<String>) = redis::cmd("HMGET")
         .arg(claim)
@@ -313,8 +346,7 @@ async fn send_receipt_charges_once_then_dedupes() -> Result<()> {
         .query_async(&mut conn)
         .await?;
     assert_eq!(state.as_deref(), Some("done"));
-    // The effect's result: `kv::set` returns `()`.
-    assert_eq!(result.as_deref(), Some("null"));
+    assert_eq!(result.as_deref(), Some(r#"{"charge_id":"ch_1"}"#));
     let ttl: i64 = redis::cmd("TTL").arg(claim).query_async(&mut conn).await?;
     assert!(ttl > 86_000, "ttl {ttl}");
     Ok(())
@@ -323,16 +355,16 @@ async fn send_receipt_charges_once_then_dedupes() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
     let redis = RedisServer::start()?;
-    let sandbox = sandbox(&redis, Limits::default()).await?;
-    load(&sandbox, "send_receipt", guests::SEND_RECEIPT)?;
+    let (payments, emails) = (Service::start()?, Service::start()?);
+    let sandbox = send_receipt(&redis).await?;
 
-    let order = json!({"order_id": "race-7", "amount_cents": 500});
+    let order = order("race-7", 500, &payments, &emails);
     let calls = (0..50).map(|_| {
         let sandbox = sandbox.clone();
         let order = order.clone();
         tokio::spawn(async move { run(&sandbox, "send_receipt", order).await })
     });
-    // One call charges. The others find the operation done, or still in
+    // One call charges. The others find the operations done, or still in
     // progress in the one that charges: a retryable error, never a success
     // that claims the charge happened.
     let (mut charged, mut deduped, mut in_progress) = (0, 0, 0);
@@ -344,9 +376,13 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
             continue;
         }
         let result = success(&report)?;
-        if result == json!({"charged": true, "order_id": "race-7"}) {
+        let mut receipt = json!({"order_id": "race-7", "charge_id": "ch_1", "receipt_sent": true});
+        if result == receipt {
             charged += 1;
-        } else if result == json!({"deduped": true}) {
+            continue;
+        }
+        receipt["deduped"] = json!(true);
+        if result == receipt {
             deduped += 1;
         } else {
             bail!("unexpected result {result}");
@@ -354,11 +390,13 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
     }
     assert_eq!((charged, deduped + in_progress), (1, 49));
     assert_eq!(
-        get(&redis, "dtq:guest:{send_receipt}:charges:race-7")
-            .await?
-            .as_deref(),
-        Some("1")
+        payments.charges_for("race-7"),
+        1,
+        "{:?}",
+        payments.charges()
     );
+    assert_eq!(payments.requests_to("/charges").len(), 1);
+    assert_eq!(emails.emails_for("race-7"), 1, "{:?}", emails.emails());
     Ok(())
 }
 

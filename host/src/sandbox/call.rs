@@ -150,6 +150,8 @@ pub(crate) struct LoadedHandler {
     pub(crate) limits: Arc<Limits>,
     /// The hosts it may send HTTP requests to.
     pub(crate) allow: Arc<AllowList>,
+    /// Its namespace.
+    pub(crate) namespace: Arc<str>,
 }
 
 /// What [`run`] needs from the sandbox.
@@ -192,11 +194,6 @@ pub(crate) async fn run(
     let log = TaskLog::new(limits.max_log_bytes);
     let deadline_at = Instant::now() + budget;
     let http_requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let task_key = call
-        .ctx
-        .idempotency_key
-        .clone()
-        .unwrap_or_else(|| call.ctx.task_id.clone());
     let outbound = OutboundHttp::new(
         env.http.clone(),
         handler.allow.clone(),
@@ -204,8 +201,7 @@ pub(crate) async fn run(
         log.clone(),
         deadline_at,
         http_requests.clone(),
-        call.ctx.queue.clone(),
-        task_key,
+        handler.namespace.clone(),
     );
     let state = TaskState {
         wasi: locked_down_wasi(&log),

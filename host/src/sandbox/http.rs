@@ -16,10 +16,12 @@
 //! Redirects are not followed (a guest sees the 3xx and may ask for the new
 //! location, which the allow-list checks again), and no proxy is used. A
 //! request made inside an idempotent operation carries `Idempotency-Key`, a
-//! digest of the queue, the task's key (or id) and the operation's key: the
-//! same on every retry and redelivery of that operation, so a downstream
-//! service that honours the header applies the effect once. A guest that
-//! sets the header itself keeps its own. Each request is one line of the
+//! digest of the handler's namespace and the operation's key: what names
+//! the operation's claim. It is the same on every retry and redelivery, and
+//! in whichever task runs the operation (one that takes over the claim of a
+//! task that died mid-request included), so a downstream service that
+//! honours the header applies the effect once. A guest that sets the header
+//! itself keeps its own. Each request is one line of the
 //! task log: method, scheme, host and port, status or error, duration; never
 //! a path, a header or a body. Cancelling or interrupting the call drops the
 //! requests in flight with its store.
@@ -329,11 +331,11 @@ impl Clients {
     }
 }
 
-/// The `Idempotency-Key` of operation `operation` of a task: the same for
-/// every attempt and delivery of the task.
-pub(crate) fn idempotency_key(queue: &str, task_key: &str, operation: &str) -> String {
+/// The `Idempotency-Key` of operation `operation` of a handler namespace:
+/// the same for every attempt, delivery and task that runs the operation.
+pub(crate) fn idempotency_key(namespace: &str, operation: &str) -> String {
     let mut hash = Sha256::new();
-    for part in [queue, task_key, operation] {
+    for part in [namespace, operation] {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
@@ -349,10 +351,9 @@ pub(crate) struct OutboundHttp {
     deadline_at: Instant,
     /// Requests sent; shared with the other host imports' count.
     requests: Arc<AtomicU64>,
-    /// The queue and the task's idempotency key (or id), which with an
-    /// operation's key make its `Idempotency-Key`.
-    queue: String,
-    task_key: String,
+    /// The handler's namespace, which with an operation's key makes its
+    /// `Idempotency-Key`.
+    namespace: Arc<str>,
     /// Host calls of the other imports so far (set before each use).
     pub(crate) other_calls: u64,
     /// The key of the idempotent operation open now (set before each use).
@@ -368,8 +369,7 @@ impl OutboundHttp {
         log: TaskLog,
         deadline_at: Instant,
         requests: Arc<AtomicU64>,
-        queue: String,
-        task_key: String,
+        namespace: Arc<str>,
     ) -> Self {
         OutboundHttp {
             clients,
@@ -378,8 +378,7 @@ impl OutboundHttp {
             log,
             deadline_at,
             requests,
-            queue,
-            task_key,
+            namespace,
             other_calls: 0,
             operation: None,
         }
@@ -430,7 +429,7 @@ impl OutboundHttp {
         if let Some(operation) = &self.operation
             && !headers.contains_key(IDEMPOTENCY_KEY)
         {
-            let key = idempotency_key(&self.queue, &self.task_key, operation);
+            let key = idempotency_key(&self.namespace, operation);
             if let Ok(value) = http::HeaderValue::from_str(&key) {
                 headers.insert(IDEMPOTENCY_KEY, value);
             }
@@ -545,7 +544,7 @@ impl WasiHttpHooks for OutboundHttp {
                 .and_then(|v| v.parse::<u64>().ok());
             if declared.is_some_and(|n| n > max_response as u64) {
                 log.line(["[dtq] http: ", &target, " response body over the limit"]);
-                return Err(HttpError::HttpResponseBodySize(declared));
+                return Err(HttpError::HttpResponseBodySize(Some(max_response as u64)));
             }
             let mut builder = http::Response::builder().status(status);
             if let Some(headers) = builder.headers_mut() {
@@ -655,15 +654,12 @@ mod tests {
 
     #[test]
     fn the_idempotency_key_is_stable_and_distinct() {
-        let key = idempotency_key("q", "order-1", "charge");
-        assert_eq!(key, idempotency_key("q", "order-1", "charge"));
+        let key = idempotency_key("billing", "charge:1");
+        assert_eq!(key, idempotency_key("billing", "charge:1"));
         assert!(key.starts_with("dtq-") && key.len() == 36, "{key}");
-        assert_ne!(key, idempotency_key("q", "order-1", "refund"));
-        assert_ne!(key, idempotency_key("q2", "order-1", "charge"));
+        assert_ne!(key, idempotency_key("billing", "charge:2"));
+        assert_ne!(key, idempotency_key("shipping", "charge:1"));
         // Parts are length-prefixed: moving a boundary changes the key.
-        assert_ne!(
-            idempotency_key("q", "ab", "c"),
-            idempotency_key("q", "a", "bc")
-        );
+        assert_ne!(idempotency_key("ab", "c"), idempotency_key("a", "bc"));
     }
 }

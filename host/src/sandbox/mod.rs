@@ -547,6 +547,7 @@ impl Sandbox {
             digest: sha256.as_str().into(),
             limits: Arc::new(limits),
             allow: Arc::new(settings.allow_hosts.clone()),
+            namespace: namespace.as_str().into(),
         });
         let report = LoadReport {
             task: task.to_string(),
