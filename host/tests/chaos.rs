@@ -1,12 +1,39 @@
 //! Chaos: real `dtq` processes (three workers and one API) against a
 //! `redis-server` with AOF on, while the test SIGKILLs a random worker every
 //! few seconds (starting a new one in its place) and stops and restarts
-//! Redis twice. The workload mixes `send_receipt` orders (each with its own
-//! Idempotency-Key, some submitted twice with it), `counter` and short
-//! `sleep` tasks. At the end it prints one table and asserts each figure:
-//! no acknowledged task lost or stuck, no live worker's task dead-lettered
-//! as lost, no order charged twice, no order reported SUCCEEDED with no
-//! charge.
+//! Redis twice. The workload is mostly `send_receipt` orders (each with its
+//! own Idempotency-Key, some submitted twice with it), with `counter` and
+//! short `sleep` tasks. `send_receipt` charges each order through a payment
+//! service and emails its receipt through an email service, over HTTP: both
+//! are real HTTP servers that this test runs in its own process
+//! (`dtq_tests::services`), on loopback, which the workers are allowed to
+//! reach (`--allow-host send_receipt=http://127.0.0.1:*`). Both honour
+//! `Idempotency-Key` as payment APIs do, and record every request, charge
+//! and email.
+//!
+//! At the end the test prints one table and asserts each figure: no
+//! acknowledged task lost or stuck, no live worker's task dead-lettered as
+//! lost, and, from the services' own records:
+//!
+//! - every order whose task SUCCEEDED was charged exactly once, no order
+//!   more than once, and no order whose task never ran at all (about one
+//!   order in a hundred is held back, `delay_ms` an hour, and cancelled
+//!   before it runs; any other task that ends with no attempt counts too);
+//! - each SUCCEEDED task's result names the charge the service recorded
+//!   for its order (`charge_id`);
+//! - every charge request of an order carried one and the same
+//!   Idempotency-Key (the host derives it from the handler's namespace and
+//!   the operation key `charge:<order_id>`), so a request repeated after a
+//!   kill (the table counts these replays) was answered with the stored
+//!   charge instead of charging again;
+//! - every SUCCEEDED order got exactly one email, naming its charge, and a
+//!   never-run order none. At least one, because a task succeeds only once
+//!   its `receipt:<order_id>` operation is done, and that operation is done
+//!   only after the email service answered 2xx, and it records the email
+//!   before it answers. At most one, because that operation's requests, too,
+//!   carry one Idempotency-Key, which the test's email service honours; an
+//!   email service that ignored the header could send a second email when a
+//!   worker dies between the request and the operation's commit.
 //!
 //! The tasks are submitted in waves, one before each fault, and each fault
 //! strikes once half of its wave is acknowledged: the workers are busy, so a
@@ -23,7 +50,7 @@
 //!
 //! | variable | default | |
 //! |---|---|---|
-//! | `DTQ_CHAOS_TASKS` | 2000 | submissions (tasks, plus deliberate duplicate submissions of orders) |
+//! | `DTQ_CHAOS_TASKS` | 4000 | submissions (tasks, plus deliberate duplicate submissions of orders); about 70 % are new orders |
 //! | `DTQ_CHAOS_SECS` | 60 | seconds of faults (a wave of submissions before each), Redis outages aside |
 //! | `DTQ_CHAOS_KILL_MS` | 2500 | mean time between worker kills (each drawn from 80 % to 120 % of it) |
 //! | `DTQ_CHAOS_REDIS_RESTARTS` | 2 | Redis stops and restarts, spread evenly over the run |
@@ -43,6 +70,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dtq_tests::process::DtqProcess;
+use dtq_tests::services::{Recorded, Service};
 use dtq_tests::{ApiClient, PersistentRedis, TempDir, free_port, guests};
 use futures::StreamExt;
 use rand::rngs::StdRng;
@@ -55,12 +83,16 @@ const DTQ: &str = env!("CARGO_BIN_EXE_dtq");
 /// The queue every task goes to.
 const QUEUE: &str = "default";
 
-/// Where `send_receipt` counts the charges of order X: the key
-/// `CHARGES_PREFIX` + X. A handler's kv key `<key>` lives at
-/// `dtq:guest:{<namespace>}:<key>` (the namespace in braces: a Redis Cluster
-/// hash tag), and `send_receipt`'s namespace is its task name; the handler
-/// increments its kv key `charges:<order_id>` once per charge.
-const CHARGES_PREFIX: &str = "dtq:guest:{send_receipt}:charges:";
+/// What the workers let `send_receipt` reach: the test's services, on
+/// loopback (`--allow-host`).
+const ALLOW_SERVICES: &str = "send_receipt=http://127.0.0.1:*";
+
+/// The delay of the orders held back so that they never run (ms): far
+/// beyond the end of any run. They are cancelled once the chaos is over.
+const HELD_BACK_DELAY_MS: u64 = 3_600_000;
+
+/// One new order in this many is held back.
+const HELD_BACK_EVERY: usize = 100;
 
 /// Redis persistence: AOF on, fsynced every second. A graceful stop
 /// (SHUTDOWN or SIGTERM) writes and fsyncs the whole AOF before the server
@@ -138,7 +170,7 @@ impl Settings {
             }
         }
         let settings = Settings {
-            tasks: var("DTQ_CHAOS_TASKS", 2_000)?,
+            tasks: var("DTQ_CHAOS_TASKS", 4_000)?,
             secs: var("DTQ_CHAOS_SECS", 60)?,
             kill_ms: var("DTQ_CHAOS_KILL_MS", 2_500)?,
             redis_restarts: var("DTQ_CHAOS_REDIS_RESTARTS", 2)?,
@@ -166,7 +198,8 @@ fn dtq_command() -> Command {
 }
 
 /// The flags of every server process: the test's Redis, the example
-/// handlers, a shared artifact cache and short timings.
+/// handlers (`send_receipt` allowed to reach the test's services), a shared
+/// artifact cache and short timings.
 fn server_flags(redis_url: &str) -> Vec<String> {
     let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
     [
@@ -174,6 +207,8 @@ fn server_flags(redis_url: &str) -> Vec<String> {
         redis_url,
         "--handlers",
         guests::EXAMPLES_DIR,
+        "--allow-host",
+        ALLOW_SERVICES,
         "--concurrency",
         CONCURRENCY,
         "--visibility-timeout-ms",
@@ -264,6 +299,21 @@ struct Planned {
     work: Work,
 }
 
+/// An order of the run.
+struct Order {
+    /// `ord-NNNNNN`.
+    id: String,
+    /// Held back (`delay_ms` an hour): it must never run. It is cancelled
+    /// once the chaos is over.
+    held_back: bool,
+}
+
+/// The base URLs the `send_receipt` payloads carry.
+struct Services<'a> {
+    payment_url: &'a str,
+    email_url: &'a str,
+}
+
 /// A submission the API acknowledged.
 #[derive(Clone, Debug)]
 struct Ack {
@@ -274,10 +324,15 @@ struct Ack {
     tries: u32,
 }
 
-/// The submissions of a run, in order, and the order ids (`Work::Order`
-/// indexes them).
-fn plan(settings: &Settings, rng: &mut StdRng) -> (Vec<Planned>, Vec<String>) {
-    let mut orders: Vec<(String, Value)> = Vec::new();
+/// The submissions of a run, in order, and the orders (`Work::Order`
+/// indexes them): about 70 % new orders, 5 % orders submitted again, 15 %
+/// counters and 10 % sleeps.
+fn plan(
+    settings: &Settings,
+    rng: &mut StdRng,
+    services: &Services<'_>,
+) -> (Vec<Planned>, Vec<Order>) {
+    let mut orders: Vec<(Order, Value)> = Vec::new();
     let mut planned = Vec::with_capacity(settings.tasks);
     let limits = |mut body: Value| {
         body["max_attempts"] = json!(MAX_ATTEMPTS);
@@ -292,22 +347,31 @@ fn plan(settings: &Settings, rng: &mut StdRng) -> (Vec<Planned>, Vec<String>) {
             let n = rng.random_range(orders.len().saturating_sub(8)..orders.len());
             planned.push(Planned {
                 body: orders[n].1.clone(),
-                key: Some(format!("order-{}", orders[n].0)),
+                key: Some(format!("order-{}", orders[n].0.id)),
                 work: Work::Order(n),
             });
-        } else if roll < 60 {
+        } else if roll < 75 {
             let id = format!("ord-{:06}", orders.len());
-            let body = limits(json!({
+            let held_back = orders.len() % HELD_BACK_EVERY == HELD_BACK_EVERY / 2;
+            let mut body = limits(json!({
                 "task": "send_receipt",
-                "payload": {"order_id": id, "amount_cents": rng.random_range(100..100_000)},
+                "payload": {
+                    "order_id": id,
+                    "amount_cents": rng.random_range(100..100_000),
+                    "payment_url": services.payment_url,
+                    "email_url": services.email_url,
+                },
             }));
+            if held_back {
+                body["delay_ms"] = json!(HELD_BACK_DELAY_MS);
+            }
             planned.push(Planned {
                 body: body.clone(),
                 key: Some(format!("order-{id}")),
                 work: Work::Order(orders.len()),
             });
-            orders.push((id, body));
-        } else if roll < 80 {
+            orders.push((Order { id, held_back }, body));
+        } else if roll < 90 {
             planned.push(Planned {
                 body: limits(json!({
                     "task": "counter",
@@ -330,7 +394,10 @@ fn plan(settings: &Settings, rng: &mut StdRng) -> (Vec<Planned>, Vec<String>) {
             });
         }
     }
-    (planned, orders.into_iter().map(|(id, _)| id).collect())
+    (
+        planned,
+        orders.into_iter().map(|(order, _)| order).collect(),
+    )
 }
 
 /// Submit until acknowledged (202, 200, or 409 with the in-flight task's
@@ -382,6 +449,29 @@ async fn submit_until_acked(api: &ApiClient, planned: &Planned) -> Result<Ack> {
         let pause = 100 + u64::from(tries.min(10)) * 20;
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+}
+
+/// Cancel the held-back task `id`, retrying what may be a passing failure
+/// (a 5xx, a dropped connection, a timeout); the answer, or the last
+/// failure.
+async fn cancel(api: &ApiClient, id: &str) -> String {
+    let path = format!("/v1/queues/{QUEUE}/tasks/{id}/cancel");
+    let mut last = String::new();
+    for _ in 0..20 {
+        let answer = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            api.call(reqwest::Method::POST, &path, None, &[]),
+        )
+        .await;
+        last = match answer {
+            Ok(Ok((code, body))) if code < 500 => return format!("{code} {body}"),
+            Ok(Ok((code, body))) => format!("{code} {body}"),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
+        };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    last
 }
 
 // ---------------------------------------------------------------------------
@@ -625,11 +715,21 @@ struct TaskRow {
     error: Option<String>,
     worker: Option<String>,
     attempts: Option<String>,
+    /// The handler's result (JSON), once SUCCEEDED.
+    result: Option<String>,
 }
 
 impl TaskRow {
     fn is_terminal(&self) -> bool {
         TERMINAL.contains(&self.status.as_str())
+    }
+
+    /// Attempts started (0 for a task that never ran).
+    fn attempts(&self) -> u32 {
+        self.attempts
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0)
     }
 }
 
@@ -649,10 +749,11 @@ async fn read_tasks(
         for id in chunk {
             pipe.cmd("HMGET")
                 .arg(task_key(id))
-                .arg(&["status", "error", "worker", "attempts"]);
+                .arg(&["status", "error", "worker", "attempts", "result"]);
         }
         let replies: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
         for mut f in replies {
+            let result = f.pop().flatten();
             let attempts = f.pop().flatten();
             let worker = f.pop().flatten();
             let error = f.pop().flatten();
@@ -662,32 +763,11 @@ async fn read_tasks(
                 error,
                 worker,
                 attempts,
+                result,
             }));
         }
     }
     Ok(rows)
-}
-
-/// The charge counter of each order in `orders`.
-async fn read_charges(
-    conn: &mut redis::aio::MultiplexedConnection,
-    orders: &[String],
-) -> Result<Vec<i64>> {
-    let mut charges = Vec::with_capacity(orders.len());
-    for chunk in orders.chunks(500) {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("GET").arg(format!("{CHARGES_PREFIX}{id}"));
-        }
-        let replies: Vec<Option<String>> = pipe.query_async(conn).await?;
-        for r in replies {
-            charges.push(match r {
-                Some(v) => v.parse().with_context(|| format!("charges {v:?}"))?,
-                None => 0,
-            });
-        }
-    }
-    Ok(charges)
 }
 
 /// Poll the tasks `ids` until every one that has a hash is terminal, or
@@ -755,6 +835,17 @@ fn describe(id: &str, row: Option<&TaskRow>) -> String {
     }
 }
 
+/// How many of `requests` carried an Idempotency-Key that an earlier one
+/// had carried already: repeats the service answered from what it stored.
+fn replays(requests: &[Recorded]) -> usize {
+    let mut keys = HashSet::new();
+    requests
+        .iter()
+        .filter_map(|r| r.idempotency_key.as_deref())
+        .filter(|k| !keys.insert(*k))
+        .count()
+}
+
 /// The pid in a consumer name `<pid>-<uuid>`.
 fn consumer_pid(worker: &str) -> Option<u32> {
     worker.split('-').next()?.parse().ok()
@@ -777,8 +868,16 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         settings.kill_ms,
         settings.redis_restarts
     );
+    // The services `send_receipt` calls, in this process: they outlive
+    // every worker.
+    let payments = Service::start()?;
+    let email_service = Service::start()?;
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let (planned, orders) = plan(&settings, &mut rng);
+    let services = Services {
+        payment_url: payments.url(),
+        email_url: email_service.url(),
+    };
+    let (planned, orders) = plan(&settings, &mut rng, &services);
     let mut chaos_rng = StdRng::seed_from_u64(rng.random());
 
     let dir = TempDir::new("chaos")?;
@@ -802,8 +901,11 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         chaos.workers.push(w);
     }
     eprintln!(
-        "chaos: API and {WORKERS} workers ready in {:.1} s; logs in {}",
+        "chaos: API and {WORKERS} workers ready in {:.1} s; payment service {}, email service \
+         {}; logs in {}",
         t_setup.elapsed().as_secs_f64(),
+        payments.url(),
+        email_service.url(),
         dir.path.display()
     );
 
@@ -830,6 +932,7 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
     let mut codes: BTreeMap<u16, usize> = BTreeMap::new();
     let mut expected_tasks = 0;
     let mut first_submission: HashSet<String> = HashSet::new();
+    let (mut counters, mut sleeps) = (0, 0);
     for (p, ack) in planned.iter().zip(&acks) {
         let logical_new = match &p.key {
             Some(k) => first_submission.insert(k.clone()),
@@ -837,6 +940,11 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         };
         if logical_new {
             expected_tasks += 1;
+            match p.work {
+                Work::Order(_) => {}
+                Work::Counter => counters += 1,
+                Work::Sleep => sleeps += 1,
+            }
         }
         let ack = match ack {
             Ok(ack) => ack,
@@ -860,6 +968,16 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         }
         if let Work::Order(o) = p.work {
             order_task.entry(o).or_insert_with(|| ack.task_id.clone());
+        }
+    }
+
+    // The held-back orders never run: cancel them, while they wait.
+    let mut held_tasks: HashSet<String> = HashSet::new();
+    let mut cancel_answers: HashMap<String, String> = HashMap::new();
+    for (o, order) in orders.iter().enumerate() {
+        if let (true, Some(task)) = (order.held_back, order_task.get(&o)) {
+            held_tasks.insert(task.clone());
+            cancel_answers.insert(task.clone(), cancel(&api, task).await);
         }
     }
 
@@ -887,43 +1005,47 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
             .push(format!("api (pid {}) exited with {status}", api_proc.pid()));
     }
 
-    // The outcome.
+    // The outcome: the tasks.
     let rows = read_tasks(&mut conn, &task_ids).await?;
     let row_of: HashMap<&str, Option<&TaskRow>> = task_ids
         .iter()
         .zip(&rows)
         .map(|(id, r)| (id.as_str(), r.as_ref()))
         .collect();
-    let charged_orders: Vec<usize> = {
-        let mut o: Vec<usize> = order_task.keys().copied().collect();
-        o.sort_unstable();
-        o
-    };
-    let order_ids: Vec<String> = charged_orders.iter().map(|o| orders[*o].clone()).collect();
-    let charges = read_charges(&mut conn, &order_ids).await?;
 
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    let mut other_status: BTreeMap<String, usize> = BTreeMap::new();
     let (mut lost, mut stuck, mut live_lost, mut other) = (vec![], vec![], vec![], vec![]);
+    let (mut held_unrun, mut held_off) = (0, vec![]);
     let mut max_attempts_seen = 0u32;
     let mut retried_tasks = 0;
     for (id, row) in task_ids.iter().zip(&rows) {
+        let held = held_tasks.contains(id);
         let Some(row) = row else {
             lost.push(describe(id, None));
             continue;
         };
         *by_status.entry(row.status.clone()).or_default() += 1;
-        let attempts: u32 = row
-            .attempts
-            .as_deref()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
+        let attempts = row.attempts();
         max_attempts_seen = max_attempts_seen.max(attempts);
         if attempts > 1 {
             retried_tasks += 1;
         }
+        if held {
+            if row.status == "CANCELLED" && attempts == 0 {
+                held_unrun += 1;
+            } else {
+                held_off.push(format!(
+                    "{}; cancel answered {}",
+                    describe(id, Some(row)),
+                    cancel_answers.get(id).map_or("-", String::as_str)
+                ));
+            }
+        }
         if !row.is_terminal() {
             stuck.push(describe(id, Some(row)));
-        } else if row.status != "SUCCEEDED" {
+        } else if row.status != "SUCCEEDED" && !held {
+            *other_status.entry(row.status.clone()).or_default() += 1;
             other.push(describe(id, Some(row)));
         }
         let lost_worker = row.status == "DEAD_LETTERED"
@@ -940,36 +1062,121 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
             live_lost.push(describe(id, Some(row)));
         }
     }
-    let (mut twice, mut succeeded_uncharged) = (vec![], vec![]);
-    for ((o, id), charges) in charged_orders.iter().zip(&order_ids).zip(&charges) {
-        let task = &order_task[o];
-        let row = row_of.get(task.as_str()).copied().flatten();
-        let line = || {
-            format!(
-                "order {id}, {} charges; task {}",
-                charges,
-                describe(task, row)
-            )
-        };
-        if *charges > 1 {
-            twice.push(line());
-        }
-        if *charges == 0 && row.is_some_and(|r| r.status == "SUCCEEDED") {
-            succeeded_uncharged.push(line());
+
+    // The outcome: what the payment and email services recorded.
+    let charges = payments.charges();
+    let charge_requests = payments.requests_to("/charges");
+    let emails = email_service.emails();
+    let email_requests = email_service.requests_to("/emails");
+    let planned_orders: HashSet<&str> = orders.iter().map(|o| o.id.as_str()).collect();
+    let mut charges_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut unknown_effects = Vec::new();
+    for c in &charges {
+        charges_of
+            .entry(c.order_id.as_str())
+            .or_default()
+            .push(c.charge_id.as_str());
+        if !planned_orders.contains(c.order_id.as_str()) {
+            unknown_effects.push(format!("charge {c:?} of an order never planned"));
         }
     }
+    let mut emails_of: HashMap<&str, Vec<&Value>> = HashMap::new();
+    for e in &emails {
+        let order = e.body["order_id"].as_str().unwrap_or("?");
+        emails_of.entry(order).or_default().push(&e.body);
+        if !planned_orders.contains(order) {
+            unknown_effects.push(format!("email {} of an order never planned", e.body));
+        }
+    }
+    // The Idempotency-Keys each order's charge requests carried.
+    let mut keys_of: HashMap<String, Vec<Option<String>>> = HashMap::new();
+    for r in &charge_requests {
+        let order = serde_json::from_str::<Value>(&r.body)
+            .ok()
+            .and_then(|b| b["order_id"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "?".into());
+        keys_of
+            .entry(order)
+            .or_default()
+            .push(r.idempotency_key.clone());
+    }
+
+    let (mut succeeded_orders, mut charged_once) = (0, 0);
+    let (mut not_once, mut twice, mut unrun_effects) = (vec![], vec![], vec![]);
+    let (mut wrong_result, mut key_off, mut email_off) = (vec![], vec![], vec![]);
+    let mut unrun_orders = 0;
+    for (o, order) in orders.iter().enumerate() {
+        let id = order.id.as_str();
+        let order_charges = charges_of.get(id).map_or(&[][..], Vec::as_slice);
+        let order_emails = emails_of.get(id).map_or(&[][..], Vec::as_slice);
+        let Some(task) = order_task.get(&o) else {
+            // Never acknowledged (a figure of its own): whether it ran is
+            // not known.
+            continue;
+        };
+        let row = row_of.get(task.as_str()).copied().flatten();
+        let line = |what: &str| format!("order {id}: {what}; task {}", describe(task, row));
+        if order_charges.len() > 1 {
+            twice.push(line(&format!("charges {order_charges:?}")));
+        }
+        if let Some(keys) = keys_of.get(id) {
+            let distinct: HashSet<&Option<String>> = keys.iter().collect();
+            if distinct.len() != 1 || distinct.contains(&None) {
+                key_off.push(line(&format!("charge requests' keys {keys:?}")));
+            }
+        }
+        let ran = row.is_some_and(|r| r.attempts() > 0);
+        if !ran {
+            unrun_orders += 1;
+            if !order_charges.is_empty() || !order_emails.is_empty() {
+                unrun_effects.push(line(&format!(
+                    "never ran, yet charges {order_charges:?}, {} emails",
+                    order_emails.len()
+                )));
+            }
+        }
+        let Some(row) = row.filter(|r| r.status == "SUCCEEDED") else {
+            continue;
+        };
+        succeeded_orders += 1;
+        if order_charges.len() == 1 {
+            charged_once += 1;
+        } else {
+            not_once.push(line(&format!("charges {order_charges:?}")));
+        }
+        let result: Value = row
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or(Value::Null);
+        let charge_id = result["charge_id"].as_str().unwrap_or("");
+        if result["order_id"] != id || !order_charges.contains(&charge_id) {
+            wrong_result.push(line(&format!(
+                "result {result}, charges recorded {order_charges:?}"
+            )));
+        }
+        if order_emails.len() != 1 || order_emails[0]["charge_id"] != charge_id {
+            let sent: Vec<&Value> = order_emails.iter().map(|e| &e["charge_id"]).collect();
+            email_off.push(line(&format!(
+                "{} emails (naming charges {sent:?}), result {result}",
+                order_emails.len()
+            )));
+        }
+    }
+    unrun_effects.extend(unknown_effects);
     let split_keys: Vec<String> = key_tasks
         .iter()
         .filter(|(_, ids)| ids.len() > 1)
         .map(|(k, ids)| format!("key {k}: tasks {ids:?}"))
         .collect();
     let succeeded = by_status.get("SUCCEEDED").copied().unwrap_or(0);
-    let other_breakdown = by_status
+    let other_breakdown = other_status
         .iter()
-        .filter(|(s, _)| s.as_str() != "SUCCEEDED" && TERMINAL.contains(&s.as_str()))
         .map(|(s, n)| format!("{s} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let charge_replays = replays(&charge_requests);
+    let email_replays = replays(&email_requests);
 
     let figures = vec![
         Figure {
@@ -977,12 +1184,14 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
             value: task_ids.len(),
             expected: expected_tasks,
             note: format!(
-                "{} submissions: {} answered 202, {} 200, {} 409; {} needed more than one try",
+                "{} submissions: {} answered 202, {} 200, {} 409; {} needed more than one try\n\
+                 tasks: {} send_receipt orders, {counters} counter, {sleeps} sleep",
                 planned.len(),
                 codes.get(&202).unwrap_or(&0),
                 codes.get(&200).unwrap_or(&0),
                 codes.get(&409).unwrap_or(&0),
-                retried
+                retried,
+                orders.len(),
             ),
         },
         Figure {
@@ -1000,9 +1209,18 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         Figure {
             label: "tasks succeeded".into(),
             value: succeeded,
-            expected: task_ids.len(),
+            expected: task_ids.len() - held_tasks.len(),
             note: format!(
                 "{retried_tasks} took more than one attempt, at most {max_attempts_seen}"
+            ),
+        },
+        Figure {
+            label: "held-back orders cancelled before a run".into(),
+            value: held_unrun,
+            expected: held_tasks.len(),
+            note: format!(
+                "submitted with delay_ms {HELD_BACK_DELAY_MS}, cancelled once the chaos was over\n{}",
+                examples(&held_off)
             ),
         },
         Figure {
@@ -1034,16 +1252,60 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
             note: examples(&live_lost),
         },
         Figure {
-            label: "orders charged twice".into(),
-            value: twice.len(),
-            expected: 0,
-            note: format!("of {} orders\n{}", order_ids.len(), examples(&twice)),
+            label: "SUCCEEDED orders charged exactly once".into(),
+            value: charged_once,
+            expected: succeeded_orders,
+            note: format!(
+                "the payment service: {} charges, {} charge requests, {charge_replays} of them \
+                 a key it had answered\n(a request repeated after a kill: answered with the \
+                 stored charge, nothing charged)\n{}",
+                charges.len(),
+                charge_requests.len(),
+                examples(&not_once)
+            ),
         },
         Figure {
-            label: "orders SUCCEEDED with 0 charges".into(),
-            value: succeeded_uncharged.len(),
+            label: "orders charged more than once".into(),
+            value: twice.len(),
             expected: 0,
-            note: examples(&succeeded_uncharged),
+            note: format!("of {} orders\n{}", orders.len(), examples(&twice)),
+        },
+        Figure {
+            label: "charges+emails of never-run/unknown orders".into(),
+            value: unrun_effects.len(),
+            expected: 0,
+            note: format!(
+                "{unrun_orders} orders never ran ({} held back)\n{}",
+                held_tasks.len(),
+                examples(&unrun_effects)
+            ),
+        },
+        Figure {
+            label: "SUCCEEDED results not naming their charge".into(),
+            value: wrong_result.len(),
+            expected: 0,
+            note: examples(&wrong_result),
+        },
+        Figure {
+            label: "orders not sending one Idempotency-Key".into(),
+            value: key_off.len(),
+            expected: 0,
+            note: format!(
+                "every charge request of an order must carry the same key\n{}",
+                examples(&key_off)
+            ),
+        },
+        Figure {
+            label: "SUCCEEDED orders without exactly one email".into(),
+            value: email_off.len(),
+            expected: 0,
+            note: format!(
+                "the email service: {} emails, {} email requests, {email_replays} of them a key \
+                 it had answered\n{}",
+                emails.len(),
+                email_requests.len(),
+                examples(&email_off)
+            ),
         },
         Figure {
             label: "processes that exited unkilled".into(),

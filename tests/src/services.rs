@@ -12,6 +12,8 @@
 //! |---|---|
 //! | `POST /charges` `{"order_id", "amount_cents"}` | charges: answers `{"charge_id", "order_id", "amount_cents"}` |
 //! | `POST /emails` `{"to", "order_id", …}` | sends an email: answers `{"email_id"}` |
+//! | `GET /charges` | the charges made, pretty JSON: `{"charges": [{"charge_id", "order_id", "amount_cents", "idempotency_key"}]}` |
+//! | `GET /emails` | the emails sent, pretty JSON: `{"emails": [{"email_id", "idempotency_key", "body"}]}` |
 //! | any method, `/slow?ms=N` | answers `slow` after N ms |
 //! | `GET /big?bytes=N[&chunked=1]` | answers N bytes, with `Content-Length` or (`chunked=1`) without |
 //! | any method, `/ok` | answers `ok` |
@@ -291,6 +293,8 @@ async fn handle(
     match (method, uri.path()) {
         (Method::POST, "/charges") => idempotent(&state, "/charges", key, body, charge),
         (Method::POST, "/emails") => idempotent(&state, "/emails", key, body, email),
+        (Method::GET, "/charges") => listing(&state, "charges"),
+        (Method::GET, "/emails") => listing(&state, "emails"),
         (_, "/slow") => {
             tokio::time::sleep(Duration::from_millis(number("ms").unwrap_or(0))).await;
             "slow".into_response()
@@ -371,6 +375,40 @@ fn email(records: &mut Records, body: &Bytes, key: Option<&str>) -> Result<Value
         idempotency_key: key.map(str::to_string),
     });
     Ok(json!({"email_id": email_id}))
+}
+
+/// `GET /charges` and `GET /emails`: what the service did, pretty-printed
+/// (one field a line, for readers without a JSON tool).
+fn listing(state: &State, what: &str) -> Response {
+    let records = state.records();
+    let items: Vec<Value> = if what == "charges" {
+        records
+            .charges
+            .iter()
+            .map(|c| {
+                json!({
+                    "charge_id": c.charge_id,
+                    "order_id": c.order_id,
+                    "amount_cents": c.amount_cents,
+                    "idempotency_key": c.idempotency_key,
+                })
+            })
+            .collect()
+    } else {
+        records
+            .emails
+            .iter()
+            .map(|e| {
+                json!({
+                    "email_id": e.email_id,
+                    "idempotency_key": e.idempotency_key,
+                    "body": e.body,
+                })
+            })
+            .collect()
+    };
+    let text = serde_json::to_string_pretty(&json!({ what: items })).unwrap_or_default();
+    ([("content-type", "application/json")], text + "\n").into_response()
 }
 
 /// `GET /big`: `bytes` bytes of `x`, with a `Content-Length` unless
