@@ -5,9 +5,8 @@
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use http_body_util::LengthLimitError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -127,7 +126,15 @@ pub(super) async fn deploy(
             .with_details(json!({"setting": e.setting}))
     })?;
     let deploy = &shared.state.deploy;
-    let wasm = read_module(&shared, &headers, body, deploy.max_module_bytes).await?;
+    let limit = deploy.max_module_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::ModuleTooLarge,
+            format!("the module is over the limit of {limit} bytes (--max-module-mib)"),
+        )
+        .with_details(json!({"limit": limit}))
+    };
+    let wasm = super::routes::read_limited(&shared, &headers, body, limit, too_large).await?;
 
     let checker = deploy.checker.clone();
     let (t, w, s) = (task.clone(), wasm.clone(), settings.handler_settings());
@@ -168,45 +175,6 @@ pub(super) async fn deploy(
         StatusCode::CREATED
     };
     Ok((status, Json(body)).into_response())
-}
-
-/// Read a module body within the body timeout and `limit`.
-async fn read_module(
-    shared: &Shared,
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            ErrorCode::ModuleTooLarge,
-            format!("the module is over the limit of {limit} bytes (--max-module-mib)"),
-        )
-        .with_details(json!({"limit": limit}))
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let timeout = shared.limits.body_timeout;
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let e = e.into_inner();
-            if e.downcast_ref::<LengthLimitError>().is_some() {
-                Err(too_large())
-            } else {
-                Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("cannot read the module: {e}"),
-                ))
-            }
-        }
-        Err(_) => Err(super::routes::body_timeout(timeout)),
-    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -75,22 +75,35 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     ))
 }
 
-/// Read the whole body within the body timeout and the size limit.
+/// Read a submission's whole body within the body timeout and the body
+/// limit.
 async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")
             .with_details(json!({"limit": shared.state.ingest.max_payload_bytes}))
     };
-    // A declared length over the limit is refused before a byte is read.
+    read_limited(shared, headers, body, shared.body_limit, too_large).await
+}
+
+/// Read a whole body within the body timeout and `limit` bytes; over the
+/// limit (declared, which is refused before a byte is read, or counted) it
+/// is `too_large()`.
+pub(super) async fn read_limited(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    too_large: impl Fn() -> ApiError,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > shared.body_limit as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
     let timeout = shared.limits.body_timeout;
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, shared.body_limit)).await {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => {
             let e = e.into_inner();
@@ -107,7 +120,7 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Body) -> Result<B
     }
 }
 
-pub(super) fn body_timeout(timeout: Duration) -> ApiError {
+fn body_timeout(timeout: Duration) -> ApiError {
     let ms = timeout.as_millis() as u64;
     ApiError::new(
         ErrorCode::RequestTimeout,

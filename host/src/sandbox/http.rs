@@ -384,12 +384,13 @@ impl OutboundHttp {
         }
     }
 
-    /// Check `request` and build what sends it; the error goes to the
-    /// guest, and is logged.
+    /// Check `request` and build what sends it, with the target as the log
+    /// names it (`GET https://host:443`); the error goes to the guest, and
+    /// is logged.
     fn prepare(
         &mut self,
         request: http::Request<WasiBody>,
-    ) -> Result<(reqwest::RequestBuilder, WasiBody, Duration), HttpError> {
+    ) -> Result<(String, reqwest::RequestBuilder, WasiBody), HttpError> {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         let host = uri.host().unwrap_or_default().to_owned();
@@ -444,7 +445,7 @@ impl OutboundHttp {
             .request(parts.method, url)
             .headers(headers)
             .timeout(timeout);
-        Ok((builder, body, timeout))
+        Ok((target, builder, body))
     }
 }
 
@@ -488,22 +489,12 @@ impl WasiHttpHooks for OutboundHttp {
             > + Send,
     > {
         let started = Instant::now();
-        let target = {
-            let uri = request.uri();
-            let scheme = uri.scheme_str().unwrap_or("https");
-            let port = uri.port_u16().unwrap_or_else(|| default_port(scheme));
-            format!(
-                "{} {scheme}://{}:{port}",
-                request.method(),
-                uri.host().unwrap_or_default()
-            )
-        };
         let prepared = self.prepare(request);
         let log = self.log.clone();
         let max_request = self.limits.max_payload_bytes;
         let max_response = self.limits.max_http_response_bytes;
         Box::new(async move {
-            let (builder, body, _) = prepared?;
+            let (target, builder, body) = prepared?;
             let body = Limited::new(body, max_request)
                 .collect()
                 .await
