@@ -54,6 +54,10 @@ const ROUND_SETS: usize = 50_000;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> Result<()> {
+    // `scripts/bench-peers`: only the drain rounds, on its redis-server.
+    if let Some(port) = peers::port()? {
+        return peers::main(port);
+    }
     // Before any thread exists, so that every thread of this process, and
     // every process it starts, inherits the CPUs left to it.
     let pinning = if env_usize("DTQ_BENCH_PIN", 1)? == 0 {
@@ -737,4 +741,224 @@ fn redis_benchmark(
         }
     }
     Ok(figures)
+}
+
+/// **Peer mode**, for `scripts/bench-peers`: with `DTQ_BENCH_REDIS_PORT` set,
+/// only the drain rounds run, against the `redis-server` the script started
+/// on that loopback port (and pinned; this mode pins nothing and leaves the
+/// server running), and nothing else above does. The worker runs with the
+/// fleet's defaults except `--concurrency` (`DTQ_BENCH_CONCURRENCY`, default
+/// 256, as above): `dtq worker` with the examples as `--handlers` and the
+/// tests' `--cache-dir`, and no other flag. Each round flushes the
+/// server, then is measured as above, and printed as a table row and as one
+/// `peer-result {json}` line for the script. With `DTQ_BENCH_STEP=1` it
+/// prints `peer-ready` when the worker's handlers are loaded and then runs
+/// one round per line read on stdin (until stdin ends), so that the script
+/// can interleave its rounds with the other queues' in one process.
+mod peers {
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context, Result, bail, ensure};
+    use dtq_host::ingest::{self, SubmitRequest};
+    use dtq_host::server::{Roles, Server};
+    use dtq_host::store::QueueKeys;
+    use futures::StreamExt;
+    use redis::aio::MultiplexedConnection;
+    use serde_json::json;
+
+    use super::{QUEUE, ROUND_SETS, RedisStats, count_succeeded, env_usize, redis_benchmark};
+
+    /// The port of `DTQ_BENCH_REDIS_PORT`, if it is set.
+    pub(super) fn port() -> Result<Option<u16>> {
+        match std::env::var("DTQ_BENCH_REDIS_PORT") {
+            Ok(v) => Ok(Some(v.parse().with_context(|| {
+                format!("DTQ_BENCH_REDIS_PORT={v:?} is not a port")
+            })?)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    pub(super) fn main(port: u16) -> Result<()> {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run(port))
+    }
+
+    async fn run(port: u16) -> Result<()> {
+        let tasks = env_usize("DTQ_BENCH_TASKS", 20_000)?;
+        let rounds = env_usize("DTQ_BENCH_ROUNDS", 5)?.max(1);
+        let step = env_usize("DTQ_BENCH_STEP", 0)? != 0;
+        let concurrency = env_usize("DTQ_BENCH_CONCURRENCY", 256)?;
+        let url = format!("redis://127.0.0.1:{port}/");
+        let mut probe = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await
+            .with_context(|| format!("connect to the redis-server at {url}"))?;
+        // The tests' artifact cache, so that the examples are compiled once.
+        let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+        let concurrency_flag = concurrency.to_string();
+        let config = dtq_host::Config::from_args([
+            "--redis",
+            url.as_str(),
+            "--handlers",
+            dtq_tests::guests::EXAMPLES_DIR,
+            "--concurrency",
+            &concurrency_flag,
+            "--cache-dir",
+            &cache.display().to_string(),
+        ])?;
+        let server = Server::prepare(config.clone(), Roles::WORKER).await?;
+        let config_text = format!("1 worker, concurrency {concurrency}");
+        println!("dtq queue benchmark, peer mode: {config_text}, on 127.0.0.1:{port}");
+        println!(
+            "{:>5} {:>10} {:>9} {:>10} {:>8} {:>15}",
+            "round", "drain/s", "time (s)", "SET/s", "ratio", "Redis µs/task"
+        );
+        if step {
+            println!("peer-ready");
+        }
+        for i in 1..=rounds {
+            if step && !next_line().await? {
+                break;
+            }
+            redis::cmd("FLUSHALL").query_async::<()>(&mut probe).await?;
+            let r = round(&server, &config, &mut probe, port, tasks).await?;
+            let rate = tasks as f64 / r.drain.as_secs_f64();
+            let cpu_per_task = r.redis_cpu / tasks as f64 * 1e6;
+            println!(
+                "{i:>5} {rate:>10.0} {:>9.2} {:>10.0} {:>8.3} {cpu_per_task:>15.1}",
+                r.drain.as_secs_f64(),
+                r.set,
+                rate / r.set,
+            );
+            let line = json!({
+                "system": "dtq",
+                "name": "dtq",
+                "version": env!("CARGO_PKG_VERSION"),
+                "config": config_text,
+                "procs": 1,
+                "concurrency": concurrency,
+                "round": i,
+                "tasks": tasks,
+                "fill_s": r.preload.as_secs_f64(),
+                "drain_s": r.drain.as_secs_f64(),
+                "rate": rate,
+                "set": r.set,
+                "redis_cpu_per_task_us": cpu_per_task,
+                "redis_cpu_per_set_us": r.set_cpu / ROUND_SETS as f64 * 1e6,
+            });
+            println!("peer-result {line}");
+        }
+        Ok(())
+    }
+
+    /// Wait for a line on stdin; false at its end.
+    async fn next_line() -> Result<bool> {
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            Ok(std::io::stdin().read_line(&mut line)? > 0)
+        })
+        .await?
+    }
+
+    struct PeerRound {
+        preload: Duration,
+        drain: Duration,
+        /// Redis CPU seconds during the drain.
+        redis_cpu: f64,
+        set: f64,
+        /// Redis CPU seconds of redis-benchmark's SETs.
+        set_cpu: f64,
+    }
+
+    /// One round, as `super::round` measures it: preload through the
+    /// submission path, drain with one worker (the clock stops when the
+    /// stream is empty and nothing is delayed), check every task
+    /// SUCCEEDED, then SET.
+    async fn round(
+        server: &Server,
+        config: &dtq_host::Config,
+        probe: &mut MultiplexedConnection,
+        port: u16,
+        tasks: usize,
+    ) -> Result<PeerRound> {
+        let settings = config.ingest_settings();
+        let store = server.store();
+        let started = Instant::now();
+        let ids: Vec<String> = futures::stream::iter(0..tasks)
+            .map(|n| {
+                let store = store.clone();
+                let settings = settings.clone();
+                async move {
+                    let req = SubmitRequest {
+                        task: "echo".into(),
+                        payload: json!({"n": n}),
+                        idempotency_key: None,
+                        max_attempts: None,
+                        timeout_ms: None,
+                        delay_ms: None,
+                        expires_in_ms: None,
+                    };
+                    let done =
+                        ingest::submit(&store, &settings, QUEUE, None, req, |_| true).await?;
+                    anyhow::Ok(done.task_id)
+                }
+            })
+            .buffer_unordered(256)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_>>()?;
+        let preload = started.elapsed();
+
+        let keys = QueueKeys::new(QUEUE);
+        let cpu = RedisStats::read(probe).await?.cpu();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let started = Instant::now();
+        let worker = server.with_roles(Roles::WORKER)?;
+        let run = worker.serve(None, stop.clone().cancelled_owned());
+        let handle = tokio::spawn(run);
+        loop {
+            let (len, delayed): (u64, u64) = redis::pipe()
+                .xlen(&keys.stream)
+                .zcard(&keys.delayed)
+                .query_async(probe)
+                .await?;
+            if len == 0 && delayed == 0 {
+                break;
+            }
+            if handle.is_finished() {
+                bail!("the worker stopped with {len} tasks left");
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("the drain did not finish within 10 minutes ({len} left)");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let drain = started.elapsed();
+        let redis_cpu = RedisStats::read(probe).await?.cpu() - cpu;
+        stop.cancel();
+        handle.await??;
+        let succeeded = count_succeeded(probe, &keys, &ids).await?;
+        ensure!(
+            succeeded == ids.len(),
+            "only {succeeded} of {} tasks SUCCEEDED",
+            ids.len()
+        );
+
+        let cpu = RedisStats::read(probe).await?.cpu();
+        let set = redis_benchmark(port, "set", ROUND_SETS, 1)?
+            .get("SET")
+            .copied()
+            .context("no SET figure")?;
+        let set_cpu = RedisStats::read(probe).await?.cpu() - cpu;
+        Ok(PeerRound {
+            preload,
+            drain,
+            redis_cpu,
+            set,
+            set_cpu,
+        })
+    }
 }
