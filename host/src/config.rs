@@ -194,6 +194,12 @@ pub struct Config {
     #[arg(long, env = "DTQ_API_REDIS_TIMEOUT_MS", default_value_t = 1_000)]
     pub api_redis_timeout_ms: u64,
 
+    /// API: event streams (GET /v1/queues/{q}/events) served at once; more
+    /// get 503 TOO_MANY_EVENT_STREAMS. Each holds a Redis connection of its
+    /// own and one of --api-max-connections. 0: none.
+    #[arg(long, env = "DTQ_API_MAX_EVENT_STREAMS", default_value_t = 256)]
+    pub api_max_event_streams: usize,
+
     /// API tokens with scopes, one `TOKEN SCOPES [QUEUES]` per line (see
     /// the README). Without any (here or in DTQ_TOKENS) the API is open to
     /// anyone who reaches it, except the admin routes.
@@ -281,6 +287,7 @@ impl Config {
                 body_timeout: Duration::from_millis(self.api_body_timeout_ms),
                 max_connections: self.api_max_connections,
                 redis_timeout: Duration::from_millis(self.api_redis_timeout_ms),
+                max_event_streams: self.api_max_event_streams,
             },
             tokens,
         })

@@ -28,6 +28,8 @@
 //! - [`server`]: the one composition of a server process (store, handlers,
 //!   worker, API, shutdown) and its typed errors with their exit codes,
 //!   used by the `dtq` binary and the test harness alike.
+//! - [`sse`]: a Server-Sent Events reader, the client side of the API's
+//!   live events (`dtq watch`, `dtq submit --wait`).
 
 pub mod api;
 pub mod config;
@@ -36,6 +38,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod sandbox;
 pub mod server;
+pub mod sse;
 pub mod store;
 pub mod worker;
 

@@ -1,6 +1,6 @@
 //! The `dtq` command: the server (`serve`, `worker`, `api`) and a client for
-//! its HTTP API (`submit`, `status`, `cancel`, `queues`, `dlq`, `deploy`,
-//! `handlers`, `rollback`, `undeploy`).
+//! its HTTP API (`submit`, `status`, `tasks`, `watch`, `cancel`, `queues`,
+//! `dlq`, `deploy`, `handlers`, `rollback`, `undeploy`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -69,6 +69,41 @@ enum Command {
         queue: String,
         /// The task id.
         id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List a queue's tasks, newest first: one page, and the cursor of the
+    /// next (`next_cursor`, null at the end).
+    Tasks {
+        /// The queue.
+        queue: String,
+        /// Only tasks of this status (QUEUED, SCHEDULED, RUNNING, RETRYING,
+        /// SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, EXPIRED).
+        #[arg(long)]
+        status: Option<String>,
+        /// Tasks per page, 1 to 1000 (server default 100).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Continue after a page: its `next_cursor`.
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a queue's events as they happen, one JSON object per line
+    /// (`id`, `event`, `task_id`, `status`, `attempt`, `at`), until
+    /// interrupted. A dropped connection is resumed where it left off; an
+    /// `event: gap` line says events were trimmed before they were read.
+    Watch {
+        /// The queue.
+        queue: String,
+        /// Only this task's events.
+        #[arg(long)]
+        task: Option<String>,
+        /// Start after this event id (a line's `id`) instead of with new
+        /// events.
+        #[arg(long)]
+        since: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -312,6 +347,27 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Worker(config) => return serve(config, Roles::WORKER).await,
         Command::Api(config) => return serve(config, Roles::API).await,
         Command::Submit(args) => return submit(args).await,
+        Command::Watch {
+            queue,
+            task,
+            since,
+            client,
+        } => return watch(Api::new(client)?, &queue, task, since).await,
+        Command::Tasks {
+            queue,
+            status,
+            limit,
+            cursor,
+            client,
+        } => {
+            let query = query(&[
+                ("status", status),
+                ("limit", limit.map(|n| n.to_string())),
+                ("cursor", cursor),
+            ]);
+            let path = format!("{}{query}", path(&["queues", &queue, "tasks"])?);
+            (client, Method::GET, path)
+        }
         Command::Deploy(args) => return deploy(args).await,
         Command::Handlers {
             command: None,
@@ -376,16 +432,35 @@ fn path(segments: &[&str]) -> Result<String, Failure> {
             ));
         }
         path.push('/');
-        for byte in segment.bytes() {
-            match byte {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    path.push(char::from(byte));
-                }
-                _ => path.push_str(&format!("%{byte:02X}")),
-            }
-        }
+        path.push_str(&encoded(segment));
     }
     Ok(path)
+}
+
+/// `text` percent-encoded: every byte but unreserved ones.
+fn encoded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(char::from(byte));
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// `?name=value&...` of the pairs that have a value, encoded; empty if none.
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let mut query = String::new();
+    for (name, value) in pairs {
+        if let Some(value) = value {
+            query.push(if query.is_empty() { '?' } else { '&' });
+            query.push_str(&format!("{name}={}", encoded(value)));
+        }
+    }
+    query
 }
 
 /// Log to stderr what `DTQ_LOG` (an `EnvFilter`, default `info`) lets
@@ -490,6 +565,11 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         .to_owned();
     let task_path = path(&["queues", &args.queue, "tasks", &id])?;
     let deadline = Instant::now() + Duration::from_secs(args.wait_timeout_s);
+    if !is_final(submitted["status"].as_str().unwrap_or_default()) {
+        follow_events(&api, &args.queue, &id, deadline).await;
+    }
+    // The record decides (and is what is printed); after the events, or
+    // when they could not be followed, polling.
     loop {
         let mut task = api
             .request(reqwest::Method::GET, &task_path, None, None)
@@ -514,6 +594,228 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// Whether `status` is one a task ends in.
+fn is_final(status: &str) -> bool {
+    matches!(
+        status,
+        "SUCCEEDED" | "FAILED" | "DEAD_LETTERED" | "CANCELLED" | "EXPIRED"
+    )
+}
+
+/// How far before a task's creation `submit --wait` starts reading its
+/// events (ms): the task id's time is the API's clock, the events' ids
+/// Redis's.
+const EVENTS_CLOCK_SLACK_MS: u64 = 2_000;
+
+/// Wait until task `id` may have ended, following its events: until an
+/// event of a final status, a gap in the stream, or `deadline`. Returns
+/// early, saying nothing, whenever the events cannot be followed (the
+/// route refused, the stream broke): the caller polls the record then,
+/// which decides in every case.
+///
+/// The subscription starts a little before the task was created (its
+/// UUIDv7 holds the time), so events already written are read too; once
+/// it is in place, the record is read once, for a task that ended before
+/// anything the stream still holds.
+async fn follow_events(api: &Api, queue: &str, id: &str, deadline: Instant) {
+    let created_ms = uuid::Uuid::parse_str(id)
+        .ok()
+        .and_then(|u| u.get_timestamp())
+        .map(|ts| {
+            let (secs, nanos) = ts.to_unix();
+            secs * 1_000 + u64::from(nanos) / 1_000_000
+        });
+    let since = created_ms.map(|ms| format!("{}-0", ms.saturating_sub(EVENTS_CLOCK_SLACK_MS)));
+    let Ok(events_path) = path(&["queues", queue, "events"]) else {
+        return;
+    };
+    let url = format!(
+        "{}{events_path}{}",
+        api.base,
+        query(&[("task_id", Some(id.to_owned())), ("since", since)])
+    );
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let opened = tokio::time::timeout(left(), api.with_token(api.http.get(&url)).send()).await;
+    let response = match opened {
+        Ok(Ok(response)) if response.status().is_success() => response,
+        _ => return,
+    };
+    let mut events = dtq_host::sse::SseReader::new(response);
+    let Ok(task_path) = path(&["queues", queue, "tasks", id]) else {
+        return;
+    };
+    let record = api
+        .with_token(api.http.get(format!("{}{task_path}", api.base)))
+        .send()
+        .await;
+    match record {
+        Ok(r) if r.status().is_success() => {
+            let task: Value = r.json().await.unwrap_or(Value::Null);
+            if is_final(task["status"].as_str().unwrap_or_default()) {
+                return;
+            }
+        }
+        _ => return,
+    }
+    loop {
+        match tokio::time::timeout(left(), events.next()).await {
+            Ok(Ok(Some(event))) if is_final(&event.event) || event.event == "gap" => return,
+            Ok(Ok(Some(_))) => {}
+            // The deadline, the end of the stream, or a broken one.
+            _ => return,
+        }
+    }
+}
+
+/// `dtq watch`: print `queue`'s events (of `task`, if given) as JSON lines
+/// until SIGINT or SIGTERM. A stream that ends or breaks is opened again
+/// after the last event printed, with backoff; the first connection's
+/// failure is the command's.
+async fn watch(
+    api: Api,
+    queue: &str,
+    task: Option<String>,
+    since: Option<String>,
+) -> Result<(), Failure> {
+    let url = format!(
+        "{}{}{}",
+        api.base,
+        path(&["queues", queue, "events"])?,
+        query(&[("task_id", task)])
+    );
+    let follow = async {
+        let mut last = since;
+        let mut connected = false;
+        let mut failures = 0u32;
+        loop {
+            let mut req = api
+                .http
+                .get(&url)
+                .header(reqwest::header::ACCEPT, "text/event-stream");
+            if let Some(id) = &last {
+                req = req.header("Last-Event-ID", id);
+            }
+            // The first connection's failure is the command's (its error
+            // body printed, its exit code); once connected, an unreachable
+            // or overloaded server is waited out on stderr, and stdout
+            // keeps only event lines.
+            let opened = if connected {
+                reopen(&api, req, &url).await
+            } else {
+                api.open(req, &url).await.map(Some)
+            };
+            match opened {
+                Ok(None) => {}
+                Ok(Some(response)) => {
+                    connected = true;
+                    failures = 0;
+                    let mut events = dtq_host::sse::SseReader::new(response);
+                    loop {
+                        match events.next().await {
+                            Ok(Some(event)) => {
+                                match print_event_line(&event) {
+                                    Ok(()) => {}
+                                    // `dtq watch | head`: the reader left.
+                                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                                        return Ok(());
+                                    }
+                                    Err(e) => return Err(e.into()),
+                                }
+                                if event.id.is_some() {
+                                    last.clone_from(&event.id);
+                                }
+                            }
+                            Ok(None) => {
+                                eprintln!("warning: the event stream ended; reconnecting");
+                                break;
+                            }
+                            Err(e) => {
+                                eprintln!("warning: {e}; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(f) => return Err(f),
+            }
+            failures = failures.saturating_add(1);
+            let pause = Duration::from_millis(100) * (1u32 << failures.min(6));
+            tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
+        }
+    };
+    tokio::select! {
+        result = follow => result,
+        () = signal_shutdown_quietly() => Ok(()),
+    }
+}
+
+/// `dtq watch`'s reconnection: the response, or `None` after a warning on
+/// stderr when the server cannot be reached or answers 503 (to be tried
+/// again); any other refusal fails the command (exit 1).
+async fn reopen(
+    api: &Api,
+    req: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<Option<reqwest::Response>, Failure> {
+    match api.with_token(req).send().await {
+        Ok(response) if response.status().is_success() => Ok(Some(response)),
+        Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+            eprintln!("warning: {url} answered {}; retrying", response.status());
+            Ok(None)
+        }
+        Ok(response) => {
+            let status = response.status();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            let err = &body["error"];
+            Err(fail(
+                1,
+                anyhow::anyhow!(
+                    "{} ({status}): {}",
+                    err["code"].as_str().unwrap_or("HTTP error"),
+                    err["message"].as_str().unwrap_or(url)
+                ),
+            ))
+        }
+        Err(e) => {
+            eprintln!("warning: cannot reach {url}: {e}; retrying");
+            Ok(None)
+        }
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM, without a log line.
+async fn signal_shutdown_quietly() {
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        return;
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// One event as a JSON line on stdout, flushed: its `id` (null for `gap`)
+/// and `event`, and the fields of its data (or the data as `data`, when it
+/// is not an object).
+fn print_event_line(event: &dtq_host::sse::SseEvent) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut line = serde_json::Map::new();
+    line.insert("id".into(), json!(event.id));
+    line.insert("event".into(), json!(event.event));
+    match serde_json::from_str::<Value>(&event.data) {
+        Ok(Value::Object(fields)) => line.extend(fields),
+        _ => {
+            line.insert("data".into(), json!(event.data));
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", Value::Object(line))?;
+    out.flush()
 }
 
 /// A client of one dtq API: one HTTP client (one connection pool) for all
@@ -576,19 +878,35 @@ impl Api {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder, url: &str) -> Result<Value, Failure> {
-        let req = match &self.token {
+        let resp = self.open(req, url).await?;
+        Ok(resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `req` with the command's token, if it has one.
+    fn with_token(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
             Some(token) => req.bearer_auth(token),
             None => req,
-        };
-        let resp = req
+        }
+    }
+
+    /// Send `req` and return the response, its body unread, if it is a
+    /// success; a failure as [`Api::request`] makes it otherwise.
+    async fn open(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<reqwest::Response, Failure> {
+        let resp = self
+            .with_token(req)
             .send()
             .await
             .map_err(|e| fail(3, anyhow::anyhow!("cannot reach {url}: {e}")))?;
         let status = resp.status();
-        let value: Value = resp.json().await.unwrap_or(Value::Null);
         if status.is_success() {
-            return Ok(value);
+            return Ok(resp);
         }
+        let value: Value = resp.json().await.unwrap_or(Value::Null);
         print_json(&value)?;
         let err = &value["error"];
         match (err["code"].as_str(), err["message"].as_str()) {

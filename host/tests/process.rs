@@ -748,3 +748,184 @@ async fn a_server_whose_worker_dies_stops_its_api_and_returns_the_error() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_prints_events_and_submit_wait_follows_them() -> Result<()> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    /// Redis clients blocked in XREAD: the API's event streams.
+    async fn event_readers(redis: &RedisServer) -> Result<usize> {
+        let mut conn = redis.conn().await?;
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await?;
+        Ok(clients
+            .lines()
+            .filter(|l| {
+                l.contains("cmd=xread ")
+                    && l.split(' ')
+                        .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+            })
+            .count())
+    }
+    async fn wait_readers(redis: &RedisServer, want: usize) -> Result<()> {
+        let start = Instant::now();
+        while event_readers(redis).await? != want {
+            ensure!(start.elapsed() < WAIT, "never {want} event readers");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    // One event stream at most: `watch` takes it below, and `submit
+    // --wait` must then do without.
+    let server = Proc::start(
+        &dir,
+        "serve",
+        "serve",
+        &redis,
+        &["--api-max-event-streams", "1"],
+    )
+    .await?;
+    let api = server.api.as_str();
+
+    // `submit --wait` follows the task on the events stream while it runs.
+    let waiting = tokio::spawn({
+        let api = api.to_owned();
+        async move {
+            run(&[
+                "submit",
+                "default",
+                "sleep",
+                r#"{"ms": 1500}"#,
+                "--wait",
+                "--api",
+                &api,
+            ])
+            .await
+        }
+    });
+    wait_readers(&redis, 1).await?;
+    let out = waiting.await??;
+    expect_code(&out, 0, "submit --wait on the events stream")?;
+    let slept = stdout_json(&out)?;
+    assert_eq!(slept["status"], "SUCCEEDED", "{slept:#}");
+    assert_eq!(slept["duplicate"], false, "{slept:#}");
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    // Its stream is closed with it.
+    wait_readers(&redis, 0).await?;
+
+    // A task that ends badly: exit 4 and the record, as before.
+    let out = run(&[
+        "submit",
+        "default",
+        "flaky",
+        r#"{"succeed_on_attempt": 2}"#,
+        "--max-attempts",
+        "1",
+        "--wait",
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 4, "submit --wait, dead-lettered")?;
+    assert_eq!(stdout_json(&out)?["status"], "DEAD_LETTERED");
+
+    // `dtq watch` prints every event of the queue as a JSON line.
+    let mut watch = tokio::process::Command::from(dtq_command());
+    watch
+        .args(["watch", "default", "--api", api])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut watch = watch.spawn().context("spawn dtq watch")?;
+    let mut lines = BufReader::new(watch.stdout.take().context("stdout")?).lines();
+    wait_readers(&redis, 1).await?;
+
+    // The one stream is taken: `submit --wait` polls instead, and nothing
+    // it prints or returns shows the difference.
+    let out = run(&[
+        "submit",
+        "default",
+        "echo",
+        r#"{"w": 1}"#,
+        "--wait",
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 0, "submit --wait, polling")?;
+    let echoed = stdout_json(&out)?;
+    assert_eq!(echoed["result"], json!({"w": 1}), "{echoed:#}");
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    let id = echoed["task_id"].as_str().context("task_id")?;
+
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("SUCCEEDED") {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .context("no event line from dtq watch")??
+            .context("dtq watch ended")?;
+        let event: Value =
+            serde_json::from_str(&line).with_context(|| format!("not a JSON line: {line:?}"))?;
+        assert_eq!(event["task_id"], id, "{event}");
+        assert_eq!(event["event"], event["status"], "{event}");
+        assert!(
+            event["id"].as_str().is_some_and(|i| i.contains('-')),
+            "{event}"
+        );
+        seen.push(event["status"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(seen, ["QUEUED", "RUNNING", "SUCCEEDED"]);
+
+    // `dtq tasks`: newest first, by status, a page at a time.
+    let out = run(&[
+        "tasks",
+        "default",
+        "--status",
+        "succeeded",
+        "--limit",
+        "1",
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 0, "tasks")?;
+    let page = stdout_json(&out)?;
+    assert_eq!(page["tasks"][0]["task_id"], id, "{page:#}");
+    let cursor = page["next_cursor"].as_str().context("a next page")?;
+    let out = run(&[
+        "tasks",
+        "default",
+        "--status",
+        "SUCCEEDED",
+        "--cursor",
+        cursor,
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 0, "tasks --cursor")?;
+    let rest = stdout_json(&out)?;
+    assert_eq!(rest["tasks"][0]["task_id"], slept["task_id"], "{rest:#}");
+    assert_eq!(rest["next_cursor"], Value::Null, "{rest:#}");
+    let out = run(&["tasks", "default", "--status", "DONE", "--api", api]).await?;
+    expect_code(&out, 1, "tasks --status DONE")?;
+    assert!(stderr(&out).contains("INVALID_STATUS"), "{}", stderr(&out));
+
+    // Interrupted, `dtq watch` exits 0, and its stream is closed.
+    let pid = i32::try_from(watch.id().context("watch's pid")?)?;
+    // SAFETY: kill(2) with a child's pid and a signal number; no memory
+    // is involved.
+    let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+    ensure!(rc == 0, "kill failed");
+    let status = tokio::time::timeout(WAIT, watch.wait())
+        .await
+        .context("dtq watch ran on after SIGINT")??;
+    assert_eq!(status.code(), Some(0), "{status}");
+    wait_readers(&redis, 0).await
+}

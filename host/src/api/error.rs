@@ -64,6 +64,13 @@ error_codes! {
     InvalidQuery = "INVALID_QUERY", BAD_REQUEST;
     /// `?limit=` of a list route out of its bounds.
     InvalidLimit = "INVALID_LIMIT", BAD_REQUEST;
+    /// `?status=` of the task listing that is not a task status.
+    InvalidStatus = "INVALID_STATUS", BAD_REQUEST;
+    /// `?cursor=` of the task listing that no page gave.
+    InvalidCursor = "INVALID_CURSOR", BAD_REQUEST;
+    /// A `Last-Event-ID` header or `?since=` of the events route that is
+    /// not an event id.
+    InvalidEventId = "INVALID_EVENT_ID", BAD_REQUEST;
     /// A queue name that is empty, too long or has a forbidden character.
     InvalidQueueName = "INVALID_QUEUE_NAME", BAD_REQUEST;
     /// A task name that is empty, too long or has a forbidden character.
@@ -127,6 +134,9 @@ error_codes! {
     InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR;
     /// Redis failed or did not answer within the API's deadline.
     StoreUnavailable = "STORE_UNAVAILABLE", SERVICE_UNAVAILABLE;
+    /// The server serves as many event streams as it may
+    /// (`--api-max-event-streams`).
+    TooManyEventStreams = "TOO_MANY_EVENT_STREAMS", SERVICE_UNAVAILABLE;
 }
 
 impl fmt::Display for ErrorCode {

@@ -90,6 +90,7 @@ pub async fn serve_metrics(
         state,
         limits: settings.limits,
         body_limit: 0,
+        events: super::events::EventStreams::new(0),
     };
     tracing::info!(
         addr = %listener.local_addr()?,

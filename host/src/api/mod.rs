@@ -3,7 +3,9 @@
 //! | route | scope | what |
 //! |---|---|---|
 //! | `POST /v1/queues/{queue}/tasks` | `submit` | submit (idempotency: `Idempotency-Key` header or `idempotency_key`) |
+//! | `GET /v1/queues/{queue}/tasks` | `read` | tasks newest first, by status, paginated ([`Store::list_tasks`]) |
 //! | `GET /v1/queues/{queue}/tasks/{id}` | `read` | a task: status, attempts, result, error, log, timestamps |
+//! | `GET /v1/queues/{queue}/events` | `read` | lifecycle events, live, as Server-Sent Events ([`Store::read_events`]) |
 //! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | `cancel` | cancel a waiting or running task |
 //! | `GET /v1/queues` | `read` | every queue's counts (those the token may read) |
 //! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
@@ -32,11 +34,14 @@
 //! | connection cap | connections piling up until the process runs out of file descriptors (and can no longer accept, reach Redis or open a module) | a semaphore before `accept` |
 //! | Redis deadline | requests stalling for seconds while Redis is down or paused | a deadline on each request's store calls |
 //! | body size | memory per request | a length limit on reading the body, a declared `Content-Length` checked first |
+//! | event streams | subscribers piling up, each with a Redis connection of its own and an API connection | a semaphore taken before anything is opened; 503 `TOO_MANY_EVENT_STREAMS` past it |
 
 mod auth;
 pub mod error;
+mod events;
 mod extract;
 mod handlers;
+mod listing;
 mod metrics;
 mod routes;
 mod server;
@@ -123,6 +128,10 @@ pub struct ApiLimits {
     /// `STORE_UNAVAILABLE`, instead of the store's own reconnect and
     /// response timeouts (seconds) while Redis is down.
     pub redis_timeout: Duration,
+    /// Event streams (`GET /v1/queues/{q}/events`) served at once; past it
+    /// a new one is answered 503 `TOO_MANY_EVENT_STREAMS`. Each holds a
+    /// Redis connection of its own and one of the `max_connections`.
+    pub max_event_streams: usize,
 }
 
 impl Default for ApiLimits {
@@ -132,6 +141,7 @@ impl Default for ApiLimits {
             body_timeout: Duration::from_secs(30),
             max_connections: 1024,
             redis_timeout: Duration::from_secs(1),
+            max_event_streams: 256,
         }
     }
 }
@@ -154,6 +164,8 @@ struct Shared {
     limits: ApiLimits,
     /// Largest request body, bytes.
     body_limit: usize,
+    /// The bound on concurrent event streams.
+    events: events::EventStreams,
 }
 
 /// Slack over the payload limit for the rest of the submission body.
@@ -176,13 +188,18 @@ pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
         state,
         limits: settings.limits,
         body_limit,
+        events: events::EventStreams::new(settings.limits.max_event_streams),
     };
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::scrape))
         .route("/v1/queues", get(routes::list_queues))
         .route("/v1/queues/{queue}", get(routes::queue_stats))
-        .route("/v1/queues/{queue}/tasks", post(routes::submit))
+        .route(
+            "/v1/queues/{queue}/tasks",
+            post(routes::submit).get(listing::list),
+        )
+        .route("/v1/queues/{queue}/events", get(events::subscribe))
         .route("/v1/queues/{queue}/tasks/{id}", get(routes::get_task))
         .route("/v1/queues/{queue}/tasks/{id}/cancel", post(routes::cancel))
         .route("/v1/queues/{queue}/dlq", get(routes::list_dlq))
@@ -243,5 +260,13 @@ async fn serve_router(
     } else {
         tracing::info!(tokens = settings.tokens.len(), "API tokens loaded");
     }
+    // Event streams have no end of their own: they end when shutdown
+    // begins, so that the graceful shutdown does not wait for them.
+    let streams_stop = tokio_util::sync::CancellationToken::new();
+    let router = router.layer(axum::Extension(events::StreamsStop(streams_stop.clone())));
+    let shutdown = async move {
+        shutdown.await;
+        streams_stop.cancel();
+    };
     server::run(listener, router, settings.limits, shutdown).await
 }

@@ -214,7 +214,12 @@ fn task_not_found(queue: &str, id: &str) -> ApiError {
 }
 
 /// Authorize `scope` on `queue` and check the queue's name.
-fn authorized(auth: &Auth, headers: &HeaderMap, scope: Scope, queue: &str) -> Result<(), ApiError> {
+pub(super) fn authorized(
+    auth: &Auth,
+    headers: &HeaderMap,
+    scope: Scope,
+    queue: &str,
+) -> Result<(), ApiError> {
     auth.authorize(headers, scope, Some(queue))?;
     checked_queue(queue)
 }
@@ -295,19 +300,25 @@ pub(super) struct ListParams {
 }
 
 impl ListParams {
-    /// `limit`, 1 to [`MAX_LIST_LIMIT`] ([`DEFAULT_LIST_LIMIT`] if absent).
+    /// `limit`, see [`list_limit`].
     fn limit(&self) -> Result<usize, ApiError> {
-        let Some(text) = &self.limit else {
-            return Ok(DEFAULT_LIST_LIMIT);
-        };
-        match text.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
-            _ => Err(ApiError::new(
-                ErrorCode::InvalidLimit,
-                format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
-            )
-            .with_details(json!({"max": MAX_LIST_LIMIT}))),
-        }
+        list_limit(self.limit.as_deref())
+    }
+}
+
+/// A list route's `?limit=`, 1 to [`MAX_LIST_LIMIT`] ([`DEFAULT_LIST_LIMIT`]
+/// if absent); 400 `INVALID_LIMIT` otherwise.
+pub(super) fn list_limit(text: Option<&str>) -> Result<usize, ApiError> {
+    let Some(text) = text else {
+        return Ok(DEFAULT_LIST_LIMIT);
+    };
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_LIST_LIMIT).contains(&n) => Ok(n),
+        _ => Err(ApiError::new(
+            ErrorCode::InvalidLimit,
+            format!("limit must be a whole number from 1 to {MAX_LIST_LIMIT}"),
+        )
+        .with_details(json!({"max": MAX_LIST_LIMIT}))),
     }
 }
 

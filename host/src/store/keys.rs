@@ -11,7 +11,8 @@
 //! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`) |
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
 //! | `dtq:dlq:{q}` | sorted set | dead-lettered task ids, by time (ms) |
-//! | `dtq:events:{q}` | stream (capped) | lifecycle events |
+//! | `dtq:events:{q}` | stream (capped) | lifecycle events (fields `task_id`, `status`, `attempt`, `at`), read by `GET /v1/queues/{q}/events` |
+//! | `dtq:index:{q}` | stream | every task submitted within the task retention, in submission order (field `id`); written by `ingest.lua`, trimmed there by entry time (`MINID ~`), read newest first by the task listing (see `store::listing`) |
 //! | `dtq:workers:{q}` | sorted set | consumer → its last heartbeat on the queue (ms, Redis's clock) |
 //! | `dtq:clock:{q}` | hash | the queue's liveness clock: `last` tick and when it `resumed` after an outage (ms, Redis's clock) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
@@ -41,6 +42,9 @@ pub struct QueueKeys {
     pub dlq: String,
     /// The capped lifecycle event stream.
     pub events: String,
+    /// The submission index: one entry per task, added when it is
+    /// created and trimmed by time, for listing tasks newest first.
+    pub index: String,
     /// Each worker consuming the queue, scored by its last heartbeat (ms,
     /// Redis's clock): a worker is dead once this is older than the
     /// visibility timeout (see `lua/include/liveness.lua`).
@@ -63,6 +67,7 @@ impl QueueKeys {
             delayed: format!("dtq:delayed:{{{queue}}}"),
             dlq: format!("dtq:dlq:{{{queue}}}"),
             events: format!("dtq:events:{{{queue}}}"),
+            index: format!("dtq:index:{{{queue}}}"),
             workers: format!("dtq:workers:{{{queue}}}"),
             clock: format!("dtq:clock:{{{queue}}}"),
             task_prefix: format!("dtq:task:{{{queue}}}:"),
@@ -104,6 +109,7 @@ mod tests {
             k.delayed.clone(),
             k.dlq.clone(),
             k.events.clone(),
+            k.index.clone(),
             k.workers.clone(),
             k.clock.clone(),
             k.task("t1"),

@@ -1,14 +1,18 @@
 //! Redis storage: the key layout (`keys.rs`), the Lua scripts (`lua/`, loaded
 //! in `scripts.rs`), the task record (`task.rs`), and [`Store`]: the typed
 //! calls the API and the workers make through them, taking and returning the
-//! values in `types.rs`.
+//! values in `types.rs`. Reading a queue's events stream back
+//! (`events.rs`) and listing its tasks through the submission index
+//! (`listing.rs`) are calls of their own files.
 //!
 //! Every state change of a task is one script, so no reader ever sees a task
 //! half-submitted or half-completed. [`Store`] counts the round trips it makes
 //! ([`Store::round_trips`]), which the benchmarks report per task, and times
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
+mod events;
 mod keys;
+mod listing;
 mod scripts;
 mod task;
 mod types;
@@ -21,7 +25,9 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Value};
 
+pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
 pub use keys::{CANCEL_CHANNEL, GROUP, QUEUES, QueueKeys};
+pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, TaskPage, TaskSummary};
 pub use scripts::Code;
 pub use task::{TaskRecord, TaskStatus};
 pub use types::{
@@ -98,6 +104,9 @@ pub struct Store {
     /// Queues this process already added to [`QUEUES`]: the set is written
     /// once per queue and process, not once per submission.
     registered: Arc<Mutex<HashSet<String>>>,
+    /// Submissions to each queue by this process, counted so that one in
+    /// `INDEX_TRIM_EVERY` trims the queue's index (see `listing.rs`).
+    index_trims: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Store {
@@ -116,6 +125,7 @@ impl Store {
             round_trips: Arc::new(AtomicU64::new(0)),
             latency: RedisLatency::default(),
             registered: Arc::new(Mutex::new(HashSet::new())),
+            index_trims: Arc::new(Mutex::new(HashMap::new())),
         };
         store.load_scripts().await?;
         Ok(store)
@@ -219,6 +229,7 @@ impl Store {
             .key(&keys.stream)
             .key(&keys.delayed)
             .key(&keys.events)
+            .key(&keys.index)
             .arg(&new.id)
             .arg(new.now)
             .arg(flag(new.idempotency_key.is_some()))
@@ -227,7 +238,8 @@ impl Store {
             .arg(max_depth)
             .arg(new.run_at)
             .arg(self.settings.events_max_len)
-            .arg(keys.task_prefix());
+            .arg(keys.task_prefix())
+            .arg(self.index_trim_bound(&new.queue, new.now));
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };

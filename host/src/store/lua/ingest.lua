@@ -1,6 +1,6 @@
 --[[
   Submit a task: replay check, stale-record repair, queue-depth check,
-  idempotency claim, task hash and enqueue, in one atomic step.
+  idempotency claim, task hash, enqueue and index entry, in one atomic step.
 
   Because the whole check-and-claim is one script, a record cannot vanish
   between the claim and the read (the "expiry race" of a two-round-trip
@@ -12,6 +12,7 @@
     KEYS[3] ready stream        dtq:stream:{q}
     KEYS[4] delayed set         dtq:delayed:{q}
     KEYS[5] events stream       dtq:events:{q}
+    KEYS[6] submission index    dtq:index:{q}
 
     ARGV[1]  task id
     ARGV[2]  now (ms since epoch)
@@ -22,7 +23,12 @@
     ARGV[7]  run at (ms since epoch); > now means the task is scheduled
     ARGV[8]  events stream max length
     ARGV[9]  prefix of task hashes of this queue, dtq:task:{q}:
-    ARGV[10..] task hash fields as name, value pairs (status is set here)
+    ARGV[10] oldest index entry to keep (ms since epoch: now minus the task
+             retention), older entries trimmed (MINID ~, whole nodes); or ""
+             not to trim this time (the host asks for a trim once in 16
+             submissions to the queue: the trim's check alone costs about
+             40% of the append)
+    ARGV[11..] task hash fields as name, value pairs (status is set here)
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -36,12 +42,16 @@
   it lives in the same cluster slot as every other key here.
 
   Events: QUEUED or SCHEDULED on the events stream.
+
+  Index: a new task (never a replay) is appended to the submission index,
+  which the task listing reads newest first; when ARGV[10] is set the same
+  XADD trims entries older than the retention.
 ]]
-local idemKey, taskKey, streamKey, delayedKey, eventsKey =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[4]
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local eventsMaxLen, taskPrefix = ARGV[8], ARGV[9]
+local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 
 -- Replay check: read-only, and before the depth check, so a full queue never
 -- blocks a replay.
@@ -82,11 +92,16 @@ local status = "QUEUED"
 if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
-redis.call("HSET", taskKey, "status", status, unpack(ARGV, 10))
+redis.call("HSET", taskKey, "status", status, unpack(ARGV, 11))
 if status == "SCHEDULED" then
   redis.call("ZADD", delayedKey, runAt, taskId)
 else
   redis.call("XADD", streamKey, "*", "id", taskId)
 end
 addEvent(eventsKey, eventsMaxLen, taskId, status, 0, now)
+if indexMinId ~= "" then
+  redis.call("XADD", indexKey, "MINID", "~", indexMinId, "*", "id", taskId)
+else
+  redis.call("XADD", indexKey, "*", "id", taskId)
+end
 return {1, taskId, status}

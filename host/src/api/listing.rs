@@ -1,0 +1,130 @@
+//! `GET /v1/queues/{queue}/tasks`: a queue's tasks, newest first, by
+//! status, a page at a time.
+//!
+//! `?status=` (any status, case-insensitive; all without it), `?limit=` (1
+//! to [`MAX_LIST_LIMIT`]), `?cursor=` (a previous page's `next_cursor`,
+//! opaque). How the tasks are found, and why a page may be short while
+//! `next_cursor` is not null, is the store's submission index
+//! ([`crate::store::Store::list_tasks`]): one request reads at most
+//! [`LIST_SCAN_BUDGET`] index entries, so its Redis work is bounded
+//! whatever the filter.
+//!
+//! [`MAX_LIST_LIMIT`]: super::MAX_LIST_LIMIT
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::Shared;
+use super::auth::Scope;
+use super::error::{ApiError, ErrorCode};
+use super::extract::{ApiPath, ApiQuery};
+use super::routes::{authorized, list_limit, store_call};
+use crate::store::{LIST_SCAN_BUDGET, StreamId, TaskStatus};
+
+/// The query of the listing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskListParams {
+    status: Option<String>,
+    /// Taken as text so that every bad value gets `INVALID_LIMIT`.
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+/// `GET /v1/queues/{queue}/tasks`.
+pub(super) async fn list(
+    State(shared): State<Shared>,
+    ApiPath(queue): ApiPath<String>,
+    ApiQuery(params): ApiQuery<TaskListParams>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorized(&shared.auth, &headers, Scope::Read, &queue)?;
+    let status = params.status.as_deref().map(parse_status).transpose()?;
+    let limit = list_limit(params.limit.as_deref())?;
+    let cursor = params.cursor.as_deref().map(parse_cursor).transpose()?;
+    let (store, q) = (shared.state.store.clone(), queue.clone());
+    let page = store_call(&shared, async move {
+        store.list_tasks(&q, status, limit, cursor).await
+    })
+    .await?;
+    Ok(Json(json!({
+        "queue": queue,
+        "status": status,
+        "tasks": page.tasks,
+        "next_cursor": page.next_cursor.map(|c| c.to_string()),
+    }))
+    .into_response())
+}
+
+/// A status by its name, in any case; 400 `INVALID_STATUS` otherwise.
+fn parse_status(text: &str) -> Result<TaskStatus, ApiError> {
+    TaskStatus::ALL
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(text))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidStatus,
+                format!("{:?} is not a task status", truncated(text)),
+            )
+            .with_details(json!({"statuses": TaskStatus::ALL}))
+        })
+}
+
+/// A cursor a previous page gave; 400 `INVALID_CURSOR` otherwise.
+fn parse_cursor(text: &str) -> Result<StreamId, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidCursor,
+            format!(
+                "{:?} is not a cursor: pass a page's `next_cursor` as it is",
+                truncated(text)
+            ),
+        )
+    })
+}
+
+/// At most 64 characters of a client's text, for a message.
+fn truncated(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// A request reads at most [`LIST_SCAN_BUDGET`] entries, which must hold
+/// a whole page.
+const _: () = assert!(LIST_SCAN_BUDGET >= super::MAX_LIST_LIMIT);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_in_any_case_and_nothing_else() {
+        assert_eq!(
+            parse_status("dead_lettered").ok(),
+            Some(TaskStatus::DeadLettered)
+        );
+        assert_eq!(parse_status("QUEUED").ok(), Some(TaskStatus::Queued));
+        for bad in ["", "done", "QUEUED ", "queued,running"] {
+            let err = parse_status(bad).expect_err(bad);
+            assert_eq!(err.code, ErrorCode::InvalidStatus);
+        }
+    }
+
+    #[test]
+    fn cursors_are_what_pages_give() {
+        assert_eq!(
+            parse_cursor("1700000000000-3").ok(),
+            Some(StreamId {
+                ms: 1_700_000_000_000,
+                seq: 3
+            })
+        );
+        for bad in ["", "abc", "(1-0", "1-0-0"] {
+            let err = parse_cursor(bad).expect_err(bad);
+            assert_eq!(err.code, ErrorCode::InvalidCursor);
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! A queue's lifecycle events, read back: the capped events stream
+//! (`dtq:events:{q}`) that every script appends to (`addEvent` in
+//! `lua/include/idem.lua`), as live subscribers of `GET
+//! /v1/queues/{q}/events` read it.
+//!
+//! A subscriber starts at a position ([`Store::events_start`]: after an id
+//! it saw, or after the newest entry) and then blocks in XREAD on a
+//! connection of its own ([`Store::read_events`]), so that its wait never
+//! stalls the shared connection. The stream is capped (`MAXLEN ~`), so a
+//! subscriber that comes back after an id older than what is left has
+//! missed events: [`EventsStart::gap`] says so.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use serde_json::{Value as Json, json};
+
+use super::{QueueKeys, Store, StoreError, from_value};
+
+/// A stream entry id, `<ms>-<seq>`: the `id:` of an event, a
+/// `Last-Event-ID`, a listing cursor. Ordered as Redis orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StreamId {
+    /// Milliseconds part (Redis's clock when the entry was added).
+    pub ms: u64,
+    /// Sequence within the millisecond.
+    pub seq: u64,
+}
+
+/// Text that is not a stream id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a stream id (`<ms>-<seq>` or `<ms>`, decimal)")]
+pub struct InvalidStreamId(pub String);
+
+impl FromStr for StreamId {
+    type Err = InvalidStreamId;
+
+    /// `<ms>-<seq>`, or `<ms>` (sequence 0); decimal digits only.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || InvalidStreamId(text.chars().take(64).collect());
+        let number = |part: &str| {
+            if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            part.parse::<u64>().map_err(|_| bad())
+        };
+        let (ms, seq) = match text.split_once('-') {
+            Some((ms, seq)) => (number(ms)?, number(seq)?),
+            None => (number(text)?, 0),
+        };
+        Ok(StreamId { ms, seq })
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// One lifecycle event: a task reached `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueEvent {
+    /// The entry's id in the events stream.
+    pub id: StreamId,
+    /// The task.
+    pub task_id: String,
+    /// Its new status (`QUEUED`, `RUNNING`, ...).
+    pub status: String,
+    /// The attempt the event belongs to (0 before the first), when known.
+    pub attempt: Option<u64>,
+    /// When it happened (ms since epoch, the writer's clock).
+    pub at: Option<u64>,
+}
+
+impl QueueEvent {
+    /// The event as the API sends it: `{task_id, status, attempt, at}`.
+    pub fn to_json(&self) -> Json {
+        json!({
+            "task_id": self.task_id,
+            "status": self.status,
+            "attempt": self.attempt,
+            "at": self.at,
+        })
+    }
+
+    /// Parse an entry's `[field, value, ...]`; `None` for an entry
+    /// without a task or a status.
+    fn from_entry(id: StreamId, body: Vec<String>) -> Option<QueueEvent> {
+        let mut it = body.into_iter();
+        let (mut task_id, mut status, mut attempt, mut at) = (None, None, None, None);
+        while let (Some(field), Some(value)) = (it.next(), it.next()) {
+            match field.as_str() {
+                "task_id" => task_id = Some(value),
+                "status" => status = Some(value),
+                "attempt" => attempt = value.parse().ok(),
+                "at" => at = value.parse().ok(),
+                _ => {}
+            }
+        }
+        Some(QueueEvent {
+            id,
+            task_id: task_id?,
+            status: status?,
+            attempt,
+            at,
+        })
+    }
+}
+
+/// Where a subscriber starts reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsStart {
+    /// Read the entries after this one.
+    pub after: StreamId,
+    /// Entries after the id asked for were trimmed before it could be read.
+    pub gap: Option<EventsGap>,
+}
+
+/// Events a subscriber missed: the stream was trimmed past the id it
+/// asked to continue after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsGap {
+    /// The id the subscriber asked to continue after.
+    pub last_event_id: StreamId,
+    /// The oldest entry left, where reading resumes (`None`: the stream
+    /// is empty now).
+    pub oldest_id: Option<StreamId>,
+}
+
+impl EventsGap {
+    /// The gap as the API sends it.
+    pub fn to_json(&self) -> Json {
+        json!({
+            "last_event_id": self.last_event_id.to_string(),
+            "oldest_id": self.oldest_id.map(|id| id.to_string()),
+        })
+    }
+}
+
+/// What `XINFO STREAM` says of an events stream.
+struct StreamInfo {
+    last_generated: StreamId,
+    first_entry: Option<StreamId>,
+    length: u64,
+    /// Entries ever added (Redis 7 and later): more than `length` once
+    /// some were trimmed.
+    entries_added: Option<u64>,
+    /// The newest entry ever deleted by XDEL (Redis 7 and later; trims do
+    /// not count here).
+    max_deleted: Option<StreamId>,
+}
+
+impl StreamInfo {
+    /// Whether entries after `since` were removed before they could be
+    /// read. Trims remove the oldest entries, so they removed some after
+    /// `since` if any were removed and `since` is older than the oldest
+    /// left (or than the newest ever, with none left). When `since` was
+    /// itself the last entry trimmed, nothing after it was: that case is
+    /// reported as a gap too, the one answer that can be wrong, and on the
+    /// side of caution. Without Redis 7's `entries-added`, any trim counts.
+    fn trimmed_after(&self, since: StreamId) -> bool {
+        let removed_any = self.entries_added.is_none_or(|added| added > self.length);
+        let oldest_newer = match self.first_entry {
+            Some(first) => first > since,
+            None => self.last_generated > since,
+        };
+        (removed_any && oldest_newer) || self.max_deleted.is_some_and(|d| d > since)
+    }
+}
+
+impl Store {
+    /// Where a subscriber of `queue`'s events starts: after `since` (an id
+    /// it saw), or after the newest entry (only new events) without one.
+    ///
+    /// A `since` newer than anything the stream holds (the stream was
+    /// deleted, or Redis restarted empty) starts after the newest entry.
+    /// A `since` older than a trimmed entry reports the gap, and reading
+    /// resumes at the oldest entry left.
+    pub async fn events_start(
+        &self,
+        queue: &str,
+        since: Option<StreamId>,
+    ) -> Result<EventsStart, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let Some(info) = self.stream_info(&keys.events).await? else {
+            // No stream yet: every entry to come is new.
+            return Ok(EventsStart {
+                after: StreamId::default(),
+                gap: None,
+            });
+        };
+        let Some(since) = since.filter(|since| *since <= info.last_generated) else {
+            return Ok(EventsStart {
+                after: info.last_generated,
+                gap: None,
+            });
+        };
+        Ok(EventsStart {
+            after: since,
+            gap: info.trimmed_after(since).then_some(EventsGap {
+                last_event_id: since,
+                oldest_id: info.first_entry,
+            }),
+        })
+    }
+
+    async fn stream_info(&self, key: &str) -> Result<Option<StreamInfo>, StoreError> {
+        let reply: Result<HashMap<String, Value>, _> = self
+            .trip(
+                "events_info",
+                redis::cmd("XINFO")
+                    .arg("STREAM")
+                    .arg(key)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await;
+        let mut info = match reply {
+            Ok(info) => info,
+            Err(e) if e.detail().is_some_and(|d| d.contains("no such key")) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let id = |v: Option<Value>| -> Result<Option<StreamId>, StoreError> {
+            match v {
+                None | Some(Value::Nil) => Ok(None),
+                Some(v) => {
+                    let text: String = from_value(Some(v))?;
+                    text.parse()
+                        .map(Some)
+                        .map_err(|e: InvalidStreamId| StoreError::Protocol(e.to_string()))
+                }
+            }
+        };
+        // `first-entry` is `[id, [field, value, ...]]`, or nil when empty.
+        let first_entry = match info.remove("first-entry") {
+            None | Some(Value::Nil) => None,
+            Some(entry) => {
+                let (first, _): (String, Value) = from_value(Some(entry))?;
+                Some(
+                    first
+                        .parse()
+                        .map_err(|e: InvalidStreamId| StoreError::Protocol(e.to_string()))?,
+                )
+            }
+        };
+        let number = |v: Option<Value>| -> Result<Option<u64>, StoreError> {
+            v.map(|v| from_value(Some(v))).transpose()
+        };
+        Ok(Some(StreamInfo {
+            last_generated: id(info.remove("last-generated-id"))?.unwrap_or_default(),
+            first_entry,
+            length: number(info.remove("length"))?.unwrap_or(0),
+            entries_added: number(info.remove("entries-added"))?,
+            max_deleted: id(info.remove("max-deleted-entry-id"))?,
+        }))
+    }
+
+    /// Up to `count` events of `queue` after `after`, blocking up to
+    /// `block` while there are none. `conn` must be a connection of the
+    /// caller's own ([`Store::dedicated_connection`]) whose response
+    /// timeout is longer than `block`.
+    pub async fn read_events(
+        &self,
+        conn: &mut ConnectionManager,
+        queue: &str,
+        after: StreamId,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<QueueEvent>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let reply: Value = self
+            .trip(
+                "events_read",
+                redis::cmd("XREAD")
+                    .arg("COUNT")
+                    .arg(count)
+                    .arg("BLOCK")
+                    .arg(block.as_millis() as u64)
+                    .arg("STREAMS")
+                    .arg(&keys.events)
+                    .arg(after.to_string())
+                    .query_async(conn),
+            )
+            .await?;
+        // nil on timeout; else [[stream, entries]] (RESP2) or a map of
+        // stream to entries (RESP3).
+        let streams: Vec<(String, Value)> = match reply {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Map(pairs) => pairs
+                .into_iter()
+                .map(|(k, v)| Ok((from_value(Some(k))?, v)))
+                .collect::<Result<_, StoreError>>()?,
+            other => from_value(Some(other))?,
+        };
+        let mut events = Vec::new();
+        for (_, entries) in streams {
+            let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
+            for (id, body) in entries {
+                let id: StreamId = id
+                    .parse()
+                    .map_err(|e: InvalidStreamId| StoreError::Protocol(e.to_string()))?;
+                // An entry that is not an event (none is written) is
+                // skipped, not sent.
+                events.extend(QueueEvent::from_entry(id, body.unwrap_or_default()));
+            }
+        }
+        Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids_parse_print_and_order_as_redis_does() {
+        let id: StreamId = "1700000000000-7".parse().expect("valid");
+        assert_eq!(
+            id,
+            StreamId {
+                ms: 1_700_000_000_000,
+                seq: 7
+            }
+        );
+        assert_eq!(id.to_string(), "1700000000000-7");
+        assert_eq!("5".parse::<StreamId>(), Ok(StreamId { ms: 5, seq: 0 }));
+        assert!(StreamId { ms: 1, seq: 9 } < StreamId { ms: 2, seq: 0 });
+        assert!(StreamId { ms: 2, seq: 1 } > StreamId { ms: 2, seq: 0 });
+        for bad in [
+            "",
+            "-",
+            "1-",
+            "-1",
+            "a-1",
+            "1-b",
+            "+1",
+            "1 ",
+            "1-2-3",
+            "$",
+            "99999999999999999999999",
+        ] {
+            assert!(bad.parse::<StreamId>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn a_gap_is_a_trim_past_the_id_asked_for() {
+        let id = |ms| StreamId { ms, seq: 0 };
+        let info = |first: Option<u64>, length, added: Option<u64>| StreamInfo {
+            last_generated: id(100),
+            first_entry: first.map(id),
+            length,
+            entries_added: added,
+            max_deleted: Some(id(0)),
+        };
+        // Never trimmed: no gap, even from the beginning.
+        assert!(!info(Some(1), 100, Some(100)).trimmed_after(id(0)));
+        // Trimmed up to 50: a gap for an id before it, none from it on.
+        let trimmed = info(Some(50), 51, Some(100));
+        assert!(trimmed.trimmed_after(id(0)));
+        assert!(trimmed.trimmed_after(id(49)));
+        assert!(!trimmed.trimmed_after(id(50)));
+        assert!(!trimmed.trimmed_after(id(70)));
+        // Everything trimmed: a gap for anything before the newest.
+        let empty = info(None, 0, Some(100));
+        assert!(empty.trimmed_after(id(99)));
+        assert!(!empty.trimmed_after(id(100)));
+        // Before Redis 7: any oldest entry newer than the id is a gap.
+        assert!(info(Some(1), 100, None).trimmed_after(id(0)));
+        assert!(!info(Some(1), 100, None).trimmed_after(id(1)));
+        // An XDEL past the id.
+        let deleted = StreamInfo {
+            max_deleted: Some(id(60)),
+            ..info(Some(1), 99, Some(99))
+        };
+        assert!(deleted.trimmed_after(id(59)));
+        assert!(!deleted.trimmed_after(id(60)));
+    }
+
+    #[test]
+    fn an_entry_becomes_an_event_with_its_numbers() {
+        let id = StreamId { ms: 1, seq: 0 };
+        let body = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+                .collect::<Vec<_>>()
+        };
+        let event = QueueEvent::from_entry(
+            id,
+            body(&[
+                ("task_id", "t1"),
+                ("status", "RUNNING"),
+                ("attempt", "2"),
+                ("at", "99"),
+            ]),
+        )
+        .expect("an event");
+        assert_eq!(
+            event.to_json(),
+            json!({"task_id": "t1", "status": "RUNNING", "attempt": 2, "at": 99})
+        );
+        // An expired task's event has no attempt.
+        let event = QueueEvent::from_entry(
+            id,
+            body(&[("task_id", "t1"), ("status", "EXPIRED"), ("attempt", "")]),
+        )
+        .expect("an event");
+        assert_eq!(event.attempt, None);
+        assert!(QueueEvent::from_entry(id, body(&[("status", "QUEUED")])).is_none());
+    }
+}

@@ -1,0 +1,515 @@
+//! Live events (`GET /v1/queues/{queue}/events`, Server-Sent Events) against
+//! a real redis-server, the real API and worker, and the example handlers:
+//! the statuses of a task in order with their ids, resuming with
+//! `Last-Event-ID` (or `?since=`) without loss or duplicates, the task
+//! filter, the gap after the capped stream was trimmed, the bound on
+//! concurrent streams and its release when clients leave or the server
+//! shuts down, and the route's refusals.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use dtq_host::sse::{SseEvent, SseReader};
+use dtq_host::store::{QueueKeys, StreamId};
+use dtq_tests::{Dtq, RedisServer, assert_error};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// How long a test waits to be sure no event comes.
+const QUIET: Duration = Duration::from_millis(500);
+
+/// Open `/v1/queues/default/events{query}`, with `Last-Event-ID` when
+/// given and `token` as the bearer token; the raw response.
+async fn open(
+    dtq: &Dtq,
+    query: &str,
+    last_event_id: Option<&str>,
+    token: Option<&str>,
+) -> Result<reqwest::Response> {
+    let mut req = reqwest::Client::new()
+        .get(format!("{}/v1/queues/default/events{query}", dtq.api))
+        .header("Accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        req = req.header("Last-Event-ID", id);
+    }
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    Ok(req.send().await?)
+}
+
+/// A subscription that must be accepted (200, `text/event-stream`).
+async fn subscribe(dtq: &Dtq, query: &str, last_event_id: Option<&str>) -> Result<SseReader> {
+    let response = open(dtq, query, last_event_id, None).await?;
+    let status = response.status();
+    if status != 200 {
+        bail!("subscribe {query}: {status} {}", response.text().await?);
+    }
+    let kind = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    ensure!(kind.starts_with("text/event-stream"), "content-type {kind}");
+    Ok(SseReader::new(response))
+}
+
+/// A refused subscription: its status and JSON error body.
+async fn refused(
+    dtq: &Dtq,
+    query: &str,
+    last_event_id: Option<&str>,
+    token: Option<&str>,
+) -> Result<(u16, Value)> {
+    let response = open(dtq, query, last_event_id, token).await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    let body = serde_json::from_str(&text).with_context(|| format!("not JSON: {text:?}"))?;
+    Ok((status, body))
+}
+
+/// The next event, within `WAIT`.
+async fn next(events: &mut SseReader) -> Result<SseEvent> {
+    match tokio::time::timeout(WAIT, events.next()).await {
+        Ok(Ok(Some(event))) => Ok(event),
+        Ok(Ok(None)) => bail!("the stream ended"),
+        Ok(Err(e)) => bail!("the stream broke: {e}"),
+        Err(_) => bail!("no event within {WAIT:?}"),
+    }
+}
+
+/// Nothing arrives within [`QUIET`].
+async fn quiet(events: &mut SseReader) -> Result<()> {
+    match tokio::time::timeout(QUIET, events.next()).await {
+        Err(_) => Ok(()),
+        Ok(got) => bail!("expected no event, got {got:?}"),
+    }
+}
+
+/// An event's data, parsed, checked against its name and id.
+fn data(event: &SseEvent) -> Result<Value> {
+    let data: Value = serde_json::from_str(&event.data)?;
+    ensure!(
+        data["status"] == event.event.as_str(),
+        "event {} has data {data}",
+        event.event
+    );
+    let id = event.id.as_deref().context("a status event has an id")?;
+    id.parse::<StreamId>()
+        .with_context(|| format!("id {id:?}"))?;
+    Ok(data)
+}
+
+/// The id of a status event.
+fn id(event: &SseEvent) -> StreamId {
+    event
+        .id
+        .as_deref()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("no id on {event:?}"))
+}
+
+/// Events until one of a final status of task `task`; (status, attempt)
+/// of each of that task's, in order, and every id seen.
+async fn until_final(events: &mut SseReader, task: &str) -> Result<Vec<(String, u64)>> {
+    let mut seen = Vec::new();
+    let mut last: Option<StreamId> = None;
+    loop {
+        let event = next(events).await?;
+        let d = data(&event)?;
+        let this = id(&event);
+        ensure!(
+            last.is_none_or(|l| l < this),
+            "ids out of order: {last:?} then {this}"
+        );
+        last = Some(this);
+        if d["task_id"] != task {
+            continue;
+        }
+        seen.push((
+            event.event.clone(),
+            d["attempt"].as_u64().unwrap_or(u64::MAX),
+        ));
+        if matches!(
+            event.event.as_str(),
+            "SUCCEEDED" | "FAILED" | "DEAD_LETTERED"
+        ) {
+            return Ok(seen);
+        }
+    }
+}
+
+fn pairs(statuses: &[(&str, u64)]) -> Vec<(String, u64)> {
+    statuses.iter().map(|(s, a)| (s.to_string(), *a)).collect()
+}
+
+async fn submit(dtq: &Dtq, body: Value) -> Result<String> {
+    dtq.submit_new("default", body, None).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_sees_each_status_in_order_with_ids() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let mut events = subscribe(&dtq, "", None).await?;
+
+    let echo = submit(&dtq, json!({"task": "echo", "payload": {"a": 1}})).await?;
+    assert_eq!(
+        until_final(&mut events, &echo).await?,
+        pairs(&[("QUEUED", 0), ("RUNNING", 1), ("SUCCEEDED", 1)])
+    );
+
+    // A retry: the failed attempt, its wait, and the attempt that succeeds.
+    let flaky = submit(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}}),
+    )
+    .await?;
+    assert_eq!(
+        until_final(&mut events, &flaky).await?,
+        pairs(&[
+            ("QUEUED", 0),
+            ("RUNNING", 1),
+            ("RETRYING", 1),
+            ("QUEUED", 1),
+            ("RUNNING", 2),
+            ("SUCCEEDED", 2),
+        ])
+    );
+    // The data's `at` is a time, and nothing else was sent.
+    let task = dtq.task("default", &flaky).await?;
+    assert_eq!(task["status"], "SUCCEEDED");
+    quiet(&mut events).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resuming_after_last_event_id_loses_and_repeats_nothing() -> Result<()> {
+    // No worker: each submission is one QUEUED event, in submission order.
+    let dtq = Dtq::start(false, &[]).await?;
+    let mut first = subscribe(&dtq, "", None).await?;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(submit(&dtq, json!({"task": "echo", "payload": n})).await?);
+    }
+    let mut read = Vec::new();
+    for _ in 0..2 {
+        read.push(next(&mut first).await?);
+    }
+    drop(first);
+    for n in 5..10 {
+        ids.push(submit(&dtq, json!({"task": "echo", "payload": n})).await?);
+    }
+    let last = read[1].id.clone().context("an id")?;
+
+    // With the header, as an EventSource reconnects.
+    let mut resumed = subscribe(&dtq, "", Some(&last)).await?;
+    for want in &ids[2..] {
+        let event = next(&mut resumed).await?;
+        assert_eq!(
+            (event.event.as_str(), &data(&event)?["task_id"]),
+            ("QUEUED", &json!(want))
+        );
+    }
+    quiet(&mut resumed).await?;
+
+    // With `?since=`; the header wins over it.
+    let mut since = subscribe(&dtq, &format!("?since={last}"), None).await?;
+    let event = next(&mut since).await?;
+    assert_eq!(data(&event)?["task_id"], json!(ids[2]));
+    let after_fifth = read_id_of_nth(&dtq, 5).await?;
+    let mut both = subscribe(&dtq, "?since=0-0", Some(&after_fifth)).await?;
+    let event = next(&mut both).await?;
+    assert_eq!(data(&event)?["task_id"], json!(ids[5]));
+
+    // Without either: only what happens from now on.
+    let mut fresh = subscribe(&dtq, "", None).await?;
+    quiet(&mut fresh).await?;
+    let eleventh = submit(&dtq, json!({"task": "echo", "payload": 10})).await?;
+    assert_eq!(data(&next(&mut fresh).await?)?["task_id"], json!(eleventh));
+
+    // An id newer than anything the stream holds (Redis restarted empty,
+    // say) is read as "new events only".
+    let mut ahead = subscribe(&dtq, "", Some("99999999999999-0")).await?;
+    quiet(&mut ahead).await?;
+    let twelfth = submit(&dtq, json!({"task": "echo", "payload": 11})).await?;
+    assert_eq!(data(&next(&mut ahead).await?)?["task_id"], json!(twelfth));
+    Ok(())
+}
+
+/// The id of the `n`th (from 1) entry of the default queue's events stream.
+async fn read_id_of_nth(dtq: &Dtq, n: usize) -> Result<String> {
+    let entries = stream_ids(&dtq.redis).await?;
+    entries.get(n - 1).cloned().context("fewer entries")
+}
+
+/// Every entry id of the default queue's events stream, oldest first.
+async fn stream_ids(redis: &RedisServer) -> Result<Vec<String>> {
+    let mut conn = redis.conn().await?;
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(QueueKeys::new("default").events)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await?;
+    Ok(entries.into_iter().map(|(id, _)| id).collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_task_filter_keeps_one_tasks_events() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let a = submit(&dtq, json!({"task": "echo", "payload": "a"})).await?;
+    let b = submit(&dtq, json!({"task": "echo", "payload": "b"})).await?;
+    let c = submit(&dtq, json!({"task": "echo", "payload": "c"})).await?;
+
+    // From the start of the stream, B's events only.
+    let mut events = subscribe(&dtq, &format!("?task_id={b}&since=0"), None).await?;
+    let queued = next(&mut events).await?;
+    assert_eq!(
+        (queued.event.as_str(), &data(&queued)?["task_id"]),
+        ("QUEUED", &json!(b))
+    );
+    // A's and C's cancels come first and are not sent.
+    for id in [&a, &c, &b] {
+        let (status, body) = dtq
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/queues/default/tasks/{id}/cancel"),
+                None,
+                &[],
+            )
+            .await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    let cancelled = next(&mut events).await?;
+    assert_eq!(
+        (cancelled.event.as_str(), &data(&cancelled)?["task_id"]),
+        ("CANCELLED", &json!(b))
+    );
+    assert!(id(&cancelled) > id(&queued));
+    quiet(&mut events).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_behind_the_trimmed_stream_is_told_of_the_gap() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        ids.push(submit(&dtq, json!({"task": "echo", "payload": n})).await?);
+    }
+    let entries = stream_ids(&dtq.redis).await?;
+    assert_eq!(entries.len(), 10);
+    // The stream's cap at work (MAXLEN ~ trims whole nodes of 100 entries,
+    // so a handful of events is trimmed exactly here): the oldest 5 go.
+    let mut conn = dtq.redis.conn().await?;
+    let trimmed: u64 = redis::cmd("XTRIM")
+        .arg(QueueKeys::new("default").events)
+        .arg("MAXLEN")
+        .arg(5)
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(trimmed, 5);
+
+    // After the 3rd: the 4th and 5th are gone. A gap first, then the rest
+    // from the oldest left.
+    let mut events = subscribe(&dtq, "", Some(&entries[2])).await?;
+    let gap = next(&mut events).await?;
+    assert_eq!(gap.event, "gap");
+    assert_eq!(gap.id, None, "a gap is not a place to resume from");
+    assert_eq!(
+        serde_json::from_str::<Value>(&gap.data)?,
+        json!({"last_event_id": entries[2], "oldest_id": entries[5]})
+    );
+    for want in &ids[5..] {
+        assert_eq!(data(&next(&mut events).await?)?["task_id"], json!(want));
+    }
+    quiet(&mut events).await?;
+
+    // From the beginning, too: events were lost.
+    let mut all = subscribe(&dtq, "?since=0", None).await?;
+    assert_eq!(next(&mut all).await?.event, "gap");
+
+    // After the 6th, which is still there: no gap.
+    let mut later = subscribe(&dtq, "", Some(&entries[5])).await?;
+    let event = next(&mut later).await?;
+    assert_eq!(
+        (event.event.as_str(), &data(&event)?["task_id"]),
+        ("QUEUED", &json!(ids[6]))
+    );
+    Ok(())
+}
+
+/// Redis clients blocked in XREAD: the event streams' connections.
+async fn blocked_xreads(redis: &RedisServer) -> Result<usize> {
+    let mut conn = redis.conn().await?;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await?;
+    Ok(clients
+        .lines()
+        .filter(|line| {
+            line.contains("cmd=xread ")
+                && line
+                    .split(' ')
+                    .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+        })
+        .count())
+}
+
+async fn wait_blocked_xreads(redis: &RedisServer, want: usize) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let n = blocked_xreads(redis).await?;
+        if n == want {
+            return Ok(());
+        }
+        ensure!(start.elapsed() < WAIT, "{n} blocked XREADs, want {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_are_bounded_and_released_when_their_clients_leave() -> Result<()> {
+    let dtq = Dtq::start(false, &["--api-max-event-streams", "2"]).await?;
+    let first = subscribe(&dtq, "", None).await?;
+    let mut second = subscribe(&dtq, "", None).await?;
+    // Each holds a Redis connection of its own, blocked in XREAD.
+    wait_blocked_xreads(&dtq.redis, 2).await?;
+
+    let full = refused(&dtq, "", None, None).await?;
+    assert_error(&full, 503, "TOO_MANY_EVENT_STREAMS");
+    assert_eq!(full.1["error"]["details"]["max"], 2);
+
+    // A client that goes away gives its slot and its connection back.
+    drop(first);
+    wait_blocked_xreads(&dtq.redis, 1).await?;
+    let start = Instant::now();
+    let mut third = loop {
+        let response = open(&dtq, "", None, None).await?;
+        if response.status() == 200 {
+            break SseReader::new(response);
+        }
+        ensure!(start.elapsed() < WAIT, "the slot did not come back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    wait_blocked_xreads(&dtq.redis, 2).await?;
+
+    // Both streams still work.
+    let id = submit(&dtq, json!({"task": "echo", "payload": 1})).await?;
+    for events in [&mut second, &mut third] {
+        assert_eq!(data(&next(events).await?)?["task_id"], json!(id));
+    }
+    drop((second, third));
+    wait_blocked_xreads(&dtq.redis, 0).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_outlives_the_header_and_body_timeouts() -> Result<()> {
+    let dtq = Dtq::start(
+        false,
+        &[
+            "--api-header-timeout-ms",
+            "200",
+            "--api-body-timeout-ms",
+            "200",
+        ],
+    )
+    .await?;
+    let mut events = subscribe(&dtq, "", None).await?;
+    // Quiet for several times both timeouts; then an event still comes.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let id = submit(&dtq, json!({"task": "echo", "payload": 1})).await?;
+    assert_eq!(data(&next(&mut events).await?)?["task_id"], json!(id));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_survives_a_redis_restart() -> Result<()> {
+    let mut dtq = Dtq::start(false, &[]).await?;
+    let mut events = subscribe(&dtq, "", None).await?;
+    let before = submit(&dtq, json!({"task": "echo", "payload": 1})).await?;
+    let first = next(&mut events).await?;
+    assert_eq!(data(&first)?["task_id"], json!(before));
+    wait_blocked_xreads(&dtq.redis, 1).await?;
+
+    // Connections drop and the data is gone; the stream stays open, reads
+    // again with backoff, and goes on with what happens next.
+    dtq.redis.restart()?;
+    let start = Instant::now();
+    let after = loop {
+        match submit(&dtq, json!({"task": "echo", "payload": 2})).await {
+            Ok(id) => break id,
+            Err(e) => {
+                ensure!(
+                    start.elapsed() < WAIT,
+                    "no submission after the restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let event = next(&mut events).await?;
+    assert_eq!(data(&event)?["task_id"], json!(after));
+    assert!(id(&event) > id(&first));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shutdown_ends_open_streams() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let mut events = subscribe(&dtq, "", None).await?;
+    let started = Instant::now();
+    // Stops the API (and Redis): the stream must end, not hang until the
+    // graceful shutdown gives up on it.
+    drop(dtq);
+    match tokio::time::timeout(WAIT, events.next()).await {
+        Ok(Ok(None) | Err(_)) => {}
+        Ok(Ok(Some(event))) => bail!("an event after the shutdown: {event:?}"),
+        Err(_) => bail!("the stream is still open {WAIT:?} after the shutdown"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_subscriptions_are_refused_with_a_code() -> Result<()> {
+    let dtq = Dtq::start(
+        false,
+        &["--tokens", "submitter submit default;reader read default"],
+    )
+    .await?;
+    let reader = Some("reader");
+    assert_error(
+        &refused(&dtq, "?since=yesterday", None, reader).await?,
+        400,
+        "INVALID_EVENT_ID",
+    );
+    assert_error(
+        &refused(&dtq, "", Some("$"), reader).await?,
+        400,
+        "INVALID_EVENT_ID",
+    );
+    assert_error(
+        &refused(&dtq, "?from=0", None, reader).await?,
+        400,
+        "INVALID_QUERY",
+    );
+    assert_error(
+        &refused(&dtq, "?task_id=", None, reader).await?,
+        400,
+        "INVALID_QUERY",
+    );
+    assert_error(&refused(&dtq, "", None, None).await?, 401, "UNAUTHORIZED");
+    assert_error(
+        &refused(&dtq, "", None, Some("submitter")).await?,
+        403,
+        "FORBIDDEN",
+    );
+    let ok = open(&dtq, "", None, reader).await?;
+    assert_eq!(ok.status(), 200);
+    Ok(())
+}
