@@ -84,6 +84,17 @@ pub struct Config {
     #[arg(long, env = "DTQ_TASK_RETENTION_S", default_value_t = 7 * 86_400)]
     pub task_retention_s: u64,
 
+    /// How long a dead-lettered task is kept (s) before the workers'
+    /// retention sweep purges it (task hash, DLQ entry and idempotency
+    /// record); 0 keeps it until an admin requeues or purges it.
+    #[arg(long, env = "DTQ_DLQ_RETENTION_S", default_value_t = 30 * 86_400)]
+    pub dlq_retention_s: u64,
+
+    /// Most dead-lettered tasks each queue keeps: past it the workers'
+    /// retention sweep purges the oldest. 0 is unbounded.
+    #[arg(long, env = "DTQ_DLQ_MAX", default_value_t = 100_000)]
+    pub dlq_max: u64,
+
     /// Attempts of a task whose submission does not set `max_attempts`.
     #[arg(long, env = "DTQ_MAX_ATTEMPTS", default_value_t = 3)]
     pub max_attempts: u32,

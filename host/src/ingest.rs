@@ -15,11 +15,26 @@
 //! | `timeout_ms` | 1 to the server's task timeout (`--task-timeout-ms`) | `INVALID_TIMEOUT` |
 //! | `delay_ms` | 0 to [`MAX_DELAY_MS`] | `INVALID_DELAY` |
 //! | `expires_in_ms` | 1 to [`MAX_EXPIRES_IN_MS`], and over `delay_ms` | `INVALID_EXPIRY` |
+//! | `run_at` | ms since the Unix epoch or an RFC 3339 string, at most [`MAX_DELAY_MS`] from now, not with `delay_ms` | `INVALID_RUN_AT` |
 //!
 //! A field that is not a whole number (negative, fractional, a string, past
 //! `u64`) gets its field's code too. The run and expiry times are sums of
 //! the submission time and these numbers, each addition checked
 //! ([`schedule`]): no accepted submission runs or expires before it was made.
+//!
+//! `run_at` names the run time instead of a delay: a time already past runs
+//! now, and `expires_in_ms` (still counted from the submission) must reach
+//! past it, as it must reach past a delay.
+//!
+//! # Batches
+//!
+//! [`submit_batch`] runs up to [`MAX_BATCH_ITEMS`] submissions of one queue
+//! with one round trip to Redis: each item is validated as [`submit`]
+//! validates it, and every valid item's ingest script goes into one
+//! pipeline. Each item gets the outcome its own [`submit`] would have had,
+//! in order; items are atomic one by one (each is one script), not as a
+//! whole, and a later item sees what an earlier one wrote, as a later
+//! submission would.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,10 +58,22 @@ pub const MAX_DELAY_MS: u64 = 30 * DAY_MS;
 /// Longest expiry a submission may ask for: 60 days, so that a task delayed
 /// by [`MAX_DELAY_MS`] may still be given a month to start.
 pub const MAX_EXPIRES_IN_MS: u64 = 60 * DAY_MS;
+/// Most submissions in one batch. Redis serves other clients between a
+/// pipeline's scripts, so a batch does not hold Redis for its whole length;
+/// the bound is on the work and memory of one request (its body, its items,
+/// their replies), and a thousand small items stay well within the API's
+/// Redis deadline.
+pub const MAX_BATCH_ITEMS: usize = 1000;
+/// Largest batch body, bytes: 16 MiB, or a single submission's body limit
+/// if that is larger. Each item's payload is held to `--max-payload-bytes`
+/// on its own; this caps what one request makes the API hold at once (the
+/// body, then its items parsed), which a thousand items each at the
+/// payload limit would put at a gigabyte.
+pub const MAX_BATCH_BODY_BYTES: usize = 16 << 20;
 
 /// The body of `POST /v1/queues/{queue}/tasks`. Unknown fields are rejected,
 /// so a misspelt option (`max_attempt`) is an error instead of being ignored.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The task name: `<task>.wasm` must be deployed.
@@ -69,6 +96,113 @@ pub struct SubmitRequest {
     /// Expire if not started within this many ms.
     #[serde(default)]
     pub expires_in_ms: Option<u64>,
+    /// Run no earlier than this time, ms since the Unix epoch; sent as that
+    /// number or as an RFC 3339 string ([`parse_run_at`]). Not with
+    /// `delay_ms`.
+    #[serde(default, deserialize_with = "run_at_field")]
+    #[schema(value_type = Option<crate::api::openapi::RunAt>)]
+    pub run_at: Option<u64>,
+}
+
+/// `run_at` as [`parse_run_at`] reads it; `null` is absent.
+fn run_at_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => parse_run_at(&v).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Read a `run_at`: a whole number of ms since the Unix epoch, or an RFC
+/// 3339 date-time string (`2026-12-03T14:00:00Z`,
+/// `2026-12-03T15:00:00.250+01:00`; fractions past the millisecond are
+/// dropped). A time before the epoch is 0: it is past, so the task runs
+/// at once.
+pub fn parse_run_at(value: &Value) -> Result<u64, String> {
+    match value {
+        Value::Number(n) => n.as_u64().ok_or_else(|| {
+            format!("run_at must be ms since the Unix epoch (a whole number from 0), got {n}")
+        }),
+        Value::String(text) => rfc3339_ms(text)
+            .map_err(|why| format!("run_at {text:?} is not an RFC 3339 date-time ({why})")),
+        _ => Err("run_at must be ms since the Unix epoch or an RFC 3339 string".into()),
+    }
+}
+
+/// ms since the Unix epoch of an RFC 3339 `date-time`
+/// (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`; `t`, `z` and a space for `T`
+/// accepted as RFC 3339 allows), 0 for a time before the epoch.
+fn rfc3339_ms(text: &str) -> Result<u64, &'static str> {
+    let b = text.as_bytes();
+    let digits = |at: usize, n: usize| -> Result<i64, &'static str> {
+        let part = b.get(at..at + n).ok_or("too short")?;
+        if !part.iter().all(u8::is_ascii_digit) {
+            return Err("a digit expected");
+        }
+        Ok(part.iter().fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
+    };
+    let sep = |at: usize, allowed: &[u8]| match b.get(at) {
+        Some(c) if allowed.contains(c) => Ok(()),
+        _ => Err("a separator is missing"),
+    };
+    let (year, month, day) = (digits(0, 4)?, digits(5, 2)?, digits(8, 2)?);
+    sep(4, b"-")?;
+    sep(7, b"-")?;
+    sep(10, b"Tt ")?;
+    let (hour, minute, second) = (digits(11, 2)?, digits(14, 2)?, digits(17, 2)?);
+    sep(13, b":")?;
+    sep(16, b":")?;
+    let mut at = 19;
+    let mut millis = 0;
+    if b.get(at) == Some(&b'.') {
+        let start = at + 1;
+        at = start;
+        while b.get(at).is_some_and(u8::is_ascii_digit) {
+            at += 1;
+        }
+        if at == start {
+            return Err("a fraction without digits");
+        }
+        let kept = (at - start).min(3);
+        millis = digits(start, kept)? * 10_i64.pow(3 - kept as u32);
+    }
+    let offset_min = match b.get(at) {
+        Some(b'Z' | b'z') if at + 1 == b.len() => 0,
+        Some(sign @ (b'+' | b'-')) if at + 6 == b.len() => {
+            sep(at + 3, b":")?;
+            let (h, m) = (digits(at + 1, 2)?, digits(at + 4, 2)?);
+            if h > 23 || m > 59 {
+                return Err("the offset is out of range");
+            }
+            let minutes = h * 60 + m;
+            if *sign == b'-' { -minutes } else { minutes }
+        }
+        _ => return Err("no time zone offset (Z or ±HH:MM) at the end"),
+    };
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let february = if leap { 29 } else { 28 };
+    let month_days = [31, february, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if !(1..=12).contains(&month) || day < 1 || day > month_days[month as usize - 1] {
+        return Err("no such date");
+    }
+    // Second 60 is a leap second, which the epoch's count does not have:
+    // it reads as the next second.
+    if hour > 23 || minute > 59 || second > 60 {
+        return Err("no such time of day");
+    }
+    let days = days_from_civil(year, month, day);
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_min * 60;
+    Ok(u64::try_from(seconds * 1000 + millis).unwrap_or(0))
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar
+/// (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 /// Limits and defaults of the submission path.
@@ -229,15 +363,25 @@ const NUMBER_FIELDS: [(&str, ErrorCode); 4] = [
 
 /// Parse the body of `POST /v1/queues/{queue}/tasks`.
 ///
-/// Not JSON: `INVALID_JSON`. A numeric field that is not a whole number
-/// from 0 to `u64::MAX` (`u32::MAX` for `max_attempts`): that field's code
-/// (see the module's bounds), where a typed parse would only say
-/// `INVALID_REQUEST`. Any other mismatch (no `task`, an unknown field):
-/// `INVALID_REQUEST`.
+/// Not JSON: `INVALID_JSON`. Then as [`parse_submit_value`].
 pub fn parse_submit_body(body: &[u8]) -> Result<SubmitRequest, IngestError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| invalid(ErrorCode::InvalidJson, format!("request body: {e}")))?;
+    parse_submit_value(value)
+}
+
+/// Read a submission from its JSON (a body, or an item of a batch).
+///
+/// A numeric field that is not a whole number from 0 to `u64::MAX`
+/// (`u32::MAX` for `max_attempts`): that field's code (see the module's
+/// bounds), where a typed parse would only say `INVALID_REQUEST`; a
+/// `run_at` that [`parse_run_at`] cannot read: `INVALID_RUN_AT`. Any other
+/// mismatch (not an object, no `task`, an unknown field): `INVALID_REQUEST`.
+pub fn parse_submit_value(value: Value) -> Result<SubmitRequest, IngestError> {
     if let Value::Object(fields) = &value {
+        if let Some(at) = fields.get("run_at").filter(|v| !v.is_null()) {
+            parse_run_at(at).map_err(|why| invalid(ErrorCode::InvalidRunAt, why))?;
+        }
         for (name, code) in NUMBER_FIELDS {
             let max = if name == "max_attempts" {
                 u64::from(u32::MAX)
@@ -276,8 +420,17 @@ pub fn parse_submit_body(body: &[u8]) -> Result<SubmitRequest, IngestError> {
 struct Numbers {
     max_attempts: u32,
     timeout_ms: Option<u64>,
-    delay_ms: u64,
+    start: Start,
     expires_in_ms: Option<u64>,
+}
+
+/// When a submission asks to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// This many ms after the submission (`delay_ms`; 0 is at once).
+    Delay(u64),
+    /// At this time, ms since the Unix epoch (`run_at`); at once if past.
+    At(u64),
 }
 
 /// Check every number of `req` against its bound (see the module's table).
@@ -298,6 +451,12 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
                 "timeout_ms must be 1 to {}, got {t}",
                 settings.max_timeout_ms
             ),
+        ));
+    }
+    if let (Some(_), Some(_)) = (req.run_at, req.delay_ms) {
+        return Err(invalid(
+            ErrorCode::InvalidRunAt,
+            "run_at and delay_ms both say when to run: send one of them",
         ));
     }
     let delay_ms = req.delay_ms.unwrap_or(0);
@@ -324,29 +483,45 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
             ));
         }
     }
+    let start = match req.run_at {
+        Some(at) => Start::At(at),
+        None => Start::Delay(delay_ms),
+    };
     Ok(Numbers {
         max_attempts,
         timeout_ms: req.timeout_ms,
-        delay_ms,
+        start,
         expires_in_ms: req.expires_in_ms,
     })
 }
 
 /// When a task submitted at `now` may run, and when it expires: `now` plus
-/// the delay, and plus the expiry. Each addition is checked; one that
-/// overflows is refused with the field's code instead of wrapping around
-/// to a time before `now`.
+/// the delay (or the `run_at` asked for, `now` if that is past), and `now`
+/// plus the expiry. Each addition is checked; one that overflows is
+/// refused with the field's code instead of wrapping around to a time
+/// before `now`. A `run_at` more than [`MAX_DELAY_MS`] ahead is refused
+/// (`INVALID_RUN_AT`), and so is an expiry that does not come after the run
+/// time (`INVALID_EXPIRY`).
 pub fn schedule(
     now: u64,
-    delay_ms: u64,
+    start: Start,
     expires_in_ms: Option<u64>,
 ) -> Result<(u64, Option<u64>), IngestError> {
-    let run_at = now.checked_add(delay_ms).ok_or_else(|| {
-        invalid(
-            ErrorCode::InvalidDelay,
-            format!("delay_ms {delay_ms} overflows"),
-        )
-    })?;
+    let run_at = match start {
+        Start::Delay(delay_ms) => now.checked_add(delay_ms).ok_or_else(|| {
+            invalid(
+                ErrorCode::InvalidDelay,
+                format!("delay_ms {delay_ms} overflows"),
+            )
+        })?,
+        Start::At(at) if at.saturating_sub(now) > MAX_DELAY_MS => {
+            return Err(invalid(
+                ErrorCode::InvalidRunAt,
+                format!("run_at {at} is more than {MAX_DELAY_MS} ms (30 days) after now ({now})"),
+            ));
+        }
+        Start::At(at) => at.max(now),
+    };
     let expires_at = match expires_in_ms {
         None => None,
         Some(ms) => Some(now.checked_add(ms).ok_or_else(|| {
@@ -356,6 +531,17 @@ pub fn schedule(
             )
         })?),
     };
+    if let Some(at) = expires_at
+        && at <= run_at
+    {
+        return Err(invalid(
+            ErrorCode::InvalidExpiry,
+            format!(
+                "expires_in_ms ends at {at}, not after the run time {run_at}: \
+                 the task would expire before it may run"
+            ),
+        ));
+    }
     Ok((run_at, expires_at))
 }
 
@@ -376,9 +562,63 @@ pub async fn submit(
     settings: &IngestSettings,
     queue: &str,
     header_key: Option<&str>,
-    mut req: SubmitRequest,
+    req: SubmitRequest,
     has_handler: impl Fn(&str) -> bool,
 ) -> Result<Submitted, IngestError> {
+    let new = prepare(settings, queue, header_key, req, has_handler)?;
+    let outcome = store.submit(&new, settings.max_queue_depth).await?;
+    settle(new, outcome)
+}
+
+/// Validate every item of a batch for `queue` and run the valid ones in
+/// one pipeline, one round trip to Redis (see the module's "Batches").
+/// `items` are the items as read ([`parse_submit_value`]); one that could
+/// not be read keeps its error. The outcome of each item, in order, is
+/// what [`submit`] would have returned for it; only Redis failing for the
+/// whole pipeline fails the whole batch, and then some items may have been
+/// written (their keys make a resubmission safe).
+pub async fn submit_batch(
+    store: &Store,
+    settings: &IngestSettings,
+    queue: &str,
+    items: Vec<Result<SubmitRequest, IngestError>>,
+    has_handler: impl Fn(&str) -> bool,
+) -> Result<Vec<Result<Submitted, IngestError>>, StoreError> {
+    let mut outcomes: Vec<Option<Result<Submitted, IngestError>>> = Vec::new();
+    let (mut tasks, mut slots) = (Vec::new(), Vec::new());
+    for item in items {
+        match item.and_then(|req| prepare(settings, queue, None, req, &has_handler)) {
+            Ok(new) => {
+                slots.push(outcomes.len());
+                tasks.push(new);
+                outcomes.push(None);
+            }
+            Err(e) => outcomes.push(Some(Err(e))),
+        }
+    }
+    let written = store.submit_batch(&tasks, settings.max_queue_depth).await?;
+    for ((slot, new), outcome) in slots.into_iter().zip(tasks).zip(written) {
+        outcomes[slot] = Some(
+            outcome
+                .map_err(IngestError::from)
+                .and_then(|o| settle(new, o)),
+        );
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| StoreError::Protocol("a batch item got no outcome".into())))
+        .collect()
+}
+
+/// Everything [`submit`] does before Redis: check the submission and make
+/// the task it asks for.
+fn prepare(
+    settings: &IngestSettings,
+    queue: &str,
+    header_key: Option<&str>,
+    mut req: SubmitRequest,
+    has_handler: impl Fn(&str) -> bool,
+) -> Result<NewTask, IngestError> {
     validate_queue_name(queue)?;
     validate_task_name(&req.task)?;
     let key = header_key
@@ -400,8 +640,8 @@ pub async fn submit(
     }
 
     let now = now_ms();
-    let (run_at, expires_at) = schedule(now, numbers.delay_ms, numbers.expires_in_ms)?;
-    let new = NewTask {
+    let (run_at, expires_at) = schedule(now, numbers.start, numbers.expires_in_ms)?;
+    Ok(NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         queue: queue.to_owned(),
         fingerprint: fingerprint(&req.task, &payload),
@@ -413,8 +653,12 @@ pub async fn submit(
         now,
         run_at,
         expires_at,
-    };
-    match store.submit(&new, settings.max_queue_depth).await? {
+    })
+}
+
+/// What the ingest script's `outcome` for `new` means to its submitter.
+fn settle(new: NewTask, outcome: SubmitOutcome) -> Result<Submitted, IngestError> {
+    match outcome {
         SubmitOutcome::Created { status } => Ok(Submitted {
             task_id: new.id,
             queue: new.queue,
@@ -494,6 +738,7 @@ mod tests {
             timeout_ms: None,
             delay_ms,
             expires_in_ms,
+            run_at: None,
         }
     }
 
@@ -509,8 +754,82 @@ mod tests {
     fn the_overflowing_expiry_of_the_issue_is_refused() {
         let req = request(None, Some(u64::MAX));
         assert_eq!(code(check_numbers(&settings(), &req)), "INVALID_EXPIRY");
-        assert_eq!(code(schedule(1, 0, Some(u64::MAX))), "INVALID_EXPIRY");
-        assert_eq!(code(schedule(u64::MAX, 1, None)), "INVALID_DELAY");
+        assert_eq!(
+            code(schedule(1, Start::Delay(0), Some(u64::MAX))),
+            "INVALID_EXPIRY"
+        );
+        assert_eq!(
+            code(schedule(u64::MAX, Start::Delay(1), None)),
+            "INVALID_DELAY"
+        );
+    }
+
+    #[test]
+    fn rfc3339_times_read_as_ms_since_the_epoch() {
+        for (text, want) in [
+            ("1970-01-01T00:00:00Z", 0),
+            ("1970-01-01T00:00:01.5Z", 1_500),
+            ("2000-02-29T12:00:00Z", 951_825_600_000),
+            ("2026-12-03T14:00:00.250Z", 1_796_306_400_250),
+            ("2026-12-03t15:00:00.250123+01:00", 1_796_306_400_250),
+            ("2026-12-03 09:30:00-04:30", 1_796_306_400_000),
+            ("1969-12-31T23:59:59Z", 0),
+            ("2016-12-31T23:59:60Z", 1_483_228_800_000),
+        ] {
+            assert_eq!(rfc3339_ms(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "2026-12-03",
+            "2026-12-03T14:00:00",
+            "2026-12-03T14:00Z",
+            "2026-02-29T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-12-03T24:00:00Z",
+            "2026-12-03T14:00:00.Z",
+            "2026-12-03T14:00:00+0100",
+            "2026-12-03T14:00:00Zjunk",
+            "２026-12-03T14:00:00Z",
+        ] {
+            assert!(rfc3339_ms(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn run_at_is_a_number_or_an_rfc3339_string_and_not_with_delay_ms() {
+        for (body, want) in [
+            (r#"{"task":"t","run_at":1796306400250}"#, "OK"),
+            (r#"{"task":"t","run_at":"2026-12-03T14:00:00Z"}"#, "OK"),
+            (r#"{"task":"t","run_at":null}"#, "OK"),
+            (r#"{"task":"t","run_at":-1}"#, "INVALID_RUN_AT"),
+            (r#"{"task":"t","run_at":1.5}"#, "INVALID_RUN_AT"),
+            (r#"{"task":"t","run_at":"tomorrow"}"#, "INVALID_RUN_AT"),
+            (r#"{"task":"t","run_at":true}"#, "INVALID_RUN_AT"),
+        ] {
+            assert_eq!(code(parse_submit_body(body.as_bytes())), want, "{body}");
+        }
+        let req = parse_submit_body(br#"{"task":"t","run_at":"1970-01-01T00:00:02Z"}"#);
+        assert_eq!(req.map(|r| r.run_at).ok(), Some(Some(2_000)));
+        let mut both = request(Some(10), None);
+        both.run_at = Some(1);
+        assert_eq!(code(check_numbers(&settings(), &both)), "INVALID_RUN_AT");
+        let now = 1_000_000;
+        assert_eq!(
+            code(schedule(now, Start::At(now + MAX_DELAY_MS), None)),
+            "OK"
+        );
+        assert_eq!(
+            code(schedule(now, Start::At(now + MAX_DELAY_MS + 1), None)),
+            "INVALID_RUN_AT"
+        );
+        assert_eq!(
+            schedule(now, Start::At(5), Some(1)).ok(),
+            Some((now, Some(now + 1)))
+        );
+        assert_eq!(
+            code(schedule(now, Start::At(now + 100), Some(100))),
+            "INVALID_EXPIRY"
+        );
     }
 
     #[test]
@@ -570,9 +889,11 @@ mod tests {
             let req = request(delay, expires);
             match check_numbers(&settings(), &req) {
                 Ok(n) => {
-                    proptest::prop_assert!(n.delay_ms <= MAX_DELAY_MS);
+                    proptest::prop_assert!(
+                        matches!(n.start, Start::Delay(d) if d <= MAX_DELAY_MS)
+                    );
                     proptest::prop_assert!(n.expires_in_ms.is_none_or(|e| e <= MAX_EXPIRES_IN_MS));
-                    match schedule(now, n.delay_ms, n.expires_in_ms) {
+                    match schedule(now, n.start, n.expires_in_ms) {
                         Ok((run_at, expires_at)) => {
                             proptest::prop_assert!(run_at >= now);
                             if let Some(at) = expires_at {
@@ -589,6 +910,37 @@ mod tests {
                 Err(e) => {
                     let c = code(Err::<(), _>(e));
                     proptest::prop_assert!(c == "INVALID_DELAY" || c == "INVALID_EXPIRY", "{c}");
+                }
+            }
+        }
+
+        /// Whatever the clock, the `run_at` and the expiry, an accepted
+        /// `run_at` runs at the time asked for, or now if that is past,
+        /// never more than the longest delay ahead, and expires after it
+        /// runs; a refused one gets `INVALID_RUN_AT` or `INVALID_EXPIRY`.
+        #[test]
+        fn an_accepted_run_at_runs_when_asked_and_expires_after(
+            now in clock(),
+            ahead in number(),
+            behind in proptest::prop_oneof![proptest::strategy::Just(false), proptest::strategy::Just(true)],
+            expires in proptest::option::of(number()),
+        ) {
+            let at = if behind { now.saturating_sub(ahead) } else { now.saturating_add(ahead) };
+            let mut req = request(None, expires);
+            req.run_at = Some(at);
+            let checked = check_numbers(&settings(), &req)
+                .and_then(|n| schedule(now, n.start, n.expires_in_ms));
+            match checked {
+                Ok((run_at, expires_at)) => {
+                    proptest::prop_assert_eq!(run_at, at.max(now));
+                    proptest::prop_assert!(run_at - now <= MAX_DELAY_MS);
+                    if let Some(e) = expires_at {
+                        proptest::prop_assert!(e > run_at);
+                    }
+                }
+                Err(e) => {
+                    let c = code(Err::<(), _>(e));
+                    proptest::prop_assert!(c == "INVALID_RUN_AT" || c == "INVALID_EXPIRY", "{c}");
                 }
             }
         }

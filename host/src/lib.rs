@@ -16,7 +16,7 @@
 //! - [`api`]: the HTTP API (axum on hyper): routes, the error body, tokens
 //!   and scopes, connection and request limits.
 //! - [`worker`]: fetch loop, executor, completion, reclaim, delayed mover,
-//!   cancel listener.
+//!   expiry sweep, scheduler of periodic tasks, cancel listener.
 //! - [`sandbox`]: the wasmtime engine, module cache, per-call store and
 //!   limits, and the host imports a handler can reach.
 //! - [`deploy`]: the handler registry in Redis (modules by digest, active

@@ -1,5 +1,5 @@
 //! The `dtq` command: the server (`serve`, `worker`, `api`) and a client for
-//! its HTTP API (`submit`, `status`, `tasks`, `watch`, `cancel`, `queues`,
+//! its HTTP API (`submit`, `submit-batch`, `status`, `tasks`, `watch`, `cancel`, `queues`,
 //! `dlq`, `deploy`, `handlers`, `rollback`, `undeploy`).
 
 use std::process::ExitCode;
@@ -63,7 +63,22 @@ enum Command {
     /// Submit a task through the API and print the response.
     #[command(after_help = EXIT_CODES)]
     Submit(SubmitArgs),
-    /// Show a task: status, attempts, result, error, log, timestamps.
+    /// Submit the tasks of a file of JSON lines, each line a submission
+    /// body (`{"task", "payload", "idempotency_key"?, ...}`), in batches of
+    /// 1000: print each line's result as a JSON line (`line`, `status`,
+    /// `body`) and a summary on stderr. Exit code 1 if any was refused.
+    #[command(after_help = EXIT_CODES)]
+    SubmitBatch {
+        /// The queue.
+        queue: String,
+        /// The file of JSON lines, or `-` for stdin.
+        file: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a task: status, attempts, result, error, log, timestamps, and
+    /// `attempt_history`: each attempt kept (the last 20), oldest first,
+    /// with its outcome, error, log, start, end, duration and digest.
     Status {
         /// The task's queue.
         queue: String,
@@ -123,9 +138,12 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// List or requeue dead-lettered tasks.
+    /// List, requeue or purge dead-lettered tasks.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Set, list or delete a queue's periodic tasks (cron schedules, UTC).
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Deploy a handler module to the fleet (needs the admin token).
     ///
     /// The module is checked first (it compiles, fits the handler world,
@@ -217,6 +235,52 @@ struct DeployArgs {
 }
 
 #[derive(Subcommand)]
+enum ScheduleCommand {
+    /// Create or replace a schedule (needs the admin token): one task per
+    /// tick across the fleet, fired by the workers consuming the queue.
+    Set {
+        /// The queue.
+        queue: String,
+        /// The schedule's name, unique in the queue.
+        name: String,
+        /// 5 fields (minute hour day-of-month month day-of-week), or 6 with
+        /// seconds first; UTC. E.g. '*/5 * * * *'.
+        #[arg(long)]
+        cron: String,
+        /// The task each tick submits (a deployed handler).
+        #[arg(long)]
+        task: String,
+        /// The payload of each tick's task, JSON text.
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// Attempts of each task.
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// Deadline of one attempt, ms.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List a queue's schedules, with their next and last ticks.
+    List {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a schedule (needs the admin token).
+    Delete {
+        /// The queue.
+        queue: String,
+        /// The schedule.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
 enum DlqCommand {
     /// List a queue's dead-lettered tasks.
     List {
@@ -225,15 +289,66 @@ enum DlqCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Requeue a dead-lettered task (needs the admin token).
+    /// Requeue dead-lettered tasks (needs the admin token): the named ones,
+    /// or --all. Attempt numbers go on rising, and each gets its original
+    /// budget of attempts again.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["ids", "all"]))]
     Requeue {
         /// The queue.
         queue: String,
-        /// The task id.
-        id: String,
+        /// The task ids (one prints the task; several print
+        /// `{"requeued", "not_dead_lettered"}`).
+        ids: Vec<String>,
+        /// Every task the DLQ holds now.
+        #[arg(long)]
+        all: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Purge dead-lettered tasks for good (needs the admin token): each
+    /// task's record and its idempotency record (the key can be submitted
+    /// afresh, as a new task). Prints `{"purged"}`.
+    #[command(group = clap::ArgGroup::new("which").required(true).args(["ids", "all", "older_than"]))]
+    Purge {
+        /// The queue.
+        queue: String,
+        /// The task ids.
+        ids: Vec<String>,
+        /// Every task the DLQ holds now.
+        #[arg(long)]
+        all: bool,
+        /// Those dead-lettered longer ago than this: `500ms`, `45s`, `90m`,
+        /// `12h`, `30d`.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+        older_than: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `<number><unit>`, unit `ms`, `s`, `m`, `h` or `d`, as milliseconds.
+fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "{text:?}: give a number and a unit (ms, s, m, h, d), e.g. 30d"
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("{text:?} is not a duration (e.g. 30d, 12h, 45s)"))
 }
 
 #[derive(Args, Clone)]
@@ -273,6 +388,10 @@ struct SubmitArgs {
     /// Expire if not started within this many ms.
     #[arg(long)]
     expires_in_ms: Option<u64>,
+    /// Run no earlier than this time: RFC 3339 (`2026-12-03T14:00:00Z`) or
+    /// ms since the Unix epoch. Not with --delay-ms.
+    #[arg(long, conflicts_with = "delay_ms")]
+    run_at: Option<String>,
     /// Wait for the task to finish and print its final record.
     #[arg(long)]
     wait: bool,
@@ -347,6 +466,11 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Worker(config) => return serve(config, Roles::WORKER).await,
         Command::Api(config) => return serve(config, Roles::API).await,
         Command::Submit(args) => return submit(args).await,
+        Command::SubmitBatch {
+            queue,
+            file,
+            client,
+        } => return submit_batch(Api::new(client)?, &queue, &file).await,
         Command::Watch {
             queue,
             task,
@@ -407,11 +531,79 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Dlq(DlqCommand::List { queue, client }) => {
             (client, Method::GET, path(&["queues", &queue, "dlq"])?)
         }
-        Command::Dlq(DlqCommand::Requeue { queue, id, client }) => (
+        Command::Schedule(ScheduleCommand::Set {
+            queue,
+            name,
+            cron,
+            task,
+            payload,
+            max_attempts,
+            timeout_ms,
             client,
-            Method::POST,
-            path(&["queues", &queue, "dlq", &id, "requeue"])?,
+        }) => {
+            let payload: Value = serde_json::from_str(&payload)
+                .map_err(|e| fail(2, anyhow::anyhow!("--payload is not JSON: {e}")))?;
+            let mut body = json!({"cron": cron, "task": task, "payload": payload});
+            if let Some(n) = max_attempts {
+                body["max_attempts"] = json!(n);
+            }
+            if let Some(ms) = timeout_ms {
+                body["timeout_ms"] = json!(ms);
+            }
+            let path = path(&["queues", &queue, "schedules", &name])?;
+            let api = Api::new(client)?;
+            return print_json(&api.request(Method::PUT, &path, Some(body), None).await?);
+        }
+        Command::Schedule(ScheduleCommand::List { queue, client }) => {
+            (client, Method::GET, path(&["queues", &queue, "schedules"])?)
+        }
+        Command::Schedule(ScheduleCommand::Delete {
+            queue,
+            name,
+            client,
+        }) => (
+            client,
+            Method::DELETE,
+            path(&["queues", &queue, "schedules", &name])?,
         ),
+        Command::Dlq(DlqCommand::Requeue {
+            queue,
+            ids,
+            all,
+            client,
+        }) => match ids.as_slice() {
+            [id] if !all => (
+                client,
+                Method::POST,
+                path(&["queues", &queue, "dlq", id, "requeue"])?,
+            ),
+            _ => {
+                let body = if all {
+                    json!({"all": true})
+                } else {
+                    json!({ "ids": ids })
+                };
+                let path = path(&["queues", &queue, "dlq", "requeue"])?;
+                let api = Api::new(client)?;
+                return print_json(&api.request(Method::POST, &path, Some(body), None).await?);
+            }
+        },
+        Command::Dlq(DlqCommand::Purge {
+            queue,
+            ids,
+            all,
+            older_than,
+            client,
+        }) => {
+            let body = match older_than {
+                Some(ms) => json!({ "older_than_ms": ms }),
+                None if all => json!({"all": true}),
+                None => json!({ "ids": ids }),
+            };
+            let path = path(&["queues", &queue, "dlq"])?;
+            let api = Api::new(client)?;
+            return print_json(&api.request(Method::DELETE, &path, Some(body), None).await?);
+        }
     };
     let api = Api::new(client)?;
     print_json(&api.request(method, &path, None, None).await?)
@@ -547,6 +739,9 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             body[name] = json!(v);
         }
     }
+    if let Some(at) = args.run_at {
+        body["run_at"] = at.parse::<u64>().map_or_else(|_| json!(at), |ms| json!(ms));
+    }
     let api = Api::new(args.client)?;
     let submitted = api
         .request(
@@ -594,6 +789,63 @@ async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// `dtq submit-batch`: the lines of `file` (blank ones skipped) in
+/// batches of [`MAX_BATCH_ITEMS`](dtq_host::ingest::MAX_BATCH_ITEMS); a
+/// line that is not JSON stops it before anything is sent.
+#[allow(clippy::print_stdout)]
+async fn submit_batch(api: Api, queue: &str, file: &str) -> Result<(), Failure> {
+    let text = match file {
+        "-" => std::io::read_to_string(std::io::stdin()).context("reading the tasks from stdin")?,
+        f => std::fs::read_to_string(f).with_context(|| format!("reading the tasks from {f}"))?,
+    };
+    let mut items = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if !line.trim().is_empty() {
+            let item: Value = serde_json::from_str(line)
+                .map_err(|e| fail(2, anyhow::anyhow!("line {}: not JSON: {e}", i + 1)))?;
+            items.push((i + 1, item));
+        }
+    }
+    if items.is_empty() {
+        return Err(fail(2, anyhow::anyhow!("{file} has no tasks")));
+    }
+    let path = path(&["queues", queue, "tasks", "batch"])?;
+    let (mut new, mut replays, mut refused) = (0, 0, 0);
+    for chunk in items.chunks(dtq_host::ingest::MAX_BATCH_ITEMS) {
+        let tasks: Vec<&Value> = chunk.iter().map(|(_, item)| item).collect();
+        let body = json!({ "tasks": tasks });
+        let answer = api
+            .request(reqwest::Method::POST, &path, Some(body), None)
+            .await?;
+        let results = answer["results"]
+            .as_array()
+            .context("the response has no results")?;
+        for ((line, _), result) in chunk.iter().zip(results) {
+            match result["status"].as_u64() {
+                Some(202) => new += 1,
+                Some(200) => replays += 1,
+                _ => refused += 1,
+            }
+            let status = &result["status"];
+            println!(
+                "{}",
+                json!({"line": line, "status": status, "body": result["body"]})
+            );
+        }
+    }
+    eprintln!(
+        "{} tasks: {new} new, {replays} replays, {refused} refused",
+        items.len()
+    );
+    if refused > 0 {
+        return Err(fail(
+            1,
+            anyhow::anyhow!("{refused} of {} tasks were refused", items.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `status` is one a task ends in.

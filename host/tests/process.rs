@@ -548,6 +548,82 @@ async fn the_client_commands_exit_with_the_documented_codes() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn submit_batch_prints_a_result_per_line_and_fails_if_any_is_refused() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let server = Proc::start(&dir, "serve", "serve", &redis, &[]).await?;
+    let api = server.api.as_str();
+    let file = dir.path.join("tasks.jsonl");
+    let lines = [
+        r#"{"task": "echo", "payload": {"n": 1}, "idempotency_key": "b-1"}"#,
+        "",
+        r#"{"task": "echo", "payload": {"n": 2}, "run_at": "2001-01-01T00:00:00Z"}"#,
+    ];
+    std::fs::write(&file, lines.join("\n"))?;
+    let path = file.to_string_lossy().into_owned();
+    let out = run(&["submit-batch", "default", &path, "--api", api]).await?;
+    expect_code(&out, 0, "submit-batch")?;
+    let printed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(printed.len(), 2, "{printed:#?}");
+    assert_eq!(
+        (&printed[0]["line"], &printed[0]["status"]),
+        (&json!(1), &json!(202))
+    );
+    assert_eq!(
+        (&printed[1]["line"], &printed[1]["status"]),
+        (&json!(3), &json!(202))
+    );
+    let id = printed[0]["body"]["task_id"].as_str().context("task_id")?;
+    client(&server)
+        .wait_for("default", id, &["SUCCEEDED"], WAIT)
+        .await?;
+
+    // The same file again: a replay, and a refused line, exit 1.
+    let refused = r#"{"task": "no_such_task"}"#;
+    std::fs::write(&file, format!("{}\n{refused}\n", lines[0]))?;
+    let out = run(&["submit-batch", "default", &path, "--api", api]).await?;
+    expect_code(&out, 1, "submit-batch with a refused line")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let printed: Vec<Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(printed[0]["status"], 200, "{text}");
+    assert_eq!(printed[0]["body"]["task_id"], id, "{text}");
+    assert_eq!(
+        printed[1]["body"]["error"]["code"], "UNKNOWN_TASK",
+        "{text}"
+    );
+    assert!(stderr(&out).contains("1 refused"), "{}", stderr(&out));
+
+    // 2: a line that is not JSON; nothing is sent.
+    std::fs::write(&file, "{\"task\": \"echo\"}\n{oops\n")?;
+    let out = run(&["submit-batch", "default", &path, "--api", api]).await?;
+    expect_code(&out, 2, "submit-batch with a line that is not JSON")?;
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+
+    // `submit --run-at` schedules the task at that time.
+    let at = dtq_host::ingest::now_ms() + 3_600_000;
+    let out = run(&[
+        "submit",
+        "default",
+        "echo",
+        "{}",
+        "--run-at",
+        &at.to_string(),
+        "--api",
+        api,
+    ])
+    .await?;
+    expect_code(&out, 0, "submit --run-at")?;
+    assert_eq!(stdout_json(&out)?["status"], "SCHEDULED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_server_that_cannot_start_says_why() -> Result<()> {
     let redis = RedisServer::start()?;
     let port = free_port()?.to_string();

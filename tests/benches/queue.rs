@@ -215,6 +215,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
                     timeout_ms: None,
                     delay_ms: None,
                     expires_in_ms: None,
+                    run_at: None,
                 };
                 let done = ingest::submit(&store, &settings, QUEUE, None, req, |_| true).await?;
                 anyhow::Ok(done.task_id)
@@ -899,6 +900,7 @@ mod peers {
                         timeout_ms: None,
                         delay_ms: None,
                         expires_in_ms: None,
+                        run_at: None,
                     };
                     let done =
                         ingest::submit(&store, &settings, QUEUE, None, req, |_| true).await?;

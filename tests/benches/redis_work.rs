@@ -153,6 +153,7 @@ async fn submit(
                 timeout_ms: None,
                 delay_ms: None,
                 expires_in_ms: None,
+                run_at: None,
             };
             async move {
                 ingest::submit(store, settings, QUEUE, None, req, |_| true).await?;

@@ -208,6 +208,7 @@ async fn one_request_reads_a_bounded_part_of_the_index() -> Result<()> {
                 timeout_ms: None,
                 delay_ms: None,
                 expires_in_ms: None,
+                run_at: None,
             };
             let (store, settings) = (&dtq.store, &settings);
             async move {
@@ -272,6 +273,7 @@ async fn the_index_is_trimmed_to_the_retention() -> Result<()> {
                     timeout_ms: None,
                     delay_ms: None,
                     expires_in_ms: None,
+                    run_at: None,
                 };
                 ingest::submit(store, settings, "default", None, req, |_| true).await?;
             }

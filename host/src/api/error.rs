@@ -75,6 +75,9 @@ error_codes! {
     InvalidQueueName = "INVALID_QUEUE_NAME", BAD_REQUEST;
     /// A task name that is empty, too long or has a forbidden character.
     InvalidTaskName = "INVALID_TASK_NAME", BAD_REQUEST;
+    /// A schedule name that is empty, too long or has a forbidden
+    /// character.
+    InvalidScheduleName = "INVALID_SCHEDULE_NAME", BAD_REQUEST;
     /// An idempotency key that is empty, too long or not visible text.
     InvalidIdempotencyKey = "INVALID_IDEMPOTENCY_KEY", BAD_REQUEST;
     /// `max_attempts` out of its bounds or not a whole number.
@@ -87,9 +90,17 @@ error_codes! {
     /// `expires_in_ms` out of its bounds, not over `delay_ms`, not a whole
     /// number, or overflowing the expiry time.
     InvalidExpiry = "INVALID_EXPIRY", BAD_REQUEST;
+    /// `run_at` neither ms since the epoch nor an RFC 3339 time, more than
+    /// 30 days ahead, or sent with `delay_ms`.
+    InvalidRunAt = "INVALID_RUN_AT", BAD_REQUEST;
+    /// A batch submission with no items.
+    EmptyBatch = "EMPTY_BATCH", BAD_REQUEST;
     /// No handler is deployed for the submitted task name (or, on a
     /// handler route, the task was never deployed).
     UnknownTask = "UNKNOWN_TASK", BAD_REQUEST;
+    /// A bulk DLQ request naming more ids than one request takes
+    /// (`details.max`).
+    TooManyIds = "TOO_MANY_IDS", BAD_REQUEST;
     /// A deploy's setting is out of its range (`details.setting` names it).
     InvalidSettings = "INVALID_SETTINGS", BAD_REQUEST;
     /// No bearer token, or one that is not configured.
@@ -104,6 +115,11 @@ error_codes! {
     NotFound = "NOT_FOUND", NOT_FOUND;
     /// A rollback to a digest that is not in the task's history.
     UnknownVersion = "UNKNOWN_VERSION", NOT_FOUND;
+    /// No schedule of that name in the queue.
+    UnknownSchedule = "UNKNOWN_SCHEDULE", NOT_FOUND;
+    /// An idempotency key with no record in the queue: never used, or its
+    /// record expired (`--idem-ttl-s`).
+    UnknownKey = "UNKNOWN_KEY", NOT_FOUND;
     /// The route exists, not with this method.
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED;
     /// The request body did not arrive within the body timeout.
@@ -120,6 +136,8 @@ error_codes! {
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE;
     /// A deployed module over `--max-module-mib`.
     ModuleTooLarge = "MODULE_TOO_LARGE", PAYLOAD_TOO_LARGE;
+    /// A batch submission with more items than a batch may hold.
+    BatchTooLarge = "BATCH_TOO_LARGE", PAYLOAD_TOO_LARGE;
     /// A submission not declared `Content-Type: application/json`.
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE;
     /// A deployed module that cannot run as a handler: not a component, not
@@ -128,6 +146,9 @@ error_codes! {
     InvalidModule = "INVALID_MODULE", UNPROCESSABLE_ENTITY;
     /// The idempotency key was used with another task or payload.
     IdempotencyKeyMismatch = "IDEMPOTENCY_KEY_MISMATCH", UNPROCESSABLE_ENTITY;
+    /// A schedule's cron expression that does not parse (5 fields, or 6
+    /// with seconds first), or that never fires.
+    InvalidCron = "INVALID_CRON", UNPROCESSABLE_ENTITY;
     /// The queue is at its depth limit.
     QueueFull = "QUEUE_FULL", TOO_MANY_REQUESTS;
     /// A bug: a handler panicked or a route is miswired.
@@ -189,16 +210,21 @@ impl ApiError {
     pub(super) fn internal(message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::InternalError, message)
     }
+
+    /// The error body, `{"error": {"code", "message", "details"}}`.
+    pub fn into_body(self) -> Value {
+        json!({"error": {
+            "code": self.code.as_str(),
+            "message": self.message,
+            "details": self.details,
+        }})
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();
-        let body = json!({"error": {
-            "code": self.code.as_str(),
-            "message": self.message,
-            "details": self.details,
-        }});
+        let body = self.into_body();
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response

@@ -47,11 +47,14 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use utoipa::IntoParams;
 
 use super::Shared;
 use super::auth::Scope;
 use super::error::{ApiError, ErrorCode};
 use super::extract::{ApiPath, ApiQuery};
+use super::openapi::ErrorBody;
+use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
 use crate::store::{QueueEvent, Store, StreamId};
 
@@ -112,7 +115,8 @@ impl EventStreams {
 pub(super) struct StreamsStop(pub(super) CancellationToken);
 
 /// The query of the events route.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EventParams {
     /// Continue after this entry id (the `Last-Event-ID` header wins).
@@ -122,6 +126,22 @@ pub(super) struct EventParams {
 }
 
 /// `GET /v1/queues/{queue}/events`.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/events",
+    tag = "tasks",
+    params(
+        QueuePath,
+        EventParams,
+        ("Last-Event-ID" = Option<String>, Header, description = "Continue after this event id (wins over `since`)"),
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events, without end: `event:` a task's new status with `data:` a `QueueEvent`; `event: gap` with `data:` an `EventGap` when events were missed", content_type = "text/event-stream", body = String),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_EVENT_ID`, `INVALID_QUERY`", body = ErrorBody),
+        (status = 503, description = "`TOO_MANY_EVENT_STREAMS`, `STORE_UNAVAILABLE`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn subscribe(
     State(shared): State<Shared>,
     ApiPath(queue): ApiPath<String>,

@@ -9,11 +9,17 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
 use super::Shared;
 use super::auth::Scope;
 use super::error::{ApiError, ErrorCode};
 use super::extract::{ApiPath, ApiQuery};
+use super::openapi::ErrorBody;
+use super::openapi::schemas::{
+    ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
+    HandlerPath, Undeployed,
+};
 use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError};
 use crate::ingest::{now_ms, validate_task_name};
 
@@ -66,6 +72,13 @@ impl From<RegistryError> for ApiError {
 
 /// `GET /v1/handlers`: each deployed task's active version, with how many
 /// live workers run it, and what each live worker runs.
+#[utoipa::path(
+    get,
+    path = "/v1/handlers",
+    tag = "handlers",
+    responses((status = 200, description = "Every deployed task's active version; what each live worker runs", body = HandlerList)),
+    security(("bearer" = [])),
+)]
 pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
     shared.auth.authorize(&headers, Scope::Read, None)?;
     let registry = &shared.state.deploy.registry;
@@ -88,6 +101,17 @@ pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> Ap
 }
 
 /// `GET /v1/handlers/{task}`: the active version and the history.
+#[utoipa::path(
+    get,
+    path = "/v1/handlers/{task}",
+    tag = "handlers",
+    params(HandlerPath),
+    responses(
+        (status = 200, description = "The active version and the history, newest first", body = HandlerHistory),
+        (status = 400, description = "`INVALID_TASK_NAME`; `UNKNOWN_TASK`: never deployed", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn history(
     State(shared): State<Shared>,
     ApiPath(task): ApiPath<String>,
@@ -112,6 +136,22 @@ pub(super) async fn history(
 /// settings. Checked (it compiles, fits the handler world, its imports are
 /// provided, its namespace is granted) before it is stored: a refused
 /// module never reaches a worker.
+#[utoipa::path(
+    put,
+    path = "/v1/handlers/{task}",
+    tag = "handlers",
+    params(HandlerPath, DeployQuery),
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component (`wasm32-wasip2`, the handler world)"),
+    responses(
+        (status = 201, description = "Deployed", body = Deployed),
+        (status = 200, description = "The same module and settings were active already (`unchanged: true`)", body = Deployed),
+        (status = 400, description = "`INVALID_TASK_NAME`, `INVALID_SETTINGS`, `INVALID_QUERY`", body = ErrorBody),
+        (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
+        (status = 413, description = "`MODULE_TOO_LARGE`", body = ErrorBody),
+        (status = 422, description = "`INVALID_MODULE`: it cannot run as a handler (the reason in the message)", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn deploy(
     State(shared): State<Shared>,
     ApiPath(task): ApiPath<String>,
@@ -177,7 +217,8 @@ pub(super) async fn deploy(
     Ok((status, Json(body)).into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// The body of a rollback (optional).
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RollbackRequest {
     /// The digest to return to; default: the newest different version.
@@ -185,6 +226,20 @@ struct RollbackRequest {
 }
 
 /// `POST /v1/handlers/{task}/rollback`, optional body `{"to": digest}`.
+#[utoipa::path(
+    post,
+    path = "/v1/handlers/{task}/rollback",
+    tag = "handlers",
+    params(HandlerPath),
+    request_body(content = Option<RollbackRequest>, description = "`{\"to\": digest}`, or no body for the newest version that differs from the active one"),
+    responses(
+        (status = 200, description = "The version now active", body = ActiveHandler),
+        (status = 400, description = "`INVALID_TASK_NAME`, `INVALID_REQUEST`; `UNKNOWN_TASK`: never deployed", body = ErrorBody),
+        (status = 404, description = "`UNKNOWN_VERSION`", body = ErrorBody),
+        (status = 409, description = "`NO_EARLIER_VERSION`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn rollback(
     State(shared): State<Shared>,
     ApiPath(task): ApiPath<String>,
@@ -211,6 +266,17 @@ pub(super) async fn rollback(
 }
 
 /// `DELETE /v1/handlers/{task}`.
+#[utoipa::path(
+    delete,
+    path = "/v1/handlers/{task}",
+    tag = "handlers",
+    params(HandlerPath),
+    responses(
+        (status = 200, description = "Undeployed (`undeployed: false` when no version was active)", body = Undeployed),
+        (status = 400, description = "`INVALID_TASK_NAME`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn undeploy(
     State(shared): State<Shared>,
     ApiPath(task): ApiPath<String>,

@@ -17,25 +17,45 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::IntoParams;
 
 use super::Shared;
 use super::auth::Scope;
 use super::error::{ApiError, ErrorCode};
 use super::extract::{ApiPath, ApiQuery};
+use super::openapi::ErrorBody;
+use super::openapi::schemas::{QueuePath, TaskPage};
 use super::routes::{authorized, list_limit, store_call};
 use crate::store::{LIST_SCAN_BUDGET, StreamId, TaskStatus};
 
 /// The query of the listing.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct TaskListParams {
+    /// Only tasks of this status (any case).
+    #[param(value_type = Option<TaskStatus>)]
     status: Option<String>,
-    /// Taken as text so that every bad value gets `INVALID_LIMIT`.
+    /// Tasks in the page, 1 to 1000; default 100. (Taken as text so that
+    /// every bad value gets `INVALID_LIMIT`.)
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
+    /// A previous page's `next_cursor`, as it is.
     cursor: Option<String>,
 }
 
 /// `GET /v1/queues/{queue}/tasks`.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/tasks",
+    tag = "tasks",
+    params(QueuePath, TaskListParams),
+    responses(
+        (status = 200, description = "A page of tasks, newest first", body = TaskPage),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_STATUS`, `INVALID_LIMIT`, `INVALID_CURSOR`, `INVALID_QUERY`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn list(
     State(shared): State<Shared>,
     ApiPath(queue): ApiPath<String>,

@@ -24,11 +24,22 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use super::auth::{Access, Scope};
 use super::error::{ApiError, ErrorCode};
+use super::openapi::ErrorBody;
 use super::routes::{self, store_call};
 use super::{ApiSettings, ApiState, Shared, router_with};
 use crate::metrics::{CONTENT_TYPE, Metrics, read_depths};
 
 /// `GET /metrics`.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    responses(
+        (status = 200, description = "Prometheus metrics, OpenMetrics text (`application/openmetrics-text; version=1.0.0; charset=utf-8`)", content_type = "application/openmetrics-text", body = String),
+        (status = 404, description = "`NOT_FOUND`: the server runs without metrics", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn scrape(
     State(shared): State<Shared>,
     metrics: Option<Extension<Metrics>>,

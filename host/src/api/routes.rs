@@ -16,10 +16,16 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::LengthLimitError;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::IntoParams;
 
 use super::auth::{Auth, Scope};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{ApiPath, ApiQuery};
+use super::openapi::ErrorBody;
+use super::openapi::schemas::{
+    Cancelled, DeadLetters, Health, QueueList, QueuePath, QueueStats, Requeued, Submitted, Task,
+    TaskPath,
+};
 use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
 use crate::ingest::{self, IngestError, now_ms, validate_queue_name};
 use crate::store::{CancelOutcome, RequeueOutcome};
@@ -51,6 +57,13 @@ where
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "service",
+    responses((status = 200, description = "Redis is reachable", body = Health)),
+    security(()),
+)]
 pub(super) async fn healthz(State(shared): State<Shared>) -> ApiResult {
     let store = shared.state.store.clone();
     store_call(&shared, async move { store.queues().await }).await?;
@@ -61,7 +74,7 @@ pub(super) async fn healthz(State(shared): State<Shared>) -> ApiResult {
 /// `charset=utf-8` allowed). A browser sends a cross-site POST without a
 /// preflight only as `text/plain`, a form or multipart, so this keeps a web
 /// page from submitting tasks with its visitors' network access.
-fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     let essence = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -129,6 +142,28 @@ fn body_timeout(timeout: Duration) -> ApiError {
     .with_details(json!({"timeout_ms": ms}))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks",
+    tag = "tasks",
+    params(
+        QueuePath,
+        ("Idempotency-Key" = Option<String>, Header, description = "The idempotency key; wins over the body's `idempotency_key`"),
+    ),
+    request_body = crate::ingest::SubmitRequest,
+    responses(
+        (status = 202, description = "A new task", body = Submitted),
+        (status = 200, description = "A replay of a terminal key: the stored task, `duplicate: true`", body = Submitted),
+        (status = 400, description = "`INVALID_JSON`, `INVALID_REQUEST`, `UNKNOWN_TASK`, `INVALID_QUEUE_NAME`, `INVALID_TASK_NAME`, `INVALID_IDEMPOTENCY_KEY`, `INVALID_MAX_ATTEMPTS`, `INVALID_TIMEOUT`, `INVALID_DELAY`, `INVALID_EXPIRY`, `INVALID_RUN_AT`", body = ErrorBody),
+        (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
+        (status = 409, description = "`IDEMPOTENCY_IN_PROGRESS`: the key's task is in flight (its `task_id` in `details`)", body = ErrorBody),
+        (status = 413, description = "`PAYLOAD_TOO_LARGE`", body = ErrorBody),
+        (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: not sent as `application/json`", body = ErrorBody),
+        (status = 422, description = "`IDEMPOTENCY_KEY_MISMATCH`: the key was used with another task or payload", body = ErrorBody),
+        (status = 429, description = "`QUEUE_FULL`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn submit(
     State(shared): State<Shared>,
     ApiPath(queue): ApiPath<String>,
@@ -157,23 +192,12 @@ pub(super) async fn submit(
     let mut req = req;
     let state = shared.state.clone();
     let done = store_call(&shared, async move {
-        let known = if (state.has_handler)(&req.task) {
-            if req.max_attempts.is_none() {
-                // The operator's default for the task, set at deploy.
-                req.max_attempts = state.catalog.max_attempts(&req.task);
+        let known = match handler_defaults(&state, &req.task).await? {
+            Some(default) => {
+                req.max_attempts = req.max_attempts.or(default);
+                true
             }
-            true
-        } else {
-            // A task this process does not know yet may have been deployed
-            // a moment ago (through another API): the registry decides.
-            match state.deploy.registry.active_entry(&req.task).await? {
-                Some(entry) => {
-                    let settings = entry.version.map(|v| v.settings).unwrap_or_default();
-                    req.max_attempts = req.max_attempts.or(settings.max_attempts);
-                    true
-                }
-                None => false,
-            }
+            None => false,
         };
         ingest::submit(
             &state.store,
@@ -187,6 +211,12 @@ pub(super) async fn submit(
         .map_err(ApiError::from)
     })
     .await?;
+    Ok(submitted(done).into_response())
+}
+
+/// The answer to a submission that went through: 202 and the new task, or
+/// 200 and the replayed task's record.
+pub(super) fn submitted(done: ingest::Submitted) -> (StatusCode, Json<Value>) {
     let mut body = match &done.record {
         Some(record) => record.to_json(),
         None => json!({"task_id": done.task_id, "queue": done.queue, "task": done.task}),
@@ -198,7 +228,23 @@ pub(super) async fn submit(
     } else {
         StatusCode::ACCEPTED
     };
-    Ok((status, Json(body)).into_response())
+    (status, Json(body))
+}
+
+/// Whether `task` has a handler (`None`: it has not) and the operator's
+/// default `max_attempts` for it, set at deploy. A task this process does
+/// not know yet may have been deployed a moment ago (through another API):
+/// then the registry decides.
+pub(super) async fn handler_defaults(
+    state: &super::ApiState,
+    task: &str,
+) -> Result<Option<Option<u32>>, ApiError> {
+    if (state.has_handler)(task) {
+        return Ok(Some(state.catalog.max_attempts(task)));
+    }
+    let entry = state.deploy.registry.active_entry(task).await?;
+    let settings = entry.map(|e| e.version.map(|v| v.settings).unwrap_or_default());
+    Ok(settings.map(|s| s.max_attempts))
 }
 
 fn checked_queue(queue: &str) -> Result<(), ApiError> {
@@ -224,6 +270,18 @@ pub(super) fn authorized(
     checked_queue(queue)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/tasks/{id}",
+    tag = "tasks",
+    params(TaskPath),
+    responses(
+        (status = 200, description = "The task", body = Task),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
+        (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn get_task(
     State(shared): State<Shared>,
     ApiPath((queue, id)): ApiPath<(String, String)>,
@@ -237,6 +295,20 @@ pub(super) async fn get_task(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks/{id}/cancel",
+    tag = "tasks",
+    params(TaskPath),
+    responses(
+        (status = 200, description = "Cancelled: it was waiting", body = Cancelled),
+        (status = 202, description = "Running: its worker was asked to interrupt it", body = Cancelled),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
+        (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`TASK_TERMINAL`: it already ended", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn cancel(
     State(shared): State<Shared>,
     ApiPath((queue, id)): ApiPath<(String, String)>,
@@ -263,6 +335,13 @@ pub(super) async fn cancel(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues",
+    tag = "queues",
+    responses((status = 200, description = "Every queue's counts (those the token may read)", body = QueueList)),
+    security(("bearer" = [])),
+)]
 pub(super) async fn list_queues(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
     let access = shared.auth.authorize(&headers, Scope::Read, None)?;
     let store = shared.state.store.clone();
@@ -279,6 +358,17 @@ pub(super) async fn list_queues(State(shared): State<Shared>, headers: HeaderMap
     Ok(Json(json!({"queues": queues})).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}",
+    tag = "queues",
+    params(QueuePath),
+    responses(
+        (status = 200, description = "The queue's counts", body = QueueStats),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn queue_stats(
     State(shared): State<Shared>,
     ApiPath(queue): ApiPath<String>,
@@ -292,10 +382,13 @@ pub(super) async fn queue_stats(
 
 /// The query of list routes. Unknown parameters are refused (400
 /// `INVALID_QUERY`), as unknown body fields are.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {
-    /// Taken as text so that every bad value gets `INVALID_LIMIT`.
+    /// Tasks in the page, 1 to 1000; default 100. (Taken as text so that
+    /// every bad value gets `INVALID_LIMIT`.)
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
 }
 
@@ -322,6 +415,17 @@ pub(super) fn list_limit(text: Option<&str>) -> Result<usize, ApiError> {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/dlq",
+    tag = "queues",
+    params(QueuePath, ListParams),
+    responses(
+        (status = 200, description = "Dead-lettered tasks", body = DeadLetters),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_LIMIT`, `INVALID_QUERY`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn list_dlq(
     State(shared): State<Shared>,
     ApiPath(queue): ApiPath<String>,
@@ -339,6 +443,19 @@ pub(super) async fn list_dlq(
     Ok(Json(json!({"queue": queue, "tasks": tasks})).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/dlq/{id}/requeue",
+    tag = "queues",
+    params(TaskPath),
+    responses(
+        (status = 200, description = "Requeued", body = Requeued),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
+        (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`NOT_DEAD_LETTERED`", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub(super) async fn requeue(
     State(shared): State<Shared>,
     ApiPath((queue, id)): ApiPath<(String, String)>,

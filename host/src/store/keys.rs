@@ -7,7 +7,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
-//! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal |
+//! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal, but none while dead-lettered (purged instead: `store/dlq.rs`); `attempt:<n>` fields archive earlier attempts (`store/task.rs`) |
 //! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`) |
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
 //! | `dtq:dlq:{q}` | sorted set | dead-lettered task ids, by time (ms) |
@@ -15,6 +15,10 @@
 //! | `dtq:index:{q}` | stream | every task submitted within the task retention, in submission order (field `id`); written by `ingest.lua`, trimmed there by entry time (`MINID ~`), read newest first by the task listing (see `store::listing`) |
 //! | `dtq:workers:{q}` | sorted set | consumer → its last heartbeat on the queue (ms, Redis's clock) |
 //! | `dtq:clock:{q}` | hash | the queue's liveness clock: `last` tick and when it `resumed` after an outage (ms, Redis's clock) |
+//! | `dtq:expiry:{q}` | sorted set | waiting tasks that have an expiry, by `expires_at` (ms); only those: added by `ingest.lua`, removed when the task starts (`start.lua`) or expires (`expire.lua`, the workers' sweep; an entry whose task ended another way is dropped when it comes due) |
+//! | `dtq:schedules:{q}` | hash | periodic tasks: schedule name → its definition (JSON `{cron, task, payload, max_attempts, timeout_ms, updated_at}`) |
+//! | `dtq:schedule-due:{q}` | sorted set | schedule name → its next tick (ms, UTC); advanced only by a compare-and-set on the tick fired (`schedule_advance.lua`) |
+//! | `dtq:schedule-fired:{q}` | hash | schedule name → its last fired tick (JSON `{tick, task_id, fired_at, error}`) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 //! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
@@ -53,6 +57,15 @@ pub struct QueueKeys {
     /// queue, and when that resumed after a gap (an outage), so that no
     /// worker counts as dead before it could beat again.
     pub clock: String,
+    /// Waiting tasks with an expiry, by when they expire: the workers'
+    /// sweep expires them on time, even while nobody starts them.
+    pub expiry: String,
+    /// Periodic task definitions, by schedule name.
+    pub schedules: String,
+    /// Each schedule's next tick (ms): what the schedulers poll.
+    pub schedule_due: String,
+    /// Each schedule's last fired tick and the task it made.
+    pub schedule_fired: String,
     task_prefix: String,
     idem_prefix: String,
 }
@@ -70,6 +83,10 @@ impl QueueKeys {
             index: format!("dtq:index:{{{queue}}}"),
             workers: format!("dtq:workers:{{{queue}}}"),
             clock: format!("dtq:clock:{{{queue}}}"),
+            expiry: format!("dtq:expiry:{{{queue}}}"),
+            schedules: format!("dtq:schedules:{{{queue}}}"),
+            schedule_due: format!("dtq:schedule-due:{{{queue}}}"),
+            schedule_fired: format!("dtq:schedule-fired:{{{queue}}}"),
             task_prefix: format!("dtq:task:{{{queue}}}:"),
             idem_prefix: format!("dtq:idempotency:{{{queue}}}:"),
         }
@@ -112,6 +129,10 @@ mod tests {
             k.index.clone(),
             k.workers.clone(),
             k.clock.clone(),
+            k.expiry.clone(),
+            k.schedules.clone(),
+            k.schedule_due.clone(),
+            k.schedule_fired.clone(),
             k.task("t1"),
             k.idempotency(Some("abc")),
         ] {

@@ -2,17 +2,25 @@
 //! in `scripts.rs`), the task record (`task.rs`), and [`Store`]: the typed
 //! calls the API and the workers make through them, taking and returning the
 //! values in `types.rs`. Reading a queue's events stream back
-//! (`events.rs`) and listing its tasks through the submission index
-//! (`listing.rs`) are calls of their own files.
+//! (`events.rs`), listing its tasks through the submission index
+//! (`listing.rs`), requeueing and purging its DLQ (`dlq.rs`) and finding
+//! a task by its idempotency key (`lookup.rs`) are calls of their own
+//! files; so are a queue's periodic tasks (`schedules.rs`) and the sweep
+//! that expires waiting tasks on time (`expiry.rs`).
 //!
 //! Every state change of a task is one script, so no reader ever sees a task
 //! half-submitted or half-completed. [`Store`] counts the round trips it makes
 //! ([`Store::round_trips`]), which the benchmarks report per task, and times
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
+mod batch;
+mod dlq;
 mod events;
+mod expiry;
 mod keys;
 mod listing;
+mod lookup;
+mod schedules;
 mod scripts;
 mod task;
 mod types;
@@ -25,11 +33,20 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Value};
 
+pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
 pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
+pub use expiry::EXPIRED_ERROR;
 pub use keys::{CANCEL_CHANNEL, GROUP, QUEUES, QueueKeys};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, TaskPage, TaskSummary};
+pub use lookup::IdempotencyRecord;
+pub use schedules::{
+    CronExpr, FiredTick, InvalidCron, MAX_SCHEDULE_NAME_BYTES, Schedule, ScheduleDef, TIMEZONE,
+    tick_key, validate_schedule_name,
+};
 pub use scripts::Code;
-pub use task::{TaskRecord, TaskStatus};
+pub use task::{
+    ARCHIVED_LOG_MAX_BYTES, AttemptRecord, MAX_ATTEMPT_HISTORY, TaskRecord, TaskStatus,
+};
 pub use types::{
     CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,
     RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
@@ -221,8 +238,17 @@ impl Store {
     /// Submit a task: one script, one round trip (plus, once per queue and
     /// process, the queue's entry in [`QUEUES`]).
     pub async fn submit(&self, new: &NewTask, max_depth: u64) -> Result<SubmitOutcome, StoreError> {
-        let keys = QueueKeys::new(&new.queue);
         self.register_queue(&new.queue).await?;
+        let inv = self.ingest_call(new, max_depth);
+        let reply: Vec<Value> = self
+            .trip("submit", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
+        submit_outcome(reply)
+    }
+
+    /// The ingest script's call for `new` (see `lua/ingest.lua`).
+    fn ingest_call(&self, new: &NewTask, max_depth: u64) -> redis::ScriptInvocation<'_> {
+        let keys = QueueKeys::new(&new.queue);
         let mut inv = self.scripts.ingest.prepare_invoke();
         inv.key(keys.idempotency(new.idempotency_key.as_deref()))
             .key(keys.task(&new.id))
@@ -230,6 +256,7 @@ impl Store {
             .key(&keys.delayed)
             .key(&keys.events)
             .key(&keys.index)
+            .key(&keys.expiry)
             .arg(&new.id)
             .arg(new.now)
             .arg(flag(new.idempotency_key.is_some()))
@@ -239,7 +266,8 @@ impl Store {
             .arg(new.run_at)
             .arg(self.settings.events_max_len)
             .arg(keys.task_prefix())
-            .arg(self.index_trim_bound(&new.queue, new.now));
+            .arg(self.index_trim_bound(&new.queue, new.now))
+            .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default());
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };
@@ -268,33 +296,7 @@ impl Store {
         field("id", new.id.clone());
         field("queue", new.queue.clone());
         field("fingerprint", new.fingerprint.clone());
-        let reply: Vec<Value> = self
-            .trip("submit", inv.invoke_async(&mut self.conn.clone()))
-            .await?;
-        let mut reply = reply.into_iter();
-        let code = code_of(reply.next())?;
-        let second = reply.next();
-        Ok(match code {
-            Code::Ok => {
-                let status: String = from_value(reply.next())?;
-                SubmitOutcome::Created {
-                    status: status.parse()?,
-                }
-            }
-            Code::Replay => {
-                SubmitOutcome::Replay(Box::new(TaskRecord::from_flat(from_value(reply.next())?)?))
-            }
-            Code::InProgress => SubmitOutcome::InProgress {
-                task_id: from_value(second)?,
-            },
-            Code::KeyMismatch => SubmitOutcome::KeyMismatch {
-                task_id: from_value(second)?,
-            },
-            Code::QueueFull => SubmitOutcome::QueueFull {
-                depth: from_value(second)?,
-            },
-            other => return Err(unexpected("ingest", other)),
-        })
+        inv
     }
 
     async fn register_queue(&self, queue: &str) -> Result<(), StoreError> {
@@ -399,7 +401,8 @@ impl Store {
             .arg(GROUP)
             .arg(consumer)
             .arg(visibility.as_millis() as u64)
-            .arg(count);
+            .arg(count)
+            .arg(keys.task_prefix());
         let reply: Vec<Value> = self
             .trip("reclaim", inv.invoke_async(&mut self.conn.clone()))
             .await?;
@@ -423,7 +426,7 @@ impl Store {
         }
         let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.start.prepare_invoke();
-        inv.key(&keys.stream).key(&keys.events);
+        inv.key(&keys.stream).key(&keys.events).key(&keys.expiry);
         for d in deliveries {
             inv.key(keys.task(&d.task_id));
         }
@@ -722,44 +725,6 @@ impl Store {
         })
     }
 
-    /// Requeue dead-lettered task `id` of `queue`.
-    pub async fn requeue(
-        &self,
-        queue: &str,
-        id: &str,
-        now: u64,
-    ) -> Result<RequeueOutcome, StoreError> {
-        let keys = QueueKeys::new(queue);
-        let idem_key = self.idempotency_key_of(&keys, id).await?;
-        let mut inv = self.scripts.requeue.prepare_invoke();
-        inv.key(keys.task(id))
-            .key(&keys.dlq)
-            .key(&keys.stream)
-            .key(&keys.events)
-            .key(keys.idempotency(idem_key.as_deref()))
-            .arg(id)
-            .arg(now)
-            .arg(flag(idem_key.is_some()))
-            .arg(self.settings.idem_ttl_s)
-            .arg(self.settings.events_max_len);
-        let reply: Vec<Value> = self
-            .trip("requeue", inv.invoke_async(&mut self.conn.clone()))
-            .await?;
-        let mut reply = reply.into_iter();
-        match code_of(reply.next())? {
-            Code::Ok => Ok(RequeueOutcome::Requeued),
-            Code::NotInDlq => {
-                let status: String = from_value(reply.next())?;
-                Ok(if status.is_empty() {
-                    RequeueOutcome::NotFound
-                } else {
-                    RequeueOutcome::NotDeadLettered(status.parse()?)
-                })
-            }
-            other => Err(unexpected("requeue", other)),
-        }
-    }
-
     /// Dead-lettered tasks of `queue`, oldest first, at most `limit`.
     pub async fn dead_letters(
         &self,
@@ -873,6 +838,34 @@ fn from_value<T: FromRedisValue>(v: Option<Value>) -> Result<T, StoreError> {
 fn code_of(v: Option<Value>) -> Result<Code, StoreError> {
     let n: i64 = from_value(v)?;
     Code::from_i64(n).ok_or_else(|| StoreError::Protocol(format!("unknown script code {n}")))
+}
+
+/// What the ingest script's `reply` says.
+fn submit_outcome(reply: Vec<Value>) -> Result<SubmitOutcome, StoreError> {
+    let mut reply = reply.into_iter();
+    let code = code_of(reply.next())?;
+    let second = reply.next();
+    Ok(match code {
+        Code::Ok => {
+            let status: String = from_value(reply.next())?;
+            SubmitOutcome::Created {
+                status: status.parse()?,
+            }
+        }
+        Code::Replay => {
+            SubmitOutcome::Replay(Box::new(TaskRecord::from_flat(from_value(reply.next())?)?))
+        }
+        Code::InProgress => SubmitOutcome::InProgress {
+            task_id: from_value(second)?,
+        },
+        Code::KeyMismatch => SubmitOutcome::KeyMismatch {
+            task_id: from_value(second)?,
+        },
+        Code::QueueFull => SubmitOutcome::QueueFull {
+            depth: from_value(second)?,
+        },
+        other => return Err(unexpected("ingest", other)),
+    })
 }
 
 fn unexpected(script: &str, code: Code) -> StoreError {

@@ -28,6 +28,11 @@ pub(crate) struct Scripts {
     pub(crate) requeue: Script,
     pub(crate) heartbeat: Script,
     pub(crate) reclaim: Script,
+    pub(crate) dlq_purge: Script,
+    pub(crate) expire: Script,
+    pub(crate) schedule_put: Script,
+    pub(crate) schedule_delete: Script,
+    pub(crate) schedule_advance: Script,
 }
 
 impl Scripts {
@@ -35,16 +40,21 @@ impl Scripts {
         Scripts {
             ingest: script!("ingest"),
             start: script!("start"),
-            complete: script!("complete"),
+            complete: script!("complete", "attempts"),
             promote: script!("promote"),
             cancel: script!("cancel"),
-            requeue: script!("requeue"),
+            requeue: script!("requeue", "attempts"),
             heartbeat: script!("heartbeat", "liveness"),
-            reclaim: script!("reclaim", "liveness"),
+            reclaim: script!("reclaim", "liveness", "attempts"),
+            dlq_purge: script!("dlq_purge"),
+            expire: script!("expire"),
+            schedule_put: script!("schedule_put"),
+            schedule_delete: script!("schedule_delete"),
+            schedule_advance: script!("schedule_advance"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 8] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.ingest,
             &self.start,
@@ -54,6 +64,11 @@ impl Scripts {
             &self.requeue,
             &self.heartbeat,
             &self.reclaim,
+            &self.dlq_purge,
+            &self.expire,
+            &self.schedule_put,
+            &self.schedule_delete,
+            &self.schedule_advance,
         ]
     }
 }
@@ -89,7 +104,7 @@ pub enum Code {
     Terminal,
     /// cancel: no such task.
     NotFound,
-    /// requeue: the task is not dead-lettered.
+    /// requeue: the task is not dead-lettered (or its DLQ entry dangled).
     NotInDlq,
 }
 
@@ -143,11 +158,16 @@ mod tests {
         "fleet_report",
         "promote",
         "reclaim",
+        "dlq_purge",
         "claim_begin",
         "claim_commit",
         "claim_renew",
         "claim_abort",
         "kv_write",
+        "expire",
+        "schedule_put",
+        "schedule_delete",
+        "schedule_advance",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here

@@ -1,10 +1,23 @@
 //! The task record as it is stored in its hash, and its statuses.
+//!
+//! # Attempt history
+//!
+//! A task's last attempt lives in its hash's own fields (`started_at`,
+//! `finished_at`, `error`, `log`, the last entry of `digests`). An attempt
+//! that does not end the task (a retry; a lost attempt, whose worker died)
+//! is archived by the scripts as one field, `attempt:<n>` (JSON), before
+//! the next attempt overwrites those fields: `complete.lua` for a retry,
+//! `reclaim.lua` for a lost attempt, `requeue.lua` for the dead-lettered
+//! attempt a requeue leaves behind (see `lua/include/attempts.lua`). The
+//! happy path writes no such field. [`TaskRecord::attempt_history`] puts
+//! the archive and the last attempt together, oldest first, at most
+//! [`MAX_ATTEMPT_HISTORY`] attempts.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::StoreError;
@@ -138,6 +151,68 @@ pub struct TaskRecord {
     /// The digest (SHA-256) of the module each attempt ran, in order; `-`
     /// for an attempt whose worker died.
     pub attempt_digests: Vec<String>,
+    /// The archived attempts (`attempt:<n>` fields), by attempt number.
+    pub archived_attempts: Vec<AttemptRecord>,
+}
+
+/// How many attempts a task's history keeps: the scripts keep this many
+/// archived attempts (`lua/include/attempts.lua`, which must agree), and
+/// [`TaskRecord::attempt_history`] shows the last this many of the archive
+/// and the last attempt together. Each archived log is at most
+/// [`ARCHIVED_LOG_MAX_BYTES`], so a task's history stays under about
+/// `MAX_ATTEMPT_HISTORY * ARCHIVED_LOG_MAX_BYTES` of logs however often it
+/// is retried or requeued.
+pub const MAX_ATTEMPT_HISTORY: usize = 20;
+
+/// Largest log of an archived attempt, bytes; longer ones are cut (at a
+/// character boundary, with a marker). The last attempt keeps its whole
+/// log (up to the sandbox's log limit) in the task's `log` field.
+pub const ARCHIVED_LOG_MAX_BYTES: usize = 8192;
+
+/// One attempt of a task, as its history shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The attempt's number, from 1; numbers keep rising across requeues.
+    pub attempt: u32,
+    /// How it ended: `success`, `fatal`, `retry`, `lost` (its worker died;
+    /// no log), `cancelled`, or `running` (not ended yet).
+    pub outcome: String,
+    /// Its error (none for `success` and `running`).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Its captured log (none for `lost` and `running`).
+    #[serde(default)]
+    pub log: Option<String>,
+    /// When it started (ms since epoch).
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    /// When it ended (ms since epoch); for `lost`, when the loss was found.
+    #[serde(default)]
+    pub finished_at: Option<u64>,
+    /// The digest of the module it ran (none for `lost` and `running`).
+    #[serde(default)]
+    pub digest: Option<String>,
+}
+
+impl AttemptRecord {
+    /// `{"attempt", "outcome", "error", "log", "started_at", "finished_at",
+    /// "duration_ms", "digest"}`.
+    pub fn to_json(&self) -> Value {
+        let duration = match (self.started_at, self.finished_at) {
+            (Some(start), Some(end)) => Some(end.saturating_sub(start)),
+            _ => None,
+        };
+        json!({
+            "attempt": self.attempt,
+            "outcome": self.outcome,
+            "error": self.error,
+            "log": self.log,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_ms": duration,
+            "digest": self.digest,
+        })
+    }
 }
 
 /// Field `name` of a task hash, which every task has.
@@ -160,6 +235,7 @@ impl TaskRecord {
     /// Parse a task hash as HGETALL returns it.
     pub fn from_fields(fields: HashMap<String, String>) -> Result<TaskRecord, StoreError> {
         let mut fields = fields;
+        let archived_attempts = archived(&mut fields)?;
         let mut take = |name: &str| fields.remove(name).filter(|v| !v.is_empty());
         let id = required(take("id"), "id")?;
         let status = required(take("status"), "status")?.parse()?;
@@ -186,6 +262,7 @@ impl TaskRecord {
             attempt_digests: take("digests")
                 .map(|d| d.split(',').map(str::to_owned).collect())
                 .unwrap_or_default(),
+            archived_attempts,
             id,
         })
     }
@@ -225,6 +302,82 @@ impl TaskRecord {
             "cancel_requested": self.cancel_requested,
             "handler_digest": self.handler_digest(),
             "attempt_digests": self.attempt_digests,
+            "attempt_history": self
+                .attempt_history()
+                .iter()
+                .map(AttemptRecord::to_json)
+                .collect::<Vec<_>>(),
+        })
+    }
+
+    /// Every attempt the task keeps, oldest first: the archived ones and
+    /// the last one, at most [`MAX_ATTEMPT_HISTORY`] (the newest).
+    pub fn attempt_history(&self) -> Vec<AttemptRecord> {
+        let mut history = self.archived_attempts.clone();
+        if let Some(last) = self.last_attempt() {
+            match history.iter_mut().find(|a| a.attempt == last.attempt) {
+                // Archived as lost by reclaim, yet its worker finished it
+                // before the next attempt began: the finish is the truth.
+                Some(archived) if archived.outcome == "lost" && last.outcome != "lost" => {
+                    *archived = last;
+                }
+                Some(_) => {}
+                None => history.push(last),
+            }
+        }
+        history.sort_by_key(|a| a.attempt);
+        let extra = history.len().saturating_sub(MAX_ATTEMPT_HISTORY);
+        history.drain(..extra);
+        history
+    }
+
+    /// The last attempt as the hash's own fields hold it, when they hold
+    /// one: the task runs it, or it ended the task. A task waiting for its
+    /// next attempt (QUEUED, SCHEDULED, RETRYING) has its last attempt
+    /// archived; an EXPIRED one (or one cancelled while waiting) ended
+    /// without an attempt.
+    fn last_attempt(&self) -> Option<AttemptRecord> {
+        if self.attempts == 0 {
+            return None;
+        }
+        let digest = self
+            .attempt_digests
+            .last()
+            .filter(|d| d.as_str() != "-")
+            .cloned();
+        let lost = self.attempt_digests.last().is_some_and(|d| d == "-");
+        let (outcome, error, log) = match self.status {
+            TaskStatus::Running => {
+                return Some(AttemptRecord {
+                    attempt: self.attempts,
+                    outcome: "running".into(),
+                    error: None,
+                    log: None,
+                    started_at: self.started_at,
+                    finished_at: None,
+                    digest: None,
+                });
+            }
+            TaskStatus::Succeeded => ("success", None, self.log.clone()),
+            TaskStatus::Failed => ("fatal", self.error.clone(), self.log.clone()),
+            TaskStatus::Cancelled => ("cancelled", self.error.clone(), self.log.clone()),
+            TaskStatus::DeadLettered if lost => ("lost", self.error.clone(), None),
+            TaskStatus::DeadLettered => ("retry", self.error.clone(), self.log.clone()),
+            TaskStatus::Queued
+            | TaskStatus::Scheduled
+            | TaskStatus::Retrying
+            | TaskStatus::Expired => return None,
+        };
+        // A task cancelled while waiting keeps the archive of its last
+        // attempt, which the caller prefers; this record is then unused.
+        Some(AttemptRecord {
+            attempt: self.attempts,
+            outcome: outcome.into(),
+            error,
+            log,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            digest: if lost { None } else { digest },
         })
     }
 
@@ -235,5 +388,142 @@ impl TaskRecord {
             .rev()
             .map(String::as_str)
             .find(|d| *d != "-")
+    }
+}
+
+/// Take the `attempt:<n>` fields out of `fields`, parsed, by number.
+fn archived(fields: &mut HashMap<String, String>) -> Result<Vec<AttemptRecord>, StoreError> {
+    let names: Vec<String> = fields
+        .keys()
+        .filter(|k| k.starts_with("attempt:"))
+        .cloned()
+        .collect();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(text) = fields.remove(&name) else {
+            continue;
+        };
+        let record: AttemptRecord = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("task field {name:?}: {e}")))?;
+        out.push(record);
+    }
+    out.sort_by_key(|a| a.attempt);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(extra: &[(&str, &str)]) -> HashMap<String, String> {
+        let fields: HashMap<String, String> = [
+            ("id", "t1"),
+            ("queue", "q"),
+            ("task", "flaky"),
+            ("payload", "{}"),
+            ("max_attempts", "30"),
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        fields
+    }
+
+    fn archived_field(n: u32, outcome: &str) -> (String, String) {
+        (
+            format!("attempt:{n}"),
+            json!({"attempt": n, "outcome": outcome, "error": format!("e{n}"),
+                "started_at": 100 * n, "finished_at": 100 * n + 7, "digest": "d"})
+            .to_string(),
+        )
+    }
+
+    fn record(status: &str, attempts: u32, archive: &[(u32, &str)], digests: &str) -> TaskRecord {
+        let mut fields = hash(&[
+            ("status", status),
+            ("digests", digests),
+            ("error", "last error"),
+            ("log", "last log"),
+            ("started_at", "5000"),
+            ("finished_at", "5042"),
+        ]);
+        fields.insert("attempts".into(), attempts.to_string());
+        for (n, outcome) in archive {
+            let (k, v) = archived_field(*n, outcome);
+            fields.insert(k, v);
+        }
+        TaskRecord::from_fields(fields).expect("parses")
+    }
+
+    fn outcomes(task: &TaskRecord) -> Vec<(u32, String)> {
+        task.attempt_history()
+            .into_iter()
+            .map(|a| (a.attempt, a.outcome))
+            .collect()
+    }
+
+    #[test]
+    fn the_last_attempt_comes_from_the_hash_and_the_rest_from_the_archive() {
+        let task = record("SUCCEEDED", 3, &[(1, "retry"), (2, "lost")], "d,-,d");
+        assert_eq!(
+            outcomes(&task),
+            [
+                (1, "retry".into()),
+                (2, "lost".into()),
+                (3, "success".into())
+            ]
+        );
+        let last = &task.attempt_history()[2];
+        assert_eq!(last.error, None);
+        assert_eq!(last.log.as_deref(), Some("last log"));
+        assert_eq!(last.to_json()["duration_ms"], 42);
+        assert_eq!(task.to_json()["attempt_history"][0]["duration_ms"], 7);
+    }
+
+    #[test]
+    fn a_waiting_task_shows_only_its_archive_and_a_running_one_its_attempt() {
+        let retrying = record("RETRYING", 2, &[(1, "retry"), (2, "retry")], "d,d");
+        assert_eq!(outcomes(&retrying).len(), 2);
+        let running = record("RUNNING", 3, &[(1, "retry"), (2, "retry")], "d,d");
+        let last = running.attempt_history().pop().expect("an attempt");
+        assert_eq!((last.attempt, last.outcome.as_str()), (3, "running"));
+        assert_eq!((last.error, last.log, last.digest), (None, None, None));
+        let expired = record("EXPIRED", 1, &[(1, "retry")], "d");
+        assert_eq!(outcomes(&expired), [(1, "retry".into())]);
+    }
+
+    #[test]
+    fn a_dead_lettered_lost_attempt_has_no_log_and_a_late_finish_wins_over_lost() {
+        let lost = record("DEAD_LETTERED", 1, &[], "-");
+        let last = &lost.attempt_history()[0];
+        assert_eq!((last.outcome.as_str(), last.log.as_deref()), ("lost", None));
+        // Archived as lost by reclaim; the worker finished it after all.
+        let late = record("SUCCEEDED", 1, &[(1, "lost")], "-,d");
+        assert_eq!(outcomes(&late), [(1, "success".into())]);
+        // Dead-lettered after reclaim archived it: the archive stays.
+        let exhausted = record("DEAD_LETTERED", 1, &[(1, "lost")], "-");
+        assert_eq!(exhausted.attempt_history()[0].error.as_deref(), Some("e1"));
+    }
+
+    #[test]
+    fn the_history_shows_at_most_the_bound() {
+        let archive: Vec<(u32, &str)> = (11..=30).map(|n| (n, "retry")).collect();
+        let task = record("DEAD_LETTERED", 31, &archive, "d");
+        let history = outcomes(&task);
+        assert_eq!(history.len(), MAX_ATTEMPT_HISTORY);
+        assert_eq!(history.first().map(|a| a.0), Some(12));
+        assert_eq!(history.last().map(|a| a.0), Some(31));
+    }
+
+    #[test]
+    fn the_scripts_bounds_agree_with_the_hosts() {
+        let lua = include_str!("lua/include/attempts.lua");
+        assert!(lua.contains(&format!(
+            "local MAX_ATTEMPT_HISTORY = {MAX_ATTEMPT_HISTORY}\n"
+        )));
+        assert!(lua.contains(&format!(
+            "local ARCHIVED_LOG_MAX_BYTES = {ARCHIVED_LOG_MAX_BYTES}\n"
+        )));
     }
 }

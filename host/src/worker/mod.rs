@@ -16,7 +16,12 @@
 //!   and keep its running messages, and the reclaim of messages that dead
 //!   workers left pending;
 //! - `delayed.rs`: moves due scheduled tasks and retries to the stream;
+//! - `expiry.rs`: expires waiting tasks whose expiry has passed, on time;
+//! - `schedule.rs`: fires the queues' periodic tasks, one task per tick
+//!   across the fleet ([`Scheduler`]);
 //! - `cancel.rs`: listens for cancel requests and interrupts running calls;
+//! - `retention.rs`: purges dead-lettered tasks past `--dlq-retention-s`
+//!   or beyond `--dlq-max`, so the DLQ stays bounded;
 //! - `supervise.rs`: names every loop; [`run`] stops with an error naming a
 //!   loop that ended on its own, so the process exits and is restarted
 //!   instead of staying up doing nothing.
@@ -34,8 +39,11 @@ mod cancel;
 mod completion;
 mod delayed;
 mod executor;
+mod expiry;
 mod fetch;
 mod reclaim;
+mod retention;
+mod schedule;
 mod supervise;
 
 use std::collections::HashMap;
@@ -56,6 +64,7 @@ use crate::sandbox::{CancelHandle, Sandbox};
 use crate::store::{Delivery, StartDecision, Store, StoreError};
 
 pub use completion::backoff_ms;
+pub use schedule::{Fired, HOLD, Pass, Scheduler, TickSubmission};
 pub use supervise::LoopEnd;
 #[doc(hidden)]
 pub use supervise::{Fault, inject_fault};
@@ -425,9 +434,23 @@ pub async fn run_with_metrics(
     loops.spawn("fetch", fetch::run(shared.clone(), stop.clone()));
     for queue in shared.config.queues.clone() {
         let name = format!("delayed mover of queue {queue}");
-        loops.spawn(name, delayed::run(shared.clone(), queue, stop.clone()));
+        loops.spawn(
+            name,
+            delayed::run(shared.clone(), queue.clone(), stop.clone()),
+        );
+        let name = format!("expiry sweep of queue {queue}");
+        loops.spawn(
+            name,
+            expiry::run(shared.clone(), queue.clone(), stop.clone()),
+        );
+        let name = format!("scheduler of queue {queue}");
+        loops.spawn(name, schedule::run(shared.clone(), queue, stop.clone()));
     }
     loops.spawn("reclaim", reclaim::run(shared.clone(), stop.clone()));
+    loops.spawn(
+        "dlq retention",
+        retention::run(shared.clone(), stop.clone()),
+    );
     loops.spawn(
         "cancel listener",
         cancel::listen(shared.clone(), stop.clone()),

@@ -43,7 +43,15 @@
     was requested is CANCELLED instead.
 
   Every attempt that ran appends its module digest to the task's field
-  `digests` (comma-separated, "-" for an attempt whose worker died).
+  `digests` (comma-separated, "-" for an attempt whose worker died), but a
+  "lost" attempt that reclaim.lua already archived (and so counted).
+
+  Attempt history (include/attempts.lua): an attempt that leaves the task
+  RETRYING is archived as `attempt:<n>`, with the hash's `started_at`
+  (written by start.lua for this attempt), now as its end, this
+  completion's error, log (none for "lost") and digest. An attempt that
+  ends the task stays in the hash's fields only; so does every attempt of
+  the happy path, which writes nothing more.
 
   Output: one flat array, a code and a status per completion, in order:
     1, status     OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
@@ -55,7 +63,10 @@
 
   A retry of a task whose cancel was requested while it ran becomes
   CANCELLED; a retry with no attempts left becomes DEAD_LETTERED.
-  Dead-lettered hashes keep no TTL: they stay until requeued or purged.
+  Dead-lettered hashes keep no TTL, so a DLQ entry never outlives its
+  hash: they stay until requeued or purged (by an admin, or by the
+  workers' retention sweep, --dlq-retention-s / --dlq-max, through
+  dlq_purge.lua).
 
   Events: the new status of each task.
 ]]
@@ -136,11 +147,20 @@ local function completeOne(taskKey, idemKey, a)
   if status == "RETRYING" then
     timeField, at = "run_at", retryAt
   end
-  if outcome ~= "expired" then
+  local counted = false
+  if outcome == "lost" then
+    counted = redis.call("HEXISTS", taskKey, "attempt:" .. attempt) == 1
+  end
+  if outcome ~= "expired" and not counted then
     if digest == "" then
       digest = "-"
     end
     digests = digests and (digests .. "," .. digest) or digest
+  end
+  if status == "RETRYING" then
+    local lostLog = outcome ~= "lost" and log or nil
+    archiveAttempt(taskKey, tonumber(attempt), outcome, detail, lostLog,
+      redis.call("HGET", taskKey, "started_at"), now, digest)
   end
   if outcome == "lost" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, detailField, detail,

@@ -13,6 +13,7 @@
     KEYS[4] delayed set         dtq:delayed:{q}
     KEYS[5] events stream       dtq:events:{q}
     KEYS[6] submission index    dtq:index:{q}
+    KEYS[7] expiry index        dtq:expiry:{q} (touched only when ARGV[11] is set)
 
     ARGV[1]  task id
     ARGV[2]  now (ms since epoch)
@@ -28,7 +29,8 @@
              not to trim this time (the host asks for a trim once in 16
              submissions to the queue: the trim's check alone costs about
              40% of the append)
-    ARGV[11..] task hash fields as name, value pairs (status is set here)
+    ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
+    ARGV[12..] task hash fields as name, value pairs (status is set here)
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -46,12 +48,19 @@
   Index: a new task (never a replay) is appended to the submission index,
   which the task listing reads newest first; when ARGV[10] is set the same
   XADD trims entries older than the retention.
+
+  Expiry: a new task with an expiry is added to the expiry index by its
+  expires_at, which the workers' sweep (expire.lua) reads; when it goes
+  straight to the stream, its message id is kept in the hash's `msg_id`
+  (until a start overwrites it), so that the sweep can delete the message
+  of a task it expires. A task without an expiry costs nothing here.
 ]]
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[4]
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
+local expiryKey, expiresAt = KEYS[7], ARGV[11]
 
 -- Replay check: read-only, and before the depth check, so a full queue never
 -- blocks a replay.
@@ -92,11 +101,17 @@ local status = "QUEUED"
 if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
-redis.call("HSET", taskKey, "status", status, unpack(ARGV, 11))
+redis.call("HSET", taskKey, "status", status, unpack(ARGV, 12))
 if status == "SCHEDULED" then
   redis.call("ZADD", delayedKey, runAt, taskId)
 else
-  redis.call("XADD", streamKey, "*", "id", taskId)
+  local msgId = redis.call("XADD", streamKey, "*", "id", taskId)
+  if expiresAt ~= "" then
+    redis.call("HSET", taskKey, "msg_id", msgId)
+  end
+end
+if expiresAt ~= "" then
+  redis.call("ZADD", expiryKey, expiresAt, taskId)
 end
 addEvent(eventsKey, eventsMaxLen, taskId, status, 0, now)
 if indexMinId ~= "" then

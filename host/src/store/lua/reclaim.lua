@@ -22,6 +22,16 @@
      visibility timeout are pruned from the workers set (no stamp means
      dead, as an old one does).
 
+  4. Each message claimed from a dead worker whose task hash still names
+     that worker and that message, RUNNING, was that worker's attempt: it
+     is lost. It is archived (include/attempts.lua) as outcome "lost",
+     from the hash's `started_at` to now (Redis's clock: when it was found
+     lost, not when the worker died), with no log (the worker died with
+     it) and no digest; "-" is appended to the task's `digests`. The next
+     attempt (or, with none left, the dead-lettering) then finds it
+     counted. The caller's own messages are not archived: it may still be
+     running them.
+
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
     KEYS[2] workers set    dtq:workers:{q}   consumer -> last beat (ms, Redis's clock)
@@ -31,6 +41,12 @@
     ARGV[2] consumer (worker) name: the caller
     ARGV[3] visibility timeout (ms)
     ARGV[4] most messages to claim
+    ARGV[5] prefix of task hashes of this queue, dtq:task:{q}:
+
+  Reads and writes keys not in KEYS: the task hash of each message claimed
+  from a dead worker, ARGV[5] .. task id (its id is only known once
+  claimed). They share the queue's hash tag, so they live in the same
+  cluster slot as every other key here.
 
   Output: {dead, own}, each an XCLAIM reply, a list of entries
   {id, {field, value, ...}}:
@@ -42,8 +58,8 @@
   Errors: NOGROUP when the stream or its group does not exist.
 ]]
 local streamKey, workersKey, clockKey = KEYS[1], KEYS[2], KEYS[3]
-local group, consumer, visibility, limit =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local group, consumer, visibility, limit, taskPrefix =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 
 local now = redisTimeMs()
 local settled = now - tickClock(clockKey, now, visibility) >= visibility
@@ -68,7 +84,32 @@ local function claim(ids)
   return redis.call("XCLAIM", streamKey, group, consumer, visibility, unpack(ids))
 end
 
-local own, dead = {}, {}
+-- Step 4: archive the lost attempt of each entry claimed from a dead
+-- worker; `owners` maps message id to the consumer it was claimed from.
+local function archiveLost(entries, owners)
+  for _, e in ipairs(entries) do
+    local msgId, body, taskId = e[1], e[2], nil
+    for i = 1, #(body or {}), 2 do
+      if body[i] == "id" then
+        taskId = body[i + 1]
+      end
+    end
+    if taskId then
+      local taskKey = taskPrefix .. taskId
+      local f = redis.call("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
+        "max_attempts", "started_at", "digests")
+      if f[1] == "RUNNING" and f[2] == owners[msgId] and f[3] == msgId then
+        local n = tonumber(f[4] or "0")
+        archiveAttempt(taskKey, n, "lost",
+          "worker lost during attempt " .. n .. " of " .. (f[5] or "1") ..
+          ": it stopped beating, and the attempt left no log", false, f[6], now, false)
+        redis.call("HSET", taskKey, "digests", f[7] and (f[7] .. ",-") or "-")
+      end
+    end
+  end
+end
+
+local own, dead, owners = {}, {}, {}
 idle(consumer, limit, own)
 
 if settled then
@@ -87,11 +128,17 @@ if settled then
         if pending == 0 then
           redis.call("XGROUP", "DELCONSUMER", streamKey, group, name)
         else
+          local from = #dead
           idle(name, limit - #own - #dead, dead)
+          for i = from + 1, #dead do
+            owners[dead[i]] = name
+          end
         end
       end
     end
   end
   redis.call("ZREMRANGEBYSCORE", workersKey, "-inf", "(" .. string.format("%d", oldestLive))
 end
-return { claim(dead), claim(own) }
+local claimed = claim(dead)
+archiveLost(claimed, owners)
+return { claimed, claim(own) }

@@ -1,54 +1,95 @@
 --[[
-  Requeue a dead-lettered task (admin): back to the ready stream with a fresh
-  budget of attempts, and its idempotency record back to "processing", so that a
-  resubmission with its key gets 409 (the task runs again) rather than a
-  replay of the dead-lettered attempt. A record that expired meanwhile is
-  recreated with a full TTL for the same reason.
+  Requeue dead-lettered tasks of one queue (admin): each back to the ready
+  stream with a fresh budget of attempts, and its idempotency record back
+  to "processing", so that a resubmission with its key gets 409 (the task
+  runs again) rather than a replay of the dead-lettered attempt. A record
+  that expired meanwhile is recreated with a full TTL for the same reason.
+
+  One id (POST .../dlq/{id}/requeue) or a chunk of a bulk requeue (POST
+  .../dlq/requeue: the host sends at most DLQ_CHUNK ids per call, so that
+  no call holds Redis for long); each task is requeued atomically, and so
+  is the whole chunk.
 
   Input:
-    KEYS[1] task hash            dtq:task:{q}:<id>
-    KEYS[2] dead-letter set      dtq:dlq:{q}
-    KEYS[3] ready stream         dtq:stream:{q}
-    KEYS[4] events stream        dtq:events:{q}
-    KEYS[5] idempotency record   dtq:idempotency:{q}:<key> (ignored unless ARGV[3] == "1")
+    KEYS[1] dead-letter set   dtq:dlq:{q}
+    KEYS[2] ready stream      dtq:stream:{q}
+    KEYS[3] events stream     dtq:events:{q}
+    then, per task i (from 0):
+    KEYS[4 + 2i] task hash            dtq:task:{q}:<id>
+    KEYS[5 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
-    ARGV[1] task id
-    ARGV[2] now (ms since epoch)
-    ARGV[3] "1" when the task has an idempotency key
-    ARGV[4] idempotency TTL (s), for a record that expired
-    ARGV[5] events stream max length
+    ARGV[1] now (ms since epoch)
+    ARGV[2] idempotency TTL (s), for a record that expired
+    ARGV[3] events stream max length
+    then, per task i, 2 values from ARGV[4 + 2i]:
+      task id; "1" when the task has an idempotency key
 
-  Output:
-    {1, "QUEUED"}   requeued
-    {-7, status}    not in the dead-letter set (status is the task's, or "")
+  Output: one flat array, a code and a status per task, in order:
+    1, "QUEUED"   requeued
+    -7, status    not requeued: not dead-lettered (status is the task's,
+                  or "" when its hash is gone). An id of the dead-letter
+                  set whose task is gone or not dead-lettered is a dangling
+                  entry: it is removed from the set.
 
   Attempts keep counting (a handler sees attempt numbers rise, never
-  repeat); max_attempts grows by the task's original budget.
+  repeat); max_attempts grows by the task's original budget. The
+  dead-lettered attempt, which lives in the hash's own fields, is archived
+  first (include/attempts.lua) unless reclaim.lua already archived it as
+  lost, so the task's attempt history runs on across the requeue.
 
-  Events: QUEUED.
+  Events: QUEUED for each task requeued.
 ]]
-local taskKey, dlqKey, streamKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local taskId, now, hasKey, idemTtl, eventsMaxLen =
-  ARGV[1], ARGV[2], ARGV[3] == "1", tonumber(ARGV[4]), ARGV[5]
+local dlqKey, streamKey, eventsKey = KEYS[1], KEYS[2], KEYS[3]
+local now, idemTtl, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
-local status = redis.call("HGET", taskKey, "status")
-if status ~= "DEAD_LETTERED" or redis.call("ZREM", dlqKey, taskId) == 0 then
-  return {-7, status or ""}
+-- Archive the dead-lettered attempt `n` from the hash's fields: it failed
+-- (retry), or its worker died (lost: its digest is "-").
+local function archiveLast(taskKey, n)
+  if n == 0 or redis.call("HEXISTS", taskKey, "attempt:" .. n) == 1 then
+    return
+  end
+  local f = redis.call("HMGET", taskKey, "error", "log", "started_at", "finished_at", "digests")
+  local digest = lastDigest(f[5])
+  if digest == "-" then
+    archiveAttempt(taskKey, n, "lost", f[1], false, f[3], f[4], false)
+  else
+    archiveAttempt(taskKey, n, "retry", f[1], f[2], f[3], f[4], digest or false)
+  end
 end
-local f = redis.call("HMGET", taskKey, "attempts", "budget", "max_attempts")
-local attempts = tonumber(f[1] or "0")
-local budget = tonumber(f[2] or f[3] or "1")
-redis.call("HSET", taskKey, "status", "QUEUED", "max_attempts", attempts + budget,
-  "updated_at", now, "requeued_at", now)
-redis.call("HDEL", taskKey, "finished_at", "cancel_requested")
-redis.call("PERSIST", taskKey)
-redis.call("XADD", streamKey, "*", "id", taskId)
-addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", attempts, now)
-if hasKey and setIdemState(idemKey, taskId, "processing", now) == 0
-    and redis.call("EXISTS", idemKey) == 0 then
-  local fingerprint = redis.call("HGET", taskKey, "fingerprint") or ""
-  redis.call("SET", idemKey, cjson.encode({
-    task_id = taskId, state = "processing",
-    updated_at = tonumber(now), fingerprint = fingerprint }), "EX", idemTtl)
+
+-- Returns the task's code and status.
+local function requeueOne(taskKey, idemKey, taskId, hasKey)
+  local status = redis.call("HGET", taskKey, "status")
+  if status ~= "DEAD_LETTERED" then
+    redis.call("ZREM", dlqKey, taskId)
+    return -7, status or ""
+  end
+  if redis.call("ZREM", dlqKey, taskId) == 0 then
+    return -7, status
+  end
+  local f = redis.call("HMGET", taskKey, "attempts", "budget", "max_attempts")
+  local attempts = tonumber(f[1] or "0")
+  local budget = tonumber(f[2] or f[3] or "1")
+  archiveLast(taskKey, attempts)
+  redis.call("HSET", taskKey, "status", "QUEUED", "max_attempts", attempts + budget,
+    "updated_at", now, "requeued_at", now)
+  redis.call("HDEL", taskKey, "finished_at", "cancel_requested")
+  redis.call("PERSIST", taskKey)
+  redis.call("XADD", streamKey, "*", "id", taskId)
+  addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", attempts, now)
+  if hasKey and setIdemState(idemKey, taskId, "processing", now) == 0
+      and redis.call("EXISTS", idemKey) == 0 then
+    local fingerprint = redis.call("HGET", taskKey, "fingerprint") or ""
+    redis.call("SET", idemKey, cjson.encode({
+      task_id = taskId, state = "processing",
+      updated_at = tonumber(now), fingerprint = fingerprint }), "EX", idemTtl)
+  end
+  return 1, "QUEUED"
 end
-return {1, "QUEUED"}
+
+local out = {}
+for i = 0, (#KEYS - 3) / 2 - 1 do
+  out[2 * i + 1], out[2 * i + 2] = requeueOne(KEYS[4 + 2 * i], KEYS[5 + 2 * i],
+    ARGV[4 + 2 * i], ARGV[5 + 2 * i] == "1")
+end
+return out

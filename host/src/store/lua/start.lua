@@ -5,7 +5,8 @@
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
     KEYS[2] events stream  dtq:events:{q}
-    KEYS[3..] one task hash per message, dtq:task:{q}:<id>
+    KEYS[3] expiry index   dtq:expiry:{q}
+    KEYS[4..] one task hash per message, dtq:task:{q}:<id>
 
     ARGV[1] consumer group
     ARGV[2] now (ms since epoch)
@@ -31,6 +32,11 @@
   5 500 instructions more per message.
 
   Events: RUNNING for each started task.
+
+  Expiry index: a task with an expiry leaves it here whatever the
+  decision (it starts, it is expired by the caller, or it is already
+  terminal), so that the workers' sweep (expire.lua) never expires a task
+  this script handed to a worker. Tasks without an expiry skip the ZREM.
 ]]
 local FIELDS = { "status", "attempts", "max_attempts", "expires_at", "task", "payload",
   "timeout_ms", "idempotency_key", "cancel_requested" }
@@ -38,7 +44,7 @@ local STATUS, ATTEMPTS, MAX_ATTEMPTS, EXPIRES_AT = 1, 2, 3, 4
 -- The fields the caller gets, as indexes into FIELDS.
 local RETURNED = { 2, 3, 5, 6, 7, 8, 9 }
 
-local streamKey, eventsKey = KEYS[1], KEYS[2]
+local streamKey, eventsKey, expiryKey = KEYS[1], KEYS[2], KEYS[3]
 local group, now, consumer, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local nowMs = tonumber(now)
 
@@ -65,10 +71,13 @@ local function emit(code, task)
   n = n + 1 + #RETURNED
 end
 
-for i = 3, #KEYS do
-  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]
+for i = 4, #KEYS do
+  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 3], ARGV[2 * i - 2]
   local task = redis.call("HMGET", taskKey, unpack(FIELDS))
   local status = task[STATUS]
+  if task[EXPIRES_AT] then
+    redis.call("ZREM", expiryKey, taskId)
+  end
   if not status or not (waiting[status] or status == "RUNNING") then
     acks[#acks + 1] = msgId
     out[n + 1], out[n + 2] = 0, status or "MISSING"

@@ -1,0 +1,296 @@
+//! The dead-letter queue, `dtq:dlq:{q}` (task ids scored by when they were
+//! dead-lettered): requeue and purge, one task or many.
+//!
+//! Every bulk operation works in chunks of at most [`DLQ_CHUNK`] ids, one
+//! script call each (`lua/requeue.lua`, `lua/dlq_purge.lua`), so that no
+//! call holds Redis for long however large the DLQ is; each task is
+//! requeued or purged atomically. Before a chunk's script, one pipelined
+//! round trip reads each task's idempotency key (scripts must name every
+//! key they touch, and a task's key never changes, so reading it first is
+//! safe).
+//!
+//! A purge removes the id from the set, deletes the task hash, and deletes
+//! the idempotency record if it still names the task: the key can then be
+//! submitted afresh, as a new task. Each purged task gets a `PURGED` event.
+//! Dead-lettered hashes have no TTL (see `lua/complete.lua`), so an entry
+//! of the set never outlives its hash; the DLQ is bounded instead by the
+//! workers' retention sweep (`worker/retention.rs`), which purges through
+//! the same script.
+
+use redis::Value;
+
+use super::{Code, QueueKeys, RequeueOutcome, Store, StoreError, code_of, flag, from_value};
+
+/// Most ids one requeue or purge script call takes.
+pub const DLQ_CHUNK: usize = 100;
+
+/// Most ids one bulk request may name (`{"ids": [...]}`).
+pub const DLQ_MAX_IDS: usize = 1000;
+
+/// What a bulk requeue did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BulkRequeue {
+    /// Tasks that left the DLQ and are QUEUED again.
+    pub requeued: u64,
+    /// Ids that were not requeued: no such task, or not dead-lettered.
+    pub not_dead_lettered: Vec<String>,
+}
+
+impl BulkRequeue {
+    fn add(&mut self, other: BulkRequeue) {
+        self.requeued += other.requeued;
+        self.not_dead_lettered.extend(other.not_dead_lettered);
+    }
+}
+
+/// Which dead-lettered tasks a purge of the oldest takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeBound {
+    /// Only tasks dead-lettered at or before this time (ms since epoch).
+    pub latest: Option<u64>,
+    /// Stop once the DLQ holds this many tasks.
+    pub keep: Option<u64>,
+}
+
+/// The size of a queue's DLQ and the dead-letter time of its newest entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DlqExtent {
+    /// Entries in the set.
+    pub len: u64,
+    /// When the newest was dead-lettered (ms since epoch).
+    pub newest: Option<u64>,
+}
+
+impl Store {
+    /// Requeue dead-lettered task `id` of `queue`.
+    pub async fn requeue(
+        &self,
+        queue: &str,
+        id: &str,
+        now: u64,
+    ) -> Result<RequeueOutcome, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let reply = self.requeue_chunk(&keys, &[id.to_owned()], now).await?;
+        match reply.into_iter().next() {
+            Some((_, None)) => Ok(RequeueOutcome::Requeued),
+            Some((_, Some(status))) if status.is_empty() => Ok(RequeueOutcome::NotFound),
+            Some((_, Some(status))) => Ok(RequeueOutcome::NotDeadLettered(status.parse()?)),
+            None => Err(StoreError::Protocol("requeue answered nothing".into())),
+        }
+    }
+
+    /// Requeue the dead-lettered tasks `ids` of `queue`, [`DLQ_CHUNK`] per
+    /// script call.
+    pub async fn requeue_many(
+        &self,
+        queue: &str,
+        ids: &[String],
+        now: u64,
+    ) -> Result<BulkRequeue, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut done = BulkRequeue::default();
+        for chunk in ids.chunks(DLQ_CHUNK) {
+            done.add(bulk_of(self.requeue_chunk(&keys, chunk, now).await?));
+        }
+        Ok(done)
+    }
+
+    /// Requeue the oldest chunk (at most [`DLQ_CHUNK`]) of `queue`'s
+    /// dead-lettered tasks, those dead-lettered at or before `latest` when
+    /// given. Returns what it did and how many ids it looked at: fewer than
+    /// [`DLQ_CHUNK`] means none is left.
+    pub async fn requeue_oldest(
+        &self,
+        queue: &str,
+        latest: Option<u64>,
+        now: u64,
+    ) -> Result<(BulkRequeue, usize), StoreError> {
+        let keys = QueueKeys::new(queue);
+        let ids = self.dlq_range(&keys, latest, DLQ_CHUNK).await?;
+        if ids.is_empty() {
+            return Ok((BulkRequeue::default(), 0));
+        }
+        let done = bulk_of(self.requeue_chunk(&keys, &ids, now).await?);
+        Ok((done, ids.len()))
+    }
+
+    /// Purge the dead-lettered tasks `ids` of `queue` (ids not in its DLQ
+    /// are skipped); how many were purged.
+    pub async fn purge_dead_letters(
+        &self,
+        queue: &str,
+        ids: &[String],
+        now: u64,
+    ) -> Result<u64, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let bound = PurgeBound {
+            latest: None,
+            keep: None,
+        };
+        let mut purged = 0;
+        for chunk in ids.chunks(DLQ_CHUNK) {
+            purged += self.purge_chunk(&keys, chunk, bound, now).await?;
+        }
+        Ok(purged)
+    }
+
+    /// Purge the oldest `count` (at most [`DLQ_CHUNK`]) of `queue`'s
+    /// dead-lettered tasks within `bound`. Returns how many it purged and
+    /// how many ids it looked at: fewer than `count` means none is left
+    /// within `bound.latest`.
+    pub async fn purge_oldest(
+        &self,
+        queue: &str,
+        bound: PurgeBound,
+        count: usize,
+        now: u64,
+    ) -> Result<(u64, usize), StoreError> {
+        let keys = QueueKeys::new(queue);
+        let ids = self
+            .dlq_range(&keys, bound.latest, count.min(DLQ_CHUNK))
+            .await?;
+        if ids.is_empty() {
+            return Ok((0, 0));
+        }
+        let purged = self.purge_chunk(&keys, &ids, bound, now).await?;
+        Ok((purged, ids.len()))
+    }
+
+    /// How many tasks `queue`'s DLQ holds, and when the newest came.
+    pub async fn dlq_extent(&self, queue: &str) -> Result<DlqExtent, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut pipe = redis::pipe();
+        pipe.zcard(&keys.dlq)
+            .cmd("ZRANGE")
+            .arg(&keys.dlq)
+            .arg(-1)
+            .arg(-1)
+            .arg("WITHSCORES");
+        let (len, newest): (u64, Vec<(String, f64)>) = self
+            .trip("dlq_extent", pipe.query_async(&mut self.conn.clone()))
+            .await?;
+        Ok(DlqExtent {
+            len,
+            newest: newest.first().map(|(_, at)| *at as u64),
+        })
+    }
+
+    /// The oldest `count` ids of the DLQ, dead-lettered at or before
+    /// `latest` when given.
+    async fn dlq_range(
+        &self,
+        keys: &QueueKeys,
+        latest: Option<u64>,
+        count: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(&keys.dlq);
+        match latest {
+            Some(at) => cmd
+                .arg("-inf")
+                .arg(at)
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(count),
+            None => cmd.arg(0).arg(count.saturating_sub(1)),
+        };
+        Ok(self
+            .trip("dlq_range", cmd.query_async(&mut self.conn.clone()))
+            .await?)
+    }
+
+    /// The idempotency key of each of `ids`, in one pipelined round trip.
+    async fn idempotency_keys(
+        &self,
+        keys: &QueueKeys,
+        ids: &[String],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(keys.task(id), "idempotency_key");
+        }
+        Ok(self
+            .trip("dlq_keys", pipe.query_async(&mut self.conn.clone()))
+            .await?)
+    }
+
+    /// One `requeue` call for `ids`: per id, `None` when requeued, else the
+    /// status found ("" for no task).
+    async fn requeue_chunk(
+        &self,
+        keys: &QueueKeys,
+        ids: &[String],
+        now: u64,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let idem = self.idempotency_keys(keys, ids).await?;
+        let mut inv = self.scripts.requeue.prepare_invoke();
+        inv.key(&keys.dlq)
+            .key(&keys.stream)
+            .key(&keys.events)
+            .arg(now)
+            .arg(self.settings.idem_ttl_s)
+            .arg(self.settings.events_max_len);
+        for (id, key) in ids.iter().zip(&idem) {
+            inv.key(keys.task(id))
+                .key(keys.idempotency(key.as_deref()))
+                .arg(id)
+                .arg(flag(key.is_some()));
+        }
+        let reply: Vec<Value> = self
+            .trip("requeue", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
+        let mut reply = reply.into_iter();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let code = code_of(reply.next())?;
+            let status: String = from_value(reply.next())?;
+            out.push(match code {
+                Code::Ok => (id.clone(), None),
+                Code::NotInDlq => (id.clone(), Some(status)),
+                other => return Err(super::unexpected("requeue", other)),
+            });
+        }
+        Ok(out)
+    }
+
+    /// One `dlq_purge` call for `ids` within `bound`; how many it purged.
+    async fn purge_chunk(
+        &self,
+        keys: &QueueKeys,
+        ids: &[String],
+        bound: PurgeBound,
+        now: u64,
+    ) -> Result<u64, StoreError> {
+        let idem = self.idempotency_keys(keys, ids).await?;
+        let text = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        let mut inv = self.scripts.dlq_purge.prepare_invoke();
+        inv.key(&keys.dlq)
+            .key(&keys.events)
+            .arg(now)
+            .arg(self.settings.events_max_len)
+            .arg(text(bound.keep))
+            .arg(text(bound.latest));
+        for (id, key) in ids.iter().zip(&idem) {
+            inv.key(keys.task(id))
+                .key(keys.idempotency(key.as_deref()))
+                .arg(id)
+                .arg(flag(key.is_some()));
+        }
+        Ok(self
+            .trip("dlq_purge", inv.invoke_async(&mut self.conn.clone()))
+            .await?)
+    }
+}
+
+/// A requeue chunk's reply as a [`BulkRequeue`].
+fn bulk_of(reply: Vec<(String, Option<String>)>) -> BulkRequeue {
+    let mut done = BulkRequeue::default();
+    for (id, refused) in reply {
+        match refused {
+            None => done.requeued += 1,
+            Some(_) => done.not_dead_lettered.push(id),
+        }
+    }
+    done
+}

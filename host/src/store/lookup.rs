@@ -1,0 +1,73 @@
+//! Finding a task by the idempotency key it was submitted with:
+//! `GET /v1/queues/{q}/idempotency/{key}`.
+//!
+//! The key's record, `dtq:idempotency:{q}:<key>`, already names its task
+//! (`ingest.lua` writes it, the completion and requeue scripts keep its
+//! state), so the lookup is one GET and writes nothing. The record lives
+//! for `--idem-ttl-s` from the submission, so a key is found as long as
+//! it still deduplicates; its task may have outlived it (a task hash
+//! expires with the task retention once terminal) or not.
+
+use serde::{Deserialize, Serialize};
+
+use super::{QueueKeys, Store, StoreError};
+
+/// An idempotency record as the lookup shows it: the task a key names and
+/// where that submission stands. The record's payload fingerprint is left
+/// out: it serves the dedup check, not a reader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IdempotencyRecord {
+    /// The task the key was submitted as.
+    pub task_id: String,
+    /// `processing`, `completed` or `failed` (see DESIGN, Completion).
+    pub state: String,
+    /// When the record last changed (ms), if it says.
+    pub updated_at: Option<u64>,
+}
+
+/// The record as the scripts write it. Lua's cjson writes numbers as
+/// doubles (`%.14g`), so the time is read as one.
+#[derive(Deserialize)]
+struct Stored {
+    task_id: String,
+    state: String,
+    #[serde(default)]
+    updated_at: Option<f64>,
+}
+
+impl From<Stored> for IdempotencyRecord {
+    fn from(s: Stored) -> Self {
+        IdempotencyRecord {
+            task_id: s.task_id,
+            state: s.state,
+            updated_at: s.updated_at.map(|t| t as u64),
+        }
+    }
+}
+
+impl Store {
+    /// The idempotency record of `key` in `queue`, if it has not expired.
+    /// `key` must already be validated
+    /// ([`crate::ingest::validate_idempotency_key`]).
+    pub async fn idempotency_record(
+        &self,
+        queue: &str,
+        key: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let raw: Option<String> = self
+            .trip(
+                "idempotency_record",
+                redis::cmd("GET")
+                    .arg(keys.idempotency(Some(key)))
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        raw.map(|text| {
+            serde_json::from_str::<Stored>(&text)
+                .map(IdempotencyRecord::from)
+                .map_err(|e| StoreError::Corrupt(format!("idempotency record of {key:?}: {e}")))
+        })
+        .transpose()
+    }
+}
