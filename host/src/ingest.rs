@@ -433,16 +433,20 @@ pub enum Start {
     At(u64),
 }
 
-/// Check every number of `req` against its bound (see the module's table).
-fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbers, IngestError> {
-    let max_attempts = req.max_attempts.unwrap_or(settings.default_max_attempts);
+/// Check a task's attempt budget and per-attempt deadline against their
+/// bounds: a submission's, or a periodic task's, which submits them later.
+pub fn check_run_settings(
+    settings: &IngestSettings,
+    max_attempts: u32,
+    timeout_ms: Option<u64>,
+) -> Result<(), IngestError> {
     if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
         return Err(invalid(
             ErrorCode::InvalidMaxAttempts,
             format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
         ));
     }
-    if let Some(t) = req.timeout_ms
+    if let Some(t) = timeout_ms
         && !(1..=settings.max_timeout_ms).contains(&t)
     {
         return Err(invalid(
@@ -453,6 +457,13 @@ fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbe
             ),
         ));
     }
+    Ok(())
+}
+
+/// Check every number of `req` against its bound (see the module's table).
+fn check_numbers(settings: &IngestSettings, req: &SubmitRequest) -> Result<Numbers, IngestError> {
+    let max_attempts = req.max_attempts.unwrap_or(settings.default_max_attempts);
+    check_run_settings(settings, max_attempts, req.timeout_ms)?;
     if let (Some(_), Some(_)) = (req.run_at, req.delay_ms) {
         return Err(invalid(
             ErrorCode::InvalidRunAt,

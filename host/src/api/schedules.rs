@@ -26,7 +26,7 @@ use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, read_limited, require_json, store_call};
-use crate::ingest::{self, IngestError, MAX_ATTEMPTS_LIMIT, now_ms, validate_task_name};
+use crate::ingest::{self, IngestError, now_ms, validate_task_name};
 use crate::store::{CronExpr, InvalidCron, Schedule, ScheduleDef, validate_schedule_name};
 
 type ApiResult = Result<Response, ApiError>;
@@ -89,25 +89,8 @@ fn check_task(shared: &Shared, body: &PutBody) -> Result<(), ApiError> {
         }
         .into());
     }
-    if let Some(n) = body.max_attempts
-        && !(1..=MAX_ATTEMPTS_LIMIT).contains(&n)
-    {
-        return Err(invalid(
-            ErrorCode::InvalidMaxAttempts,
-            format!("max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {n}"),
-        ));
-    }
-    if let Some(t) = body.timeout_ms
-        && !(1..=settings.max_timeout_ms).contains(&t)
-    {
-        return Err(invalid(
-            ErrorCode::InvalidTimeout,
-            format!(
-                "timeout_ms must be 1 to {}, got {t}",
-                settings.max_timeout_ms
-            ),
-        ));
-    }
+    let max_attempts = body.max_attempts.unwrap_or(settings.default_max_attempts);
+    ingest::check_run_settings(settings, max_attempts, body.timeout_ms)?;
     Ok(())
 }
 

@@ -41,31 +41,13 @@ impl Store {
         limit: usize,
     ) -> Result<(u64, Option<u64>), StoreError> {
         let keys = QueueKeys::new(queue);
-        let due: Vec<(String, f64)> = self
-            .trip(
-                "expiry_scan",
-                redis::cmd("ZRANGE")
-                    .arg(&keys.expiry)
-                    .arg("-inf")
-                    .arg("+inf")
-                    .arg("BYSCORE")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(limit + 1)
-                    .arg("WITHSCORES")
-                    .query_async(&mut self.conn.clone()),
-            )
+        let (ready, next) = self
+            .due_members("expiry_scan", &keys.expiry, now, limit)
             .await?;
-        let ready: Vec<&String> = due
-            .iter()
-            .filter(|(_, at)| *at as u64 <= now)
-            .map(|(id, _)| id)
-            .take(limit)
-            .collect();
-        let next = due.iter().map(|(_, at)| *at as u64).find(|at| *at > now);
         if ready.is_empty() {
             return Ok((0, next));
         }
+        let ready: Vec<String> = ready.into_iter().map(|(id, _)| id).collect();
         // Each task's idempotency record goes in KEYS, so its name is read
         // first; a task's key never changes.
         let mut pipe = redis::pipe();
@@ -97,11 +79,6 @@ impl Store {
         let expired: u64 = self
             .trip("expire", inv.invoke_async(&mut self.conn.clone()))
             .await?;
-        let next = if ready.len() == limit {
-            Some(now)
-        } else {
-            next
-        };
         Ok((expired, next))
     }
 }

@@ -571,21 +571,23 @@ impl Store {
         inv
     }
 
-    /// Move up to `limit` due tasks of `queue` from the delayed set to the
-    /// stream. Returns how many moved and the due time of the next waiting
-    /// task, if any.
-    pub async fn promote_due(
+    /// The members of the time-ordered sorted set `key` due at `now` (score
+    /// at or before it), up to `limit`, each with its score; and when to
+    /// look again: `Some(now)` when `limit` were due (more may be), else
+    /// the first score after `now`, if any. One round trip, named `op` in
+    /// the round-trip metric.
+    async fn due_members(
         &self,
-        queue: &str,
+        op: &'static str,
+        key: &str,
         now: u64,
         limit: usize,
-    ) -> Result<(u64, Option<u64>), StoreError> {
-        let keys = QueueKeys::new(queue);
-        let due: Vec<(String, f64)> = self
+    ) -> Result<(Vec<(String, u64)>, Option<u64>), StoreError> {
+        let scanned: Vec<(String, f64)> = self
             .trip(
-                "promote_scan",
+                op,
                 redis::cmd("ZRANGE")
-                    .arg(&keys.delayed)
+                    .arg(key)
                     .arg("-inf")
                     .arg("+inf")
                     .arg("BYSCORE")
@@ -596,16 +598,39 @@ impl Store {
                     .query_async(&mut self.conn.clone()),
             )
             .await?;
-        let ready: Vec<&String> = due
-            .iter()
-            .filter(|(_, at)| *at as u64 <= now)
-            .map(|(id, _)| id)
-            .take(limit)
-            .collect();
-        let next = due.iter().map(|(_, at)| *at as u64).find(|at| *at > now);
+        let mut due = Vec::with_capacity(scanned.len().min(limit));
+        let mut later = None;
+        for (member, at) in scanned {
+            let at = at as u64;
+            if at > now {
+                later = Some(at);
+                break;
+            }
+            if due.len() < limit {
+                due.push((member, at));
+            }
+        }
+        let next = if due.len() == limit { Some(now) } else { later };
+        Ok((due, next))
+    }
+
+    /// Move up to `limit` due tasks of `queue` from the delayed set to the
+    /// stream. Returns how many moved and the due time of the next waiting
+    /// task, if any.
+    pub async fn promote_due(
+        &self,
+        queue: &str,
+        now: u64,
+        limit: usize,
+    ) -> Result<(u64, Option<u64>), StoreError> {
+        let keys = QueueKeys::new(queue);
+        let (ready, next) = self
+            .due_members("promote_scan", &keys.delayed, now, limit)
+            .await?;
         if ready.is_empty() {
             return Ok((0, next));
         }
+        let ready: Vec<String> = ready.into_iter().map(|(id, _)| id).collect();
         let mut inv = self.scripts.promote.prepare_invoke();
         inv.key(&keys.delayed).key(&keys.stream).key(&keys.events);
         for id in &ready {
@@ -618,12 +643,6 @@ impl Store {
         let moved: u64 = self
             .trip("promote", inv.invoke_async(&mut self.conn.clone()))
             .await?;
-        // More may be due than `limit`; the caller comes back at once.
-        let next = if ready.len() == limit {
-            Some(now)
-        } else {
-            next
-        };
         Ok((moved, next))
     }
 

@@ -307,33 +307,8 @@ impl Store {
         limit: usize,
     ) -> Result<(Vec<(String, u64)>, Option<u64>), StoreError> {
         let keys = QueueKeys::new(queue);
-        let due: Vec<(String, f64)> = self
-            .trip(
-                "schedule_due",
-                redis::cmd("ZRANGE")
-                    .arg(&keys.schedule_due)
-                    .arg("-inf")
-                    .arg("+inf")
-                    .arg("BYSCORE")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(limit + 1)
-                    .arg("WITHSCORES")
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
-        let ready: Vec<(String, u64)> = due
-            .iter()
-            .filter(|(_, at)| *at as u64 <= now)
-            .take(limit)
-            .map(|(name, at)| (name.clone(), *at as u64))
-            .collect();
-        let next = if ready.len() == limit {
-            Some(now)
-        } else {
-            due.iter().map(|(_, at)| *at as u64).find(|at| *at > now)
-        };
-        Ok((ready, next))
+        self.due_members("schedule_due", &keys.schedule_due, now, limit)
+            .await
     }
 
     /// Move schedule `name`'s due time from `read` (the time the caller
