@@ -3,21 +3,21 @@
 //! | route | scope | what |
 //! |---|---|---|
 //! | `POST /v1/queues/{queue}/tasks` | `submit` | submit (idempotency: `Idempotency-Key` header or `idempotency_key`) |
-//! | `POST /v1/queues/{queue}/tasks/batch` | `submit` | submit up to [`crate::ingest::MAX_BATCH_ITEMS`] tasks: one result each, one Redis round trip ([`batch`]) |
+//! | `POST /v1/queues/{queue}/tasks/batch` | `submit` | submit up to [`crate::ingest::MAX_BATCH_ITEMS`] tasks: one result each, one Redis round trip (`api::batch`) |
 //! | `GET /v1/queues/{queue}/tasks` | `read` | tasks newest first, by status, paginated ([`Store::list_tasks`]) |
 //! | `GET /v1/queues/{queue}/tasks/{id}` | `read` | a task: status, attempts, result, error, log, timestamps |
-//! | `GET /v1/queues/{queue}/idempotency/{key}` | `read` | the task an idempotency key names ([`lookup`]) |
+//! | `GET /v1/queues/{queue}/idempotency/{key}` | `read` | the task an idempotency key names (`api::lookup`) |
 //! | `GET /v1/queues/{queue}/events` | `read` | lifecycle events, live, as Server-Sent Events ([`Store::read_events`]) |
 //! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | `cancel` | cancel a waiting or running task |
 //! | `GET /v1/queues` | `read` | every queue's counts (those the token may read) |
 //! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
 //! | `GET /v1/queues/{queue}/dlq` | `read` | dead-lettered tasks |
 //! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | `admin` | requeue a dead-lettered task |
-//! | `PUT /v1/queues/{queue}/schedules/{name}` | `admin` | set a periodic task: `{"cron", "task", "payload", "max_attempts", "timeout_ms"}`, UTC ([`schedules`]) |
+//! | `PUT /v1/queues/{queue}/schedules/{name}` | `admin` | set a periodic task: `{"cron", "task", "payload", "max_attempts", "timeout_ms"}`, UTC (`api::schedules`) |
 //! | `GET /v1/queues/{queue}/schedules` | `read` | the queue's schedules, each with its next tick and last fired one |
 //! | `DELETE /v1/queues/{queue}/schedules/{name}` | `admin` | delete a schedule |
-//! | `POST /v1/queues/{queue}/dlq/requeue` | `admin` | requeue dead-lettered tasks: `{"ids": [...]}` or `{"all": true}` ([`dlq`]) |
-//! | `DELETE /v1/queues/{queue}/dlq` | `admin` | purge dead-lettered tasks: `{"ids": [...]}`, `{"all": true}` or `older_than_ms` ([`dlq`]) |
+//! | `POST /v1/queues/{queue}/dlq/requeue` | `admin` | requeue dead-lettered tasks: `{"ids": [...]}` or `{"all": true}` (`api::dlq`) |
+//! | `DELETE /v1/queues/{queue}/dlq` | `admin` | purge dead-lettered tasks: `{"ids": [...]}`, `{"all": true}` or `older_than_ms` (`api::dlq`) |
 //! | `GET /v1/handlers` | `read` | each deployed task's active version and how many live workers run it; each live worker's handlers |
 //! | `GET /v1/handlers/{task}` | `read` | a task's active version and history |
 //! | `PUT /v1/handlers/{task}` | `admin` | deploy: the body is the module (`application/wasm`), the query its settings |
@@ -25,7 +25,7 @@
 //! | `DELETE /v1/handlers/{task}` | `admin` | undeploy |
 //! | `GET /healthz` | none | Redis reachable |
 //! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of these routes, generated from their handlers ([`openapi`]) |
-//! | `GET /ui/` | none | the web dashboard, static files that call the routes above ([`ui`]) |
+//! | `GET /ui/` | none | the web dashboard, static files that call the routes above (`api::ui`) |
 //! | `GET /metrics` | `read` (every queue) | Prometheus metrics ([`crate::metrics`]) |
 //!
 //! Every error has one body: `{"error": {"code", "message", "details"}}`

@@ -6,7 +6,7 @@
 //! Each route handler carries `#[utoipa::path(...)]` (method, path,
 //! parameters, request body, responses, security), and the router
 //! registers it from that annotation: `.routes(routes!(module::handler))`
-//! in [`super::route_table`] (utoipa-axum's `OpenApiRouter`). The method and
+//! in `api::route_table` (utoipa-axum's `OpenApiRouter`). The method and
 //! the path are written once, in the annotation, and both the router and
 //! the document take them from there, so a documented route cannot be
 //! served at another path or with another method than the document says.
@@ -15,14 +15,14 @@
 //! handler, and `.routes(routes!(handler))` in place of the `.route(...)`.
 //!
 //! A route still registered with a plain `.route(...)` is served but not
-//! documented. [`ApiRouter`] records its path, and the API's tests probe
+//! documented. `ApiRouter` records its path, and the API's tests probe
 //! every method on every recorded path: a method that is served and not
 //! in the document fails them, naming it. So the one route table in
-//! [`super::route_table`] is what the router serves and what the check reads.
+//! `api::route_table` is what the router serves and what the check reads.
 //!
 //! # What the document holds
 //!
-//! The handlers build most bodies with `json!`; [`schemas`] gives each
+//! The handlers build most bodies with `json!`; `schemas` gives each
 //! body a type of its own that documents its fields, and the tests
 //! validate real responses against them, with every documented object
 //! closed to fields it does not list, so that a field added to a body
@@ -30,7 +30,7 @@
 //! statuses ([`TaskStatus`]) are enums built from their own `ALL` lists,
 //! so they cannot drift. The errors every route may answer (401 and 403
 //! on routes that take a token, 500, 503) are added to each operation
-//! here ([`add_common_responses`]); the annotations list the route's own.
+//! here (`add_common_responses`); the annotations list the route's own.
 //!
 //! The document needs no token: it describes the API's shape, not its
 //! data, is the same for every deployment, and is what a client generator
