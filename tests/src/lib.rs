@@ -201,6 +201,24 @@ fn spawn_redis(wrapper: &[String], port: u16, dir: &TempDir) -> Result<Child> {
         })
 }
 
+/// The JSON of a successful sandbox call; anything else fails the test
+/// with the call's log.
+pub fn success(report: &dtq_host::sandbox::CallReport) -> Result<serde_json::Value> {
+    match &report.outcome {
+        dtq_host::sandbox::Outcome::Success(json) => Ok(serde_json::from_str(json)?),
+        other => bail!("expected success, got {other:?}\nlog:\n{}", report.log),
+    }
+}
+
+/// The trap of a sandbox call that trapped; anything else fails the test
+/// with the call's log.
+pub fn trap(report: &dtq_host::sandbox::CallReport) -> Result<dtq_host::sandbox::Trap> {
+    match &report.outcome {
+        dtq_host::sandbox::Outcome::Trapped(trap) => Ok(trap.clone()),
+        other => bail!("expected a trap, got {other:?}\nlog:\n{}", report.log),
+    }
+}
+
 /// Assert that an API response is the error `code` with HTTP `status`, in
 /// the one error body (`{"error": {"code", "message", "details"}}`).
 #[track_caller]

@@ -16,6 +16,7 @@ use dtq_host::sandbox::{
 use dtq_tests::polyglot::{LANGS, Lang, example_wasm, test_guest_wasm};
 use dtq_tests::services::Service;
 use dtq_tests::{Dtq, RedisServer};
+use dtq_tests::{success, trap};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -78,20 +79,6 @@ fn observed(report: &CallReport) -> Value {
         Outcome::Retryable(message) => json!({"retryable": message}),
         Outcome::Fatal(message) => json!({"fatal": message}),
         Outcome::Trapped(trap) => json!({"trap": trap.to_string()}),
-    }
-}
-
-fn success(report: &CallReport) -> Result<Value> {
-    match &report.outcome {
-        Outcome::Success(json) => Ok(serde_json::from_str(json)?),
-        other => bail!("expected success, got {other:?}\nlog:\n{}", report.log),
-    }
-}
-
-fn trap(report: &CallReport) -> Result<Trap> {
-    match &report.outcome {
-        Outcome::Trapped(trap) => Ok(trap.clone()),
-        other => bail!("expected a trap, got {other:?}\nlog:\n{}", report.log),
     }
 }
 

@@ -13,6 +13,7 @@ use dtq_host::sandbox::{
 use dtq_tests::guests;
 use dtq_tests::services::Service;
 use dtq_tests::{RedisServer, TempDir};
+use dtq_tests::{success, trap};
 use serde_json::{Value, json};
 
 /// Artifacts shared by the tests of this binary, so each module is compiled
@@ -73,21 +74,6 @@ async fn run(sandbox: &Sandbox, task: &str, payload: Value) -> CallReport {
     sandbox
         .call(call(task, payload), &CancelHandle::new())
         .await
-}
-
-/// The JSON of a successful call; anything else fails the test with the log.
-fn success(report: &CallReport) -> Result<Value> {
-    match &report.outcome {
-        Outcome::Success(json) => Ok(serde_json::from_str(json)?),
-        other => bail!("expected success, got {other:?}\nlog:\n{}", report.log),
-    }
-}
-
-fn trap(report: &CallReport) -> Result<Trap> {
-    match &report.outcome {
-        Outcome::Trapped(trap) => Ok(trap.clone()),
-        other => bail!("expected a trap, got {other:?}\nlog:\n{}", report.log),
-    }
 }
 
 /// `{"ok": true}` from the adversarial guest: the sandbox still works.
