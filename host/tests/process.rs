@@ -909,6 +909,9 @@ async fn watch_prints_events_and_submit_wait_follows_them() -> Result<()> {
     .await?;
     expect_code(&out, 4, "submit --wait, dead-lettered")?;
     assert_eq!(stdout_json(&out)?["status"], "DEAD_LETTERED");
+    // Its stream outlives the command until the API notices the client
+    // left; counted below, it would pass for `watch`'s.
+    wait_readers(&redis, 0).await?;
 
     // `dtq watch` prints every event of the queue as a JSON line.
     let mut watch = tokio::process::Command::from(dtq_command());
