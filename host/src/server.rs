@@ -546,7 +546,7 @@ fn new_watcher(
     };
     Watcher::new(
         registry.clone(),
-        store.client().clone(),
+        store.backend().clone(),
         catalog.clone(),
         sandbox,
         config.handlers.clone(),

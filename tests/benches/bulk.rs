@@ -221,7 +221,7 @@ async fn bench() -> Result<()> {
     let in_flight = env_usize("DTQ_BENCH_IN_FLIGHT", 64)?;
     ensure!(submits > 0 && in_flight > 0, "counts must be at least 1");
     let dtq = Dtq::start(false, &["--max-queue-depth", "0"]).await?;
-    let mut probe = dtq.redis.conn().await?;
+    let mut probe = dtq.redis.single().conn().await?;
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(&mut probe)
@@ -234,7 +234,7 @@ async fn bench() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "dtq bulk submission benchmark: redis-server {version} on 127.0.0.1:{}, {cores} cores shared by Redis, the API, the clients and redis-benchmark",
-        dtq.redis.port()
+        dtq.redis.single().port()
     );
     println!("{submits} keyed echo tasks per figure, no worker");
     let mut bench = Bench {
@@ -281,7 +281,7 @@ async fn bench() -> Result<()> {
         }
     }
 
-    let port = bench.dtq.redis.port();
+    let port = bench.dtq.redis.single().port();
     let plain = redis_benchmark_eval(port, 100_000, 1)?;
     let piped = redis_benchmark_eval(port, 200_000, 16)?;
 

@@ -271,7 +271,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
 
     // --- the same server's SET rate, right after ---------------------
     let cpu = RedisStats::read(probe).await?.cpu();
-    let set = redis_benchmark(dtq.redis.port(), "set", ROUND_SETS, 1)?
+    let set = redis_benchmark(dtq.redis.single().port(), "set", ROUND_SETS, 1)?
         .get("SET")
         .copied()
         .context("no SET figure")?;
@@ -325,11 +325,11 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     if let Some(pinning) = &pinning {
         pinning.pin_redis(dtq.redis.pid())?;
     }
-    let mut probe = dtq.redis.conn().await?;
+    let mut probe = dtq.redis.single().conn().await?;
     let version = redis_version(&mut probe).await?;
     println!(
         "dtq queue benchmark: redis-server {version} on 127.0.0.1:{}",
-        dtq.redis.port()
+        dtq.redis.single().port()
     );
     match &pinning {
         Some(p) => println!(
@@ -444,8 +444,8 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     let api_rate = submits as f64 / api_time.as_secs_f64();
 
     // --- 4. redis-benchmark on the same server ---------------------------
-    let plain = redis_benchmark(dtq.redis.port(), "set,get", 100_000, 1)?;
-    let piped = redis_benchmark(dtq.redis.port(), "set,get", 100_000, 16)?;
+    let plain = redis_benchmark(dtq.redis.single().port(), "set,get", 100_000, 1)?;
+    let piped = redis_benchmark(dtq.redis.single().port(), "set,get", 100_000, 16)?;
 
     // --- the table --------------------------------------------------------
     let n = |x: f64| format!("{x:.0}");

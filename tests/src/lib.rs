@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod cluster;
 pub mod polyglot;
 pub mod process;
 pub mod services;
@@ -143,10 +144,13 @@ impl RedisServer {
         Ok(client.get_multiplexed_async_connection().await?)
     }
 
-    /// A connection manager (reconnects by itself), as the host uses.
-    pub async fn manager(&self) -> Result<redis::aio::ConnectionManager> {
+    /// A connection as the host uses one (a connection manager, which
+    /// reconnects by itself).
+    pub async fn manager(&self) -> Result<dtq_host::store::Conn> {
         let client = redis::Client::open(self.url())?;
-        Ok(redis::aio::ConnectionManager::new(client).await?)
+        Ok(dtq_host::store::Conn::Single(
+            redis::aio::ConnectionManager::new(client).await?,
+        ))
     }
 
     /// The idempotency record of `key` in `queue`, parsed, if it exists.
@@ -401,13 +405,108 @@ impl ApiClient {
     }
 }
 
+/// The Redis a [`Dtq`] runs on: one `redis-server`, or, when the
+/// environment says `DTQ_TEST_REDIS=cluster`, a Redis Cluster of three
+/// primaries ([`RedisCluster`](cluster::RedisCluster)), so that a suite
+/// written once runs against both.
+pub enum TestRedis {
+    /// One server.
+    Single(RedisServer),
+    /// A cluster of three primaries.
+    Cluster(cluster::RedisCluster),
+}
+
+impl TestRedis {
+    /// Start what `DTQ_TEST_REDIS` asks for: `cluster`, or (unset or
+    /// `single`) one server. Anything else is an error.
+    pub fn start() -> Result<Self> {
+        match std::env::var("DTQ_TEST_REDIS").as_deref() {
+            Err(_) | Ok("" | "single") => Ok(TestRedis::Single(RedisServer::start()?)),
+            Ok("cluster") => Ok(TestRedis::Cluster(cluster::RedisCluster::start(3, 0)?)),
+            Ok(other) => bail!("DTQ_TEST_REDIS={other:?}: use `single` or `cluster`"),
+        }
+    }
+
+    /// Whether this is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, TestRedis::Cluster(_))
+    }
+
+    /// The `--redis` value: a URL, or every node's, comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            TestRedis::Single(r) => r.url(),
+            TestRedis::Cluster(c) => c.urls(),
+        }
+    }
+
+    /// A connection as the host makes one (routed by slot on a cluster).
+    pub async fn conn(&self) -> Result<dtq_host::store::Conn> {
+        match self {
+            TestRedis::Single(r) => r.manager().await,
+            TestRedis::Cluster(c) => c.conn().await,
+        }
+    }
+
+    /// The single server, for tests that stop, pause or restart it; a
+    /// cluster has no one server (those tests run on a single node only).
+    pub fn server(&mut self) -> &mut RedisServer {
+        match self {
+            TestRedis::Single(r) => r,
+            TestRedis::Cluster(_) => panic!("this test needs a single redis-server"),
+        }
+    }
+
+    /// The single server, read-only (see [`TestRedis::server`]).
+    pub fn single(&self) -> &RedisServer {
+        match self {
+            TestRedis::Single(r) => r,
+            TestRedis::Cluster(_) => panic!("this needs a single redis-server"),
+        }
+    }
+
+    /// The server's process id (single server only, see
+    /// [`TestRedis::server`]).
+    pub fn pid(&self) -> u32 {
+        match self {
+            TestRedis::Single(r) => r.pid(),
+            TestRedis::Cluster(_) => panic!("this test needs a single redis-server"),
+        }
+    }
+
+    /// Restart the server empty (single server only, see
+    /// [`RedisServer::restart`]).
+    pub fn restart(&mut self) -> Result<()> {
+        self.server().restart()
+    }
+
+    /// The idempotency record of `key` in `queue`, parsed, if it exists.
+    pub async fn idem_record(&self, queue: &str, key: &str) -> Result<Option<serde_json::Value>> {
+        let mut conn = self.conn().await?;
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(format!("dtq:idempotency:{{{queue}}}:{key}"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(raw.map(|r| serde_json::from_str(&r)).transpose()?)
+    }
+
+    /// Every key, sorted (on a cluster, of every primary).
+    pub async fn keys(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn().await?;
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
+        keys.sort();
+        Ok(keys)
+    }
+}
+
 /// A whole dtq in this process: a fresh `redis-server`, the HTTP API on a
 /// free loopback port, and (optionally) a worker running the example
 /// handlers, with test-friendly timings (retries in tens of ms, a one-second
 /// visibility timeout).
 pub struct Dtq {
-    /// The Redis server this dtq uses.
-    pub redis: RedisServer,
+    /// The Redis this dtq uses (a single server unless
+    /// `DTQ_TEST_REDIS=cluster`).
+    pub redis: TestRedis,
     /// The API's base URL, `http://127.0.0.1:<port>`.
     pub api: String,
     /// A client of the API (also reached through `Deref`: `dtq.submit(..)`).
@@ -461,7 +560,11 @@ impl Dtq {
     /// (tests that need tasks to stay queued start it later with
     /// [`Dtq::start_worker`]). `flags` are extra `dtq serve` flags.
     pub async fn start(with_worker: bool, flags: &[&str]) -> Result<Dtq> {
-        let redis = RedisServer::start()?;
+        Dtq::start_on(TestRedis::start()?, with_worker, flags).await
+    }
+
+    /// [`Dtq::start`] on a Redis of the caller's.
+    pub async fn start_on(redis: TestRedis, with_worker: bool, flags: &[&str]) -> Result<Dtq> {
         let mut args = test_flags(&redis.url());
         args.extend(flags.iter().map(|s| s.to_string()));
         let config = dtq_host::Config::from_args(args)?;

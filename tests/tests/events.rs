@@ -243,7 +243,7 @@ async fn read_id_of_nth(dtq: &Dtq, n: usize) -> Result<String> {
 }
 
 /// Every entry id of the default queue's events stream, oldest first.
-async fn stream_ids(redis: &RedisServer) -> Result<Vec<String>> {
+async fn stream_ids(redis: &dtq_tests::TestRedis) -> Result<Vec<String>> {
     let mut conn = redis.conn().await?;
     let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
         .arg(QueueKeys::new("default").events)
@@ -374,7 +374,7 @@ async fn streams_are_bounded_and_released_when_their_clients_leave() -> Result<(
     let first = subscribe(&dtq, "", None).await?;
     let mut second = subscribe(&dtq, "", None).await?;
     // Each holds a Redis connection of its own, blocked in XREAD.
-    wait_blocked_xreads(&dtq.redis, 2).await?;
+    wait_blocked_xreads(dtq.redis.single(), 2).await?;
 
     let full = refused(&dtq, "", None, None).await?;
     assert_error(&full, 503, "TOO_MANY_EVENT_STREAMS");
@@ -382,7 +382,7 @@ async fn streams_are_bounded_and_released_when_their_clients_leave() -> Result<(
 
     // A client that goes away gives its slot and its connection back.
     drop(first);
-    wait_blocked_xreads(&dtq.redis, 1).await?;
+    wait_blocked_xreads(dtq.redis.single(), 1).await?;
     let start = Instant::now();
     let mut third = loop {
         let response = open(&dtq, "", None, None).await?;
@@ -392,7 +392,7 @@ async fn streams_are_bounded_and_released_when_their_clients_leave() -> Result<(
         ensure!(start.elapsed() < WAIT, "the slot did not come back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    wait_blocked_xreads(&dtq.redis, 2).await?;
+    wait_blocked_xreads(dtq.redis.single(), 2).await?;
 
     // Both streams still work.
     let id = submit(&dtq, json!({"task": "echo", "payload": 1})).await?;
@@ -400,7 +400,7 @@ async fn streams_are_bounded_and_released_when_their_clients_leave() -> Result<(
         assert_eq!(data(&next(events).await?)?["task_id"], json!(id));
     }
     drop((second, third));
-    wait_blocked_xreads(&dtq.redis, 0).await
+    wait_blocked_xreads(dtq.redis.single(), 0).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -430,7 +430,7 @@ async fn a_stream_survives_a_redis_restart() -> Result<()> {
     let before = submit(&dtq, json!({"task": "echo", "payload": 1})).await?;
     let first = next(&mut events).await?;
     assert_eq!(data(&first)?["task_id"], json!(before));
-    wait_blocked_xreads(&dtq.redis, 1).await?;
+    wait_blocked_xreads(dtq.redis.single(), 1).await?;
 
     // Connections drop and the data is gone; the stream stays open, reads
     // again with backoff, and goes on with what happens next.

@@ -221,14 +221,14 @@ async fn a_live_worker_keeps_its_task_through_a_redis_outage() -> Result<()> {
     // would be dead-lettered as lost.
     let id = submit_sleep(&dtq, 3_000, 1).await?;
     wait_running(&dtq, &id, 1).await?;
-    outage(&dtq.redis, VISIBILITY * 2).await?;
+    outage(dtq.redis.single(), VISIBILITY * 2).await?;
     assert_ran_once(&dtq, &id, 3_000).await?;
     assert!(dead_letters(&dtq).await?.is_empty());
 
     // And again with attempts to spare: the task is not run a second time.
     let id = submit_sleep(&dtq, 3_000, 3).await?;
     wait_running(&dtq, &id, 1).await?;
-    outage(&dtq.redis, VISIBILITY * 2).await?;
+    outage(dtq.redis.single(), VISIBILITY * 2).await?;
     assert_ran_once(&dtq, &id, 3_000).await
 }
 
@@ -245,7 +245,7 @@ async fn another_live_worker_does_not_take_a_task_across_a_redis_outage() -> Res
         wait_running(&dtq, id, 1).await?;
         owners.push(task_field(&dtq, id, "worker").await?);
     }
-    outage(&dtq.redis, VISIBILITY * 2).await?;
+    outage(dtq.redis.single(), VISIBILITY * 2).await?;
     for (id, owner) in ids.iter().zip(&owners) {
         assert_ran_once(&dtq, id, 3_000).await?;
         assert_eq!(&task_field(&dtq, id, "worker").await?, owner, "{id}");
@@ -320,7 +320,7 @@ async fn after_an_outage_a_dead_workers_task_is_reclaimed_and_a_live_ones_is_not
     // The doomed worker dies just before Redis stops answering for twice
     // the visibility timeout.
     doomed.kill().await;
-    outage(&dtq.redis, VISIBILITY * 2).await?;
+    outage(dtq.redis.single(), VISIBILITY * 2).await?;
     let resumed = Instant::now();
 
     // Its task is reclaimed, but only once the survivors have had a whole
@@ -450,7 +450,7 @@ async fn a_live_worker_keeps_its_task_through_a_redis_restart_that_keeps_its_dat
     let () = redis::cmd("SAVE")
         .query_async(&mut dtq.redis.conn().await?)
         .await?;
-    signal(&dtq.redis, libc::SIGSTOP)?;
+    signal(dtq.redis.single(), libc::SIGSTOP)?;
     tokio::time::sleep(VISIBILITY * 2).await;
     tokio::task::block_in_place(|| dtq.redis.restart())?;
     assert_eq!(

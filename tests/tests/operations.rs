@@ -42,7 +42,7 @@ async fn sandbox_at(url: &str, response_timeout: Duration, lease: Duration) -> R
     let manager = client
         .get_connection_manager_with_config(manager_config)
         .await?;
-    let sandbox = Sandbox::new(config, manager)?;
+    let sandbox = Sandbox::new(config, dtq_host::store::Conn::Single(manager))?;
     sandbox.load("operations", &std::fs::read(guests::OPERATIONS)?)?;
     Ok(sandbox)
 }

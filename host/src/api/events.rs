@@ -37,12 +37,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::Conn;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -226,7 +226,7 @@ fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Strea
 struct Reader {
     store: Store,
     /// The subscriber's own connection, blocked in XREAD most of the time.
-    conn: ConnectionManager,
+    conn: Conn,
     queue: String,
     /// The last entry read (sent or filtered out).
     after: StreamId,

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -33,8 +33,9 @@ use super::settings::DeploySettings;
 pub const HISTORY_LIMIT: usize = 10;
 
 /// The pub/sub channel on which registry changes are announced (message:
-/// the new revision).
-pub const CHANNEL: &str = "dtq:registry";
+/// the new revision). Its hash tag is the registry's: on a cluster it is
+/// a sharded channel on the registry's shard.
+pub const CHANNEL: &str = "dtq:changes:{registry}";
 
 const ACTIVE: &str = "dtq:handlers:{registry}";
 const REFS: &str = "dtq:module-refs:{registry}";
@@ -233,12 +234,12 @@ pub enum RegistryError {
 /// The registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Registry {
-    conn: ConnectionManager,
+    conn: Conn,
 }
 
 impl Registry {
     /// The registry on `conn`'s Redis.
-    pub fn new(conn: ConnectionManager) -> Registry {
+    pub fn new(conn: Conn) -> Registry {
         Registry { conn }
     }
 
@@ -281,7 +282,9 @@ impl Registry {
             } else {
                 inv.arg("");
             }
-            inv.arg(HISTORY_LIMIT).arg(CHANNEL);
+            inv.arg(HISTORY_LIMIT)
+                .arg(CHANNEL)
+                .arg(conn.publish_command());
             let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
             let mut reply = reply.into_iter();
             match int(reply.next())? {
@@ -328,7 +331,8 @@ impl Registry {
             .arg(to.unwrap_or(""))
             .arg(now)
             .arg(HISTORY_LIMIT)
-            .arg(CHANNEL);
+            .arg(CHANNEL)
+            .arg(self.conn.publish_command());
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
         match int(reply.next())? {
@@ -357,7 +361,8 @@ impl Registry {
             .arg(task)
             .arg(now)
             .arg(HISTORY_LIMIT)
-            .arg(CHANNEL);
+            .arg(CHANNEL)
+            .arg(self.conn.publish_command());
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
         match int(reply.next())? {

@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::registry::{CHANNEL, Entry, FleetReport, Registry, RegistryError, Version};
 use crate::sandbox::Sandbox;
+use crate::store::Backend;
 
 /// How often a worker re-sends its fleet report when nothing changed.
 pub const REPORT_EVERY: Duration = Duration::from_secs(5);
@@ -141,7 +141,7 @@ impl Want {
 /// Follows the registry and a directory; see the module documentation.
 pub struct Watcher {
     registry: Registry,
-    client: redis::Client,
+    backend: Backend,
     catalog: Catalog,
     /// A worker's sandbox; `None` in an API-only process.
     sandbox: Option<Sandbox>,
@@ -157,12 +157,12 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// A watcher of `registry` (announcements come through `client`) and of
+    /// A watcher of `registry` (announcements come through `backend`) and of
     /// `dir`, keeping `catalog` and, in a worker, `sandbox` up to date.
     /// `queues` are the worker's, for its fleet report.
     pub fn new(
         registry: Registry,
-        client: redis::Client,
+        backend: Backend,
         catalog: Catalog,
         sandbox: Option<Sandbox>,
         dir: Option<PathBuf>,
@@ -176,7 +176,7 @@ impl Watcher {
         );
         Watcher {
             registry,
-            client,
+            backend,
             catalog,
             sandbox,
             dir,
@@ -382,7 +382,11 @@ impl Watcher {
     /// interval (and every [`REPORT_EVERY`] at least, for the report).
     pub async fn run(&mut self, stop: CancellationToken) {
         let announced = Arc::new(Notify::new());
-        let listener = tokio::spawn(listen(self.client.clone(), announced.clone(), stop.clone()));
+        let listener = tokio::spawn(listen(
+            self.backend.clone(),
+            announced.clone(),
+            stop.clone(),
+        ));
         let tick = self.interval.min(REPORT_EVERY);
         loop {
             if let Err(e) = self.sync().await {
@@ -405,19 +409,13 @@ impl Watcher {
 
 /// Wake `announced` on every message of the registry's channel,
 /// resubscribing (every second) when the connection drops.
-async fn listen(client: redis::Client, announced: Arc<Notify>, stop: CancellationToken) {
+async fn listen(backend: Backend, announced: Arc<Notify>, stop: CancellationToken) {
     while !stop.is_cancelled() {
-        let subscribed = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(CHANNEL).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        match subscribed.await {
-            Ok(mut pubsub) => {
+        match backend.subscribe(&[CHANNEL.to_owned()]).await {
+            Ok(mut subscription) => {
                 // A change made while unsubscribed is caught by this pass.
                 announced.notify_one();
-                let mut messages = pubsub.on_message();
-                while messages.next().await.is_some() {
+                while subscription.next_payload().await.is_some() {
                     announced.notify_one();
                 }
             }

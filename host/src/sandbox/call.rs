@@ -157,7 +157,7 @@ pub(crate) struct LoadedHandler {
 /// What [`run`] needs from the sandbox.
 pub(crate) struct CallEnv<'a> {
     pub(crate) engine: &'a wasmtime::Engine,
-    pub(crate) redis: &'a redis::aio::ConnectionManager,
+    pub(crate) redis: &'a crate::store::Conn,
     pub(crate) http: &'a Clients,
 }
 

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::store::Conn;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::limits::{Limit, LimitTrap, Limits};
@@ -77,7 +77,7 @@ pub(crate) struct Caller {
 
 /// What one call's host imports work with.
 pub(crate) struct HostCtx {
-    pub(crate) redis: ConnectionManager,
+    pub(crate) redis: Conn,
     /// `dtq:guest:{<namespace>}:`
     pub(crate) kv_prefix: Arc<str>,
     /// `dtq:claim:{<namespace>}:`

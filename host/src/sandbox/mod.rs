@@ -333,7 +333,7 @@ struct Inner {
     limits: Arc<Limits>,
     settings: HashMap<String, HandlerSettings>,
     cache: ArtifactCache,
-    redis: redis::aio::ConnectionManager,
+    redis: crate::store::Conn,
     http: http::Clients,
     handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
     slots: tokio::sync::Semaphore,
@@ -355,10 +355,7 @@ impl Sandbox {
     ///
     /// `redis` is the connection every guest's `kv` and `idempotency` calls
     /// go through; it is cloned per call and reconnects by itself.
-    pub fn new(
-        config: SandboxConfig,
-        redis: redis::aio::ConnectionManager,
-    ) -> Result<Sandbox, SandboxError> {
+    pub fn new(config: SandboxConfig, redis: crate::store::Conn) -> Result<Sandbox, SandboxError> {
         let engine = engine::build(&config)?;
         let mut linker = Linker::<TaskState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use crate::store::Conn;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimState, Host};
 use super::imports::bindings::dtq::handler::types::HostError;
@@ -129,7 +129,7 @@ impl Drop for AbortOnDrop {
 
 /// Renew the lease of `claim` for `token` every fifth of `lease`, until the
 /// claim is no longer this owner's running one.
-async fn renew(mut redis: ConnectionManager, claim: String, token: String, lease: Duration) {
+async fn renew(mut redis: Conn, claim: String, token: String, lease: Duration) {
     let mut ticks = tokio::time::interval((lease / 5).max(Duration::from_millis(10)));
     ticks.tick().await;
     loop {

@@ -16,10 +16,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::ConnectionManager;
 use serde_json::{Value as Json, json};
 
-use super::{QueueKeys, Store, StoreError, from_value};
+use super::{Conn, QueueKeys, Store, StoreError, from_value};
 
 /// A stream entry id, `<ms>-<seq>`: the `id:` of an event, a
 /// `Last-Event-ID`, a listing cursor. Ordered as Redis orders them.
@@ -265,7 +264,7 @@ impl Store {
     /// timeout is longer than `block`.
     pub async fn read_events(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         queue: &str,
         after: StreamId,
         count: usize,

@@ -19,6 +19,7 @@
 //! | `dtq:schedules:{q}` | hash | periodic tasks: schedule name → its definition (JSON `{cron, task, payload, max_attempts, timeout_ms, updated_at}`) |
 //! | `dtq:schedule-due:{q}` | sorted set | schedule name → its next tick (ms, UTC); advanced only by a compare-and-set on the tick fired (`schedule_advance.lua`) |
 //! | `dtq:schedule-fired:{q}` | hash | schedule name → its last fired tick (JSON `{tick, task_id, fired_at, error}`) |
+//! | `dtq:cancel:{q}` | pub/sub channel | cancel requests of the queue's running tasks (message: `<queue>\n<task id>`), published by `cancel.lua` (`SPUBLISH` on a cluster: the queue's shard only) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 //! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
@@ -29,10 +30,6 @@ pub const GROUP: &str = "dtq-workers";
 /// A set of every queue name that has received a submission, for listing.
 /// It is the one key without a queue's hash tag; no script touches it.
 pub const QUEUES: &str = "dtq:queues";
-
-/// The pub/sub channel on which cancel requests of running tasks reach the
-/// workers. Messages are `<queue>\n<task id>`.
-pub const CANCEL_CHANNEL: &str = "dtq:cancel";
 
 /// The names of one queue's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +65,7 @@ pub struct QueueKeys {
     pub schedule_fired: String,
     task_prefix: String,
     idem_prefix: String,
+    cancel_channel: String,
 }
 
 impl QueueKeys {
@@ -89,12 +87,19 @@ impl QueueKeys {
             schedule_fired: format!("dtq:schedule-fired:{{{queue}}}"),
             task_prefix: format!("dtq:task:{{{queue}}}:"),
             idem_prefix: format!("dtq:idempotency:{{{queue}}}:"),
+            cancel_channel: format!("dtq:cancel:{{{queue}}}"),
         }
     }
 
     /// The queue's name.
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// The pub/sub channel on which cancel requests of the queue's running
+    /// tasks reach the workers; its messages are `<queue>\n<task id>`.
+    pub fn cancel_channel(&self) -> &str {
+        &self.cancel_channel
     }
 
     /// The hash of task `id`.
@@ -135,6 +140,7 @@ mod tests {
             k.schedule_fired.clone(),
             k.task("t1"),
             k.idempotency(Some("abc")),
+            k.cancel_channel().to_owned(),
         ] {
             assert!(key.contains("{emails}"), "{key} lacks the hash tag");
         }

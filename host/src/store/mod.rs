@@ -14,6 +14,7 @@
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
 mod batch;
+mod conn;
 mod dlq;
 mod events;
 mod expiry;
@@ -30,13 +31,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, Value};
 
+pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
 pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
 pub use expiry::EXPIRED_ERROR;
-pub use keys::{CANCEL_CHANNEL, GROUP, QUEUES, QueueKeys};
+pub use keys::{GROUP, QUEUES, QueueKeys};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use schedules::{
@@ -107,12 +108,13 @@ pub struct Reclaimed {
     pub own: Vec<Delivery>,
 }
 
-/// The Redis side of dtq. Cheap to clone: clones share one multiplexed
-/// connection, which reconnects by itself.
+/// The Redis side of dtq, on one server or a cluster ([`Backend`]). Cheap
+/// to clone: clones share one multiplexed connection, which reconnects by
+/// itself.
 #[derive(Clone)]
 pub struct Store {
-    client: redis::Client,
-    conn: ConnectionManager,
+    backend: Backend,
+    conn: Conn,
     scripts: Arc<Scripts>,
     settings: StoreSettings,
     round_trips: Arc<AtomicU64>,
@@ -127,15 +129,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// Connect to `url` and load the scripts.
-    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Store, StoreError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(5)));
-        let conn = client.get_connection_manager_with_config(config).await?;
+    /// Connect to `urls` (one `redis://` URL, or several nodes of one
+    /// cluster, comma-separated; see [`Backend::open`]) and load the
+    /// scripts.
+    pub async fn connect(urls: &str, settings: StoreSettings) -> Result<Store, StoreError> {
+        let backend = Backend::open(urls).await?;
+        let conn = backend.connect(Duration::from_secs(5)).await?;
         let store = Store {
-            client,
+            backend,
             conn,
             scripts: Arc::new(Scripts::new()),
             settings,
@@ -154,29 +155,21 @@ impl Store {
     }
 
     /// The shared connection (for the sandbox's host imports).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.conn.clone()
     }
 
     /// A new dedicated connection whose replies may take up to `timeout`: for
     /// blocking reads, which would stall every other command on the shared
     /// multiplexed connection.
-    pub async fn dedicated_connection(
-        &self,
-        timeout: Duration,
-    ) -> Result<ConnectionManager, StoreError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(timeout));
-        Ok(self
-            .client
-            .get_connection_manager_with_config(config)
-            .await?)
+    pub async fn dedicated_connection(&self, timeout: Duration) -> Result<Conn, StoreError> {
+        self.backend.connect(timeout).await
     }
 
-    /// The client (for pub/sub).
-    pub fn client(&self) -> &redis::Client {
-        &self.client
+    /// What the store is connected to (for pub/sub, and to know whether it
+    /// is a cluster).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// Round trips to Redis made through this store (and its clones) so far.
@@ -200,7 +193,17 @@ impl Store {
         out
     }
 
+    /// Load every script: in one pipeline on a single server; on a
+    /// cluster one `SCRIPT LOAD` each, which the client sends to every
+    /// primary (a pipeline would reach one node only).
     async fn load_scripts(&self) -> Result<(), StoreError> {
+        if self.backend.is_cluster() {
+            for script in self.scripts.all() {
+                self.trip("load_scripts", script.load_async(&mut self.conn.clone()))
+                    .await?;
+            }
+            return Ok(());
+        }
         let mut pipe = redis::pipe();
         for script in self.scripts.all() {
             pipe.load_script(script).ignore();
@@ -341,7 +344,7 @@ impl Store {
     /// (see [`Store::dedicated_connection`]).
     pub async fn read(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         queue: &str,
         consumer: &str,
         count: usize,
@@ -491,23 +494,20 @@ impl Store {
                 self.completion_call(queue, &batch)
             })
             .collect();
-        let mut pipe = redis::pipe();
-        for inv in &invocations {
-            pipe.invoke_script(inv);
-        }
-        let replies: Vec<Vec<Value>> = match self
-            .trip("complete", pipe.query_async(&mut self.conn.clone()))
-            .await
-        {
-            Ok(replies) => replies,
-            // The scripts were flushed (a restart or failover): load them and
-            // try once more. EVALSHA of a missing script runs nothing.
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.load_scripts().await?;
-                self.trip("complete", pipe.query_async(&mut self.conn.clone()))
-                    .await?
-            }
-            Err(e) => return Err(e.into()),
+        let replies: Vec<Vec<Value>> = if self.backend.is_cluster() {
+            // A pipeline reaches one node: each queue's call goes on its
+            // own (its slot's shard), all of them at once.
+            futures::future::try_join_all(
+                invocations
+                    .iter()
+                    .map(|inv| self.complete_pipeline(std::slice::from_ref(inv))),
+            )
+            .await?
+            .into_iter()
+            .flatten()
+            .collect()
+        } else {
+            self.complete_pipeline(&invocations).await?
         };
         let mut outcomes: Vec<Option<CompleteOutcome>> = vec![None; completions.len()];
         for ((_, batch), reply) in by_queue.iter().zip(replies) {
@@ -534,6 +534,33 @@ impl Store {
                 o.ok_or_else(|| StoreError::Protocol("complete returned too few outcomes".into()))
             })
             .collect()
+    }
+
+    /// Run `invocations` of the complete script in one pipeline: one reply
+    /// each, in order.
+    async fn complete_pipeline(
+        &self,
+        invocations: &[redis::ScriptInvocation<'_>],
+    ) -> Result<Vec<Vec<Value>>, StoreError> {
+        let mut pipe = redis::pipe();
+        for inv in invocations {
+            pipe.invoke_script(inv);
+        }
+        match self
+            .trip("complete", pipe.query_async(&mut self.conn.clone()))
+            .await
+        {
+            Ok(replies) => Ok(replies),
+            // The scripts were flushed (a restart or failover): load them and
+            // try once more. EVALSHA of a missing script runs nothing.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load_scripts().await?;
+                Ok(self
+                    .trip("complete", pipe.query_async(&mut self.conn.clone()))
+                    .await?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn completion_call<'a>(
@@ -728,8 +755,9 @@ impl Store {
             .arg(flag(idem_key.is_some()))
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len)
-            .arg(CANCEL_CHANNEL)
-            .arg(format!("{queue}\n{id}"));
+            .arg(keys.cancel_channel())
+            .arg(format!("{queue}\n{id}"))
+            .arg(self.conn.publish_command());
         let reply: Vec<Value> = self
             .trip("cancel", inv.invoke_async(&mut self.conn.clone()))
             .await?;

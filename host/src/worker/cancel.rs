@@ -1,56 +1,56 @@
-//! Cancel requests of running tasks, from the cancel channel.
+//! Cancel requests of running tasks, from the queues' cancel channels.
 //!
-//! The `cancel` script flags a running task and publishes `<queue>\n<id>` on
-//! [`CANCEL_CHANNEL`]; the worker running it interrupts the sandbox call
-//! (epoch interruption: preemptive, within one tick). A message missed while
-//! this listener reconnects is caught by the next heartbeat, which reads the
+//! The `cancel` script flags a running task and publishes `<queue>\n<id>`
+//! on the queue's channel ([`QueueKeys::cancel_channel`]; sharded pub/sub on a
+//! cluster); the worker running it interrupts the sandbox call (epoch
+//! interruption: preemptive, within one tick). A message missed while this
+//! listener reconnects is caught by the next heartbeat, which reads the
 //! flag.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{Backoff, Shared};
-use crate::store::CANCEL_CHANNEL;
+use crate::store::QueueKeys;
 
 /// Listen until `stop`, resubscribing with backoff when the connection drops.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
+    let channels: Vec<String> = shared
+        .config
+        .queues
+        .iter()
+        .map(|q| QueueKeys::new(q).cancel_channel().to_owned())
+        .collect();
     let mut backoff = Backoff::default();
     loop {
-        let subscribed = async {
-            let mut pubsub = shared.store.client().get_async_pubsub().await?;
-            pubsub.subscribe(CANCEL_CHANNEL).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        let pubsub = tokio::select! {
-            r = subscribed => r,
+        let subscribed = tokio::select! {
+            r = shared.store.backend().subscribe(&channels) => r,
             () = stop.cancelled() => return,
         };
-        match pubsub {
-            Ok(mut pubsub) => {
+        match subscribed {
+            Ok(mut subscription) => {
                 backoff.reset();
-                let mut messages = pubsub.on_message();
                 loop {
-                    let msg = tokio::select! {
-                        m = messages.next() => m,
+                    let payload = tokio::select! {
+                        p = subscription.next_payload() => p,
                         () = stop.cancelled() => return,
                     };
-                    let Some(msg) = msg else { break };
-                    let Ok(body) = msg.get_payload::<String>() else {
-                        continue;
-                    };
-                    let Some((queue, id)) = body.split_once('\n') else {
+                    let Some(payload) = payload else { break };
+                    let Some((queue, id)) = std::str::from_utf8(&payload)
+                        .ok()
+                        .and_then(|body| body.split_once('\n'))
+                    else {
                         continue;
                     };
                     if shared.running.cancel_task(queue, id) {
                         debug!(task_id = id, queue, "cancel requested: interrupting");
                     }
                 }
-                warn!("cancel channel closed; resubscribing");
+                warn!("cancel channels closed; resubscribing");
             }
-            Err(e) => warn!(error = %e, "cannot subscribe to the cancel channel; retrying"),
+            Err(e) => warn!(error = %e, "cannot subscribe to the cancel channels; retrying"),
         }
         if !backoff.wait(&stop).await {
             return;

@@ -19,16 +19,17 @@
 //! The wait is a plain `XREAD` (no group, so it delivers nothing: dropping it
 //! at shutdown loses nothing) from each group's last delivered id, which
 //! returns as soon as any queue has a message the group has not been given,
-//! including one added between the last round and the wait. Under Redis
-//! Cluster the streams of one call must share a slot: [`wait_for_messages`]
-//! takes the set of streams, and a cluster fetch would call it once per slot
-//! and wait on the calls together.
+//! including one added between the last round and the wait. On a Redis
+//! Cluster the streams of one call must share a slot, and each queue has a
+//! slot of its own: the wait is then one `XREAD` per queue, each on a
+//! connection of its own (a blocked command holds its connection), and the
+//! first to return ends the wait.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::store::Conn;
 use redis::Value;
-use redis::aio::ConnectionManager;
 use redis::streams::{StreamInfoGroupsReply, StreamReadReply};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -42,6 +43,13 @@ use crate::store::{Delivery, GROUP, QueueKeys, StoreError};
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let queues = shared.config.queues.clone();
     let streams: Vec<String> = queues.iter().map(|q| QueueKeys::new(q).stream).collect();
+    // The streams each wait call takes, and (on a cluster) its connection.
+    let waits: Vec<&[String]> = if shared.store.backend().is_cluster() {
+        streams.chunks(1).collect()
+    } else {
+        vec![&streams[..]]
+    };
+    let mut wait_conns: Vec<Option<Conn>> = vec![None; waits.len()];
     let mut conn = None;
     let mut backoff = Backoff::default();
     let mut first = 0;
@@ -106,7 +114,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         }
         // Nothing anywhere: wait, holding no slot, for something new.
         let waited = tokio::select! {
-            waited = wait_for_messages(conn, &streams, READ_BLOCK) => waited,
+            waited = wait_any(&shared, conn, &mut wait_conns, &waits) => waited,
             () = stop.cancelled() => return,
         };
         if let Err(e) = waited {
@@ -121,11 +129,43 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Wait on every group of `waits` at once ([`wait_for_messages`]): on
+/// `conn` when there is one group (a single server), else each on its own
+/// connection of `wait_conns` (opened when missing), until the first
+/// returns.
+async fn wait_any(
+    shared: &Shared,
+    conn: &mut Conn,
+    wait_conns: &mut [Option<Conn>],
+    waits: &[&[String]],
+) -> Result<(), StoreError> {
+    if let [streams] = waits {
+        return wait_for_messages(conn, streams, READ_BLOCK).await;
+    }
+    for slot in wait_conns.iter_mut().filter(|c| c.is_none()) {
+        *slot = Some(
+            shared
+                .store
+                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
+                .await?,
+        );
+    }
+    let calls = wait_conns.iter_mut().zip(waits).filter_map(|(c, streams)| {
+        Some(Box::pin(wait_for_messages(
+            c.as_mut()?,
+            streams,
+            READ_BLOCK,
+        )))
+    });
+    let (first, _, _) = futures::future::select_all(calls).await;
+    first
+}
+
 /// Read up to `count` new messages of `stream` for `consumer`, without
 /// blocking. Not to be cancelled: the messages a read delivers are pending
 /// on this consumer, and until reclaimed nobody else runs them.
 async fn read_now(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     stream: &str,
     consumer: &str,
     count: usize,
@@ -161,7 +201,7 @@ async fn read_now(
 /// time. All `streams` are waited on in one call: under Redis Cluster they
 /// must share a slot.
 pub(super) async fn wait_for_messages(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     streams: &[String],
     block: Duration,
 ) -> Result<(), StoreError> {

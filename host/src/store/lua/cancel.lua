@@ -18,8 +18,10 @@
     ARGV[3] "1" when the task has an idempotency key
     ARGV[4] retention of terminal task hashes (s)
     ARGV[5] events stream max length
-    ARGV[6] cancel channel
-    ARGV[7] cancel channel message (identifies the task to workers)
+    ARGV[6] cancel channel       dtq:cancel:{q}
+    ARGV[7] cancel channel message, `<queue>\n<task id>`
+    ARGV[8] publish command: "PUBLISH", or "SPUBLISH" on a cluster (the
+            channel's hash tag is the queue's, so it is this script's slot)
 
   Output:
     {1, "CANCELLED"}        cancelled before it ran
@@ -32,6 +34,7 @@
 local taskKey, delayedKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local taskId, now, hasKey = ARGV[1], ARGV[2], ARGV[3] == "1"
 local retention, eventsMaxLen, channel, message = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local publish = ARGV[8]
 
 local f = redis.call("HMGET", taskKey, "status", "attempts")
 local status = f[1]
@@ -40,7 +43,7 @@ if not status then
 end
 if status == "RUNNING" then
   redis.call("HSET", taskKey, "cancel_requested", "1", "updated_at", now)
-  redis.call("PUBLISH", channel, message)
+  redis.call(publish, channel, message)
   return {3, status}
 end
 if status ~= "QUEUED" and status ~= "SCHEDULED" and status ~= "RETRYING" then

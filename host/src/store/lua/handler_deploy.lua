@@ -15,6 +15,7 @@
     ARGV[5] the module's bytes, or "" when the caller saw it stored already
     ARGV[6] history bound (entries kept per task)
     ARGV[7] pub/sub channel of registry changes
+    ARGV[8] publish command: "PUBLISH", or "SPUBLISH" on a cluster
 
   Output:
     {1, previous entry or false, orphan digests...}
@@ -30,8 +31,8 @@
 ]]
 local activeKey, historyKey, moduleKey, refsKey, revisionKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local task, digest, fingerprint, entry, module, bound, channel =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local task, digest, fingerprint, entry, module, bound, channel, publish =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
 
 local previous = redis.call("HGET", activeKey, task)
 if previous and versionOf(previous).fingerprint == fingerprint then
@@ -47,7 +48,7 @@ end
 
 redis.call("HSET", activeKey, task, entry)
 local orphans = pushHistory(historyKey, refsKey, entry, digest, bound)
-announce(revisionKey, channel)
+announce(revisionKey, channel, publish)
 local out = { 1, previous or false }
 for _, d in ipairs(orphans) do
   out[#out + 1] = d

@@ -13,6 +13,7 @@
     ARGV[3] now (ms since epoch)
     ARGV[4] history bound
     ARGV[5] pub/sub channel of registry changes
+    ARGV[6] publish command: "PUBLISH", or "SPUBLISH" on a cluster
 
   Output:
     {1, the new active entry, orphan digests...}
@@ -26,6 +27,7 @@
 ]]
 local activeKey, historyKey, refsKey, revisionKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local task, to, now, bound, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local publish = ARGV[6]
 
 local entries = redis.call("LRANGE", historyKey, 0, -1)
 if #entries == 0 then
@@ -57,7 +59,7 @@ local version = versionOf(target)
 local entry = "rollback " .. now .. " " .. versionText(target)
 redis.call("HSET", activeKey, task, entry)
 local orphans = pushHistory(historyKey, refsKey, entry, version.digest, bound)
-announce(revisionKey, channel)
+announce(revisionKey, channel, publish)
 local out = { 1, entry }
 for _, d in ipairs(orphans) do
   out[#out + 1] = d

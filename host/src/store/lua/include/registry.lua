@@ -44,8 +44,9 @@ local function pushHistory(historyKey, refsKey, entry, digest, bound)
   return orphans
 end
 
--- Count a change of the registry and tell every process.
-local function announce(revisionKey, channel)
+-- Count a change of the registry and tell every process. `publish` is
+-- PUBLISH, or SPUBLISH on a cluster (the channel is in the registry's slot).
+local function announce(revisionKey, channel, publish)
   local revision = redis.call("INCR", revisionKey)
-  redis.call("PUBLISH", channel, revision)
+  redis.call(publish, channel, revision)
 end

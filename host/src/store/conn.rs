@@ -1,0 +1,288 @@
+//! What dtq connects to: one Redis server, or a Redis Cluster.
+//!
+//! [`Backend::open`] takes the `--redis` setting, one `redis://` URL or
+//! several separated by commas, asks the first node that answers whether
+//! it runs in cluster mode (`INFO cluster`), and from then on hands out
+//! [`Conn`]s of the matching kind. Everything above speaks to a [`Conn`]
+//! through [`redis::aio::ConnectionLike`], so a script, a command or a
+//! pipeline is written once:
+//!
+//! - single node: a [`ConnectionManager`] (multiplexed, reconnects by
+//!   itself);
+//! - cluster: a [`ClusterConnection`], which routes each command and each
+//!   script by its first key's slot, follows MOVED and ASK, and refreshes
+//!   its slot map after a failover. A pipeline is sent to one node, so
+//!   every command of one pipeline must be in one slot (dtq's pipelines
+//!   each touch one queue, or are split per queue in cluster mode).
+//!
+//! Notices (a cancel of a running task, a registry change) travel over
+//! pub/sub. On a single node that is plain `PUBLISH`/`SUBSCRIBE`; on a
+//! cluster it is sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`): each channel
+//! carries a hash tag and lives on the shard of the keys it is about, so a
+//! notice costs one shard, not a broadcast over the cluster bus. The
+//! scripts that publish are told which command to use
+//! ([`Conn::publish_command`]), and [`Backend::subscribe`] subscribes the
+//! matching way.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use super::StoreError;
+
+/// How long a new connection may take to be established.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The Redis deployment a process talks to.
+#[derive(Clone)]
+pub enum Backend {
+    /// One server (or a primary behind a fixed address).
+    Single(redis::Client),
+    /// A Redis Cluster, reached through any of `nodes`.
+    Cluster {
+        /// The URLs given, each a node to discover the cluster from.
+        nodes: Vec<String>,
+    },
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Single(_) => f.write_str("Backend::Single"),
+            Backend::Cluster { nodes } => write!(f, "Backend::Cluster({} nodes)", nodes.len()),
+        }
+    }
+}
+
+impl Backend {
+    /// Parse `urls` (comma-separated `redis://` URLs) and find out, from
+    /// the first node that answers, whether it is a cluster node. Several
+    /// URLs name nodes of one cluster; they are tried in order.
+    pub async fn open(urls: &str) -> Result<Backend, StoreError> {
+        let nodes: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if nodes.is_empty() {
+            return Err(StoreError::Protocol("no Redis URL given".into()));
+        }
+        let mut last_err = None;
+        for url in &nodes {
+            let client = redis::Client::open(url.as_str())?;
+            let probe = async {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(
+                        &redis::AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                            .set_response_timeout(Some(CONNECT_TIMEOUT)),
+                    )
+                    .await?;
+                redis::cmd("INFO")
+                    .arg("cluster")
+                    .query_async::<String>(&mut conn)
+                    .await
+            };
+            match probe.await {
+                Ok(info) if cluster_enabled(&info) => {
+                    return Ok(Backend::Cluster { nodes });
+                }
+                Ok(_) if nodes.len() > 1 => {
+                    return Err(StoreError::Protocol(format!(
+                        "{} Redis URLs were given, but {url} is not a cluster node; \
+                         give one URL for a single server",
+                        nodes.len()
+                    )));
+                }
+                Ok(_) => return Ok(Backend::Single(client)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.map_or_else(
+            || StoreError::Protocol("no Redis node answered".into()),
+            StoreError::Redis,
+        ))
+    }
+
+    /// Whether this is a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Backend::Cluster { .. })
+    }
+
+    /// A new connection whose replies may take up to `response_timeout`.
+    /// Each call opens connections of its own: one for a blocking read
+    /// stalls nothing else (on a cluster, one connection per shard).
+    pub async fn connect(&self, response_timeout: Duration) -> Result<Conn, StoreError> {
+        match self {
+            Backend::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(response_timeout));
+                Ok(Conn::Single(
+                    client.get_connection_manager_with_config(config).await?,
+                ))
+            }
+            Backend::Cluster { nodes } => {
+                let client = self.cluster_client(nodes, response_timeout, None)?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// Subscribe to `channels`, the way [`Conn::publish_command`] publishes
+    /// (`SUBSCRIBE` or `SSUBSCRIBE`).
+    pub async fn subscribe(&self, channels: &[String]) -> Result<Subscription, StoreError> {
+        match self {
+            Backend::Single(client) => {
+                let mut pubsub = client.get_async_pubsub().await?;
+                for channel in channels {
+                    pubsub.subscribe(channel).await?;
+                }
+                Ok(Subscription::Single(Box::new(pubsub.into_on_message())))
+            }
+            Backend::Cluster { nodes } => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                // Pushes need RESP3; the client resubscribes by itself after
+                // a reconnection or a failover.
+                let client = self.cluster_client(nodes, CONNECT_TIMEOUT, Some(tx))?;
+                let mut conn = client.get_async_connection().await?;
+                for channel in channels {
+                    conn.ssubscribe(channel).await?;
+                }
+                Ok(Subscription::Cluster { _conn: conn, rx })
+            }
+        }
+    }
+
+    fn cluster_client(
+        &self,
+        nodes: &[String],
+        response_timeout: Duration,
+        pushes: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>,
+    ) -> Result<ClusterClient, StoreError> {
+        let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(response_timeout)
+            // A failover takes the cluster a few node timeouts; a command
+            // retried through it (MOVED, CLUSTERDOWN, a dropped link) waits
+            // up to about this long in all before it fails.
+            .retries(8)
+            .min_retry_wait(50)
+            .max_retry_wait(2_000);
+        if let Some(tx) = pushes {
+            builder = builder
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(tx);
+        }
+        Ok(builder.build()?)
+    }
+}
+
+/// Whether `INFO cluster` says the node runs in cluster mode.
+fn cluster_enabled(info: &str) -> bool {
+    info.lines().any(|l| l.trim() == "cluster_enabled:1")
+}
+
+/// A connection to the [`Backend`]: multiplexed, cheap to clone (clones
+/// share it), reconnecting by itself.
+#[derive(Clone)]
+pub enum Conn {
+    /// To a single server.
+    Single(ConnectionManager),
+    /// To a cluster: one link per node, commands routed by slot.
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// The command the scripts publish notices with: `PUBLISH` on a
+    /// single node, `SPUBLISH` (sharded, to the channel's own shard) on a
+    /// cluster. Channels carry a hash tag, so they share the slot of the
+    /// keys of the script that publishes.
+    pub fn publish_command(&self) -> &'static str {
+        match self {
+            Conn::Single(_) => "PUBLISH",
+            Conn::Cluster(_) => "SPUBLISH",
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Messages of the channels [`Backend::subscribe`] subscribed to.
+pub enum Subscription {
+    /// Plain pub/sub on one server.
+    Single(Box<redis::aio::PubSubStream>),
+    /// Sharded pub/sub on a cluster: pushes of the subscribing connection.
+    Cluster {
+        /// Held so that the subscription lives as long as this value.
+        _conn: ClusterConnection,
+        /// Every push the connection receives (confirmations too).
+        rx: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    },
+}
+
+impl Subscription {
+    /// The next message's payload, or `None` once the subscription is
+    /// gone (the connection dropped for good: subscribe again).
+    pub async fn next_payload(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Subscription::Single(stream) => {
+                let msg = stream.next().await?;
+                Some(msg.get_payload_bytes().to_vec())
+            }
+            Subscription::Cluster { rx, .. } => loop {
+                let push = rx.recv().await?;
+                // `smessage` pushes are [channel, payload]; the rest
+                // (subscribe confirmations, disconnections) carry none.
+                if push.kind == redis::PushKind::SMessage
+                    && let Some(Value::BulkString(payload)) = push.data.into_iter().nth(1)
+                {
+                    return Some(payload);
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_mode_is_read_from_info() {
+        assert!(cluster_enabled("# Cluster\r\ncluster_enabled:1\r\n"));
+        assert!(!cluster_enabled("# Cluster\r\ncluster_enabled:0\r\n"));
+        assert!(!cluster_enabled(""));
+    }
+}

@@ -1,0 +1,266 @@
+//! A Redis Cluster of real `redis-server` processes on loopback ports,
+//! created with `redis-cli --cluster create`, as the cluster tests and the
+//! suites run in cluster mode (`DTQ_TEST_REDIS=cluster`) use it.
+//!
+//! Each node gets a free client port and a free cluster-bus port
+//! (`--cluster-port`), a directory of its own and a short node timeout, so
+//! that a failover after a master is killed takes a few seconds.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{TempDir, free_port};
+
+/// How long a node may stay unreachable before the others fail it over.
+const NODE_TIMEOUT_MS: u64 = 1_000;
+
+/// One node of a [`RedisCluster`].
+struct Node {
+    child: Option<Child>,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl Node {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+/// A running Redis Cluster; every node is killed on drop.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+}
+
+impl RedisCluster {
+    /// Start `masters` primaries with `replicas` replicas each, create the
+    /// cluster over them, and wait until every node sees every slot
+    /// served.
+    pub fn start(masters: usize, replicas: usize) -> Result<Self> {
+        ensure!(
+            masters >= 3,
+            "redis-cli creates clusters of 3 masters or more"
+        );
+        let mut last_err = None;
+        // Free ports may be taken before a node binds them: try again.
+        for _ in 0..3 {
+            match Self::try_start(masters, replicas) {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("the cluster did not start")))
+    }
+
+    fn try_start(masters: usize, replicas: usize) -> Result<Self> {
+        let mut nodes = Vec::new();
+        for _ in 0..masters * (1 + replicas) {
+            let dir = TempDir::new("redis-cluster")?;
+            let (port, bus) = (free_port()?, free_port()?);
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string()])
+                .args(["--cluster-port", &bus.to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir.path)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context(
+                    "cannot run `redis-server`: install it (Debian: `apt-get install \
+                     redis-server`) or run the tests through .ci/run, which installs it",
+                )?;
+            nodes.push(Node {
+                child: Some(child),
+                port,
+                _dir: dir,
+            });
+        }
+        let cluster = RedisCluster { nodes };
+        for node in &cluster.nodes {
+            wait_for_ping(node.port, Duration::from_secs(10))?;
+        }
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(
+                cluster
+                    .nodes
+                    .iter()
+                    .map(|n| format!("127.0.0.1:{}", n.port)),
+            )
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .context("cannot run `redis-cli` (Debian: `apt-get install redis-tools`)")?;
+        ensure!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_healthy(Duration::from_secs(30))?;
+        if replicas > 0 {
+            cluster.wait_replicas_in_sync(masters * replicas, Duration::from_secs(30))?;
+        }
+        Ok(cluster)
+    }
+
+    /// The URLs of every live node, comma-separated: a `--redis` value.
+    pub fn urls(&self) -> String {
+        self.live().map(Node::url).collect::<Vec<_>>().join(",")
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.child.is_some())
+    }
+
+    /// A cluster connection, as the host makes it.
+    pub async fn conn(&self) -> Result<dtq_host::store::Conn> {
+        let backend = dtq_host::store::Backend::open(&self.urls()).await?;
+        ensure!(backend.is_cluster(), "the nodes are not a cluster");
+        Ok(backend.connect(Duration::from_secs(5)).await?)
+    }
+
+    /// The port of the primary that serves `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> Result<u16> {
+        let node = self.live().next().context("no live node")?;
+        let mut conn = sync_conn(node.port)?;
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)?;
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn)?;
+        for range in ranges {
+            // [start, end, [host, port, id], replicas...]
+            let redis::Value::Array(items) = range else {
+                continue;
+            };
+            let (start, end): (u16, u16) = (
+                redis::from_redis_value_ref(&items[0])?,
+                redis::from_redis_value_ref(&items[1])?,
+            );
+            if (start..=end).contains(&slot) {
+                let redis::Value::Array(primary) = &items[2] else {
+                    bail!("CLUSTER SLOTS: no primary for {start}-{end}");
+                };
+                return Ok(redis::from_redis_value_ref(&primary[1])?);
+            }
+        }
+        bail!("no node serves slot {slot}")
+    }
+
+    /// Kill the node on `port` with SIGKILL, as a crash looks.
+    pub fn kill(&mut self, port: u16) -> Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .context("no such node")?;
+        let mut child = node.child.take().context("the node is already dead")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Wait until every live node says `cluster_state:ok`: every slot is
+    /// served (after a failover, by a promoted replica).
+    pub fn wait_healthy(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let mut states = Vec::new();
+            for node in self.live() {
+                let info: Result<String> = sync_conn(node.port).and_then(|mut c| {
+                    Ok(redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c)?)
+                });
+                states.push(info.map_or(false, |i| i.contains("cluster_state:ok")));
+            }
+            if states.iter().all(|ok| *ok) {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!("the cluster is not healthy after {timeout:?}: {states:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait until `want` replicas report their link to their primary up.
+    fn wait_replicas_in_sync(&self, want: usize, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let mut synced = 0;
+            for node in self.live() {
+                if let Ok(info) = sync_conn(node.port).and_then(|mut c| {
+                    Ok(redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut c)?)
+                }) && info.contains("role:slave")
+                    && info.contains("master_link_status:up")
+                {
+                    synced += 1;
+                }
+            }
+            if synced >= want {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!("{synced} of {want} replicas in sync after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `INFO <section>` of the node on `port`.
+    pub fn info(&self, port: u16, section: &str) -> Result<String> {
+        let mut conn = sync_conn(port)?;
+        Ok(redis::cmd("INFO").arg(section).query(&mut conn)?)
+    }
+
+    /// The ports of the live primaries.
+    pub fn master_ports(&self) -> Vec<u16> {
+        self.live()
+            .filter(|n| {
+                self.info(n.port, "replication")
+                    .is_ok_and(|i| i.contains("role:master"))
+            })
+            .map(|n| n.port)
+            .collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn sync_conn(port: u16) -> Result<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    Ok(conn)
+}
+
+fn wait_for_ping(port: u16, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let pong =
+            sync_conn(port).and_then(|mut c| Ok(redis::cmd("PING").query::<String>(&mut c)?));
+        if pong.is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("redis-server on port {port} did not answer PING within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
