@@ -15,7 +15,9 @@ use crate::store::StoreSettings;
 /// Everything a `dtq` server process (API, worker, or both) is configured by.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
-    /// Redis (or Redis Cluster node) URL.
+    /// Redis URL; or the URLs of Redis Cluster nodes, comma-separated
+    /// (any one node is enough; more are tried in order when the first is
+    /// down). A node in cluster mode makes the process speak Cluster.
     #[arg(
         long = "redis",
         env = "DTQ_REDIS_URL",

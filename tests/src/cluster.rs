@@ -166,6 +166,25 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// Wait until a primary other than `old` serves `key`'s slot (its
+    /// replica, promoted after `old` was killed) and the cluster is healthy
+    /// again.
+    pub fn wait_failover(&self, old: u16, key: &str, timeout: Duration) -> Result<u16> {
+        let start = Instant::now();
+        loop {
+            match self.master_of(key) {
+                Ok(now) if now != old => {
+                    self.wait_healthy(timeout.saturating_sub(start.elapsed()))?;
+                    return Ok(now);
+                }
+                _ if start.elapsed() > timeout => {
+                    bail!("no replica took over from {old} within {timeout:?}")
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
     /// Wait until every live node says `cluster_state:ok`: every slot is
     /// served (after a failover, by a promoted replica).
     pub fn wait_healthy(&self, timeout: Duration) -> Result<()> {
@@ -176,7 +195,7 @@ impl RedisCluster {
                 let info: Result<String> = sync_conn(node.port).and_then(|mut c| {
                     Ok(redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c)?)
                 });
-                states.push(info.map_or(false, |i| i.contains("cluster_state:ok")));
+                states.push(info.is_ok_and(|i| i.contains("cluster_state:ok")));
             }
             if states.iter().all(|ok| *ok) {
                 return Ok(());

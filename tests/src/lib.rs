@@ -457,6 +457,14 @@ impl TestRedis {
         }
     }
 
+    /// The cluster (a test that started one with [`Dtq::start_on`]).
+    pub fn cluster(&mut self) -> &mut cluster::RedisCluster {
+        match self {
+            TestRedis::Cluster(c) => c,
+            TestRedis::Single(_) => panic!("this test needs a cluster"),
+        }
+    }
+
     /// The single server, read-only (see [`TestRedis::server`]).
     pub fn single(&self) -> &RedisServer {
         match self {
