@@ -153,6 +153,21 @@ impl RedisCluster {
         bail!("no node serves slot {slot}")
     }
 
+    /// `count` queue names whose keys are served by `count` different
+    /// primaries, in the order of their primaries' ports.
+    pub fn queues_on_distinct_shards(&self, count: usize) -> Result<Vec<String>> {
+        let mut by_master = std::collections::BTreeMap::new();
+        for i in 0..1000 {
+            let queue = format!("q{i}");
+            let master = self.master_of(&format!("dtq:stream:{{{queue}}}"))?;
+            by_master.entry(master).or_insert(queue);
+            if by_master.len() == count {
+                return Ok(by_master.into_values().collect());
+            }
+        }
+        bail!("fewer than {count} primaries serve the queues")
+    }
+
     /// Kill the node on `port` with SIGKILL, as a crash looks.
     pub fn kill(&mut self, port: u16) -> Result<()> {
         let node = self

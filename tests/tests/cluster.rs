@@ -18,21 +18,6 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// `count` queue names whose keys are served by `count` different
-/// primaries of `cluster`.
-fn queues_on_distinct_shards(cluster: &RedisCluster, count: usize) -> Result<Vec<String>> {
-    let mut by_master: BTreeMap<u16, String> = BTreeMap::new();
-    for i in 0..1000 {
-        let queue = format!("q{i}");
-        let master = cluster.master_of(&format!("dtq:stream:{{{queue}}}"))?;
-        by_master.entry(master).or_insert(queue);
-        if by_master.len() == count {
-            return Ok(by_master.into_values().collect());
-        }
-    }
-    bail!("fewer than {count} primaries serve the queues")
-}
-
 /// The keys of the node on `port` (not the cluster's: that node's only).
 fn node_keys(port: u16) -> Result<Vec<String>> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
@@ -43,7 +28,7 @@ fn node_keys(port: u16) -> Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn queues_spread_over_the_shards_and_cancel_reaches_workers_on_each() -> Result<()> {
     let cluster = RedisCluster::start(3, 0)?;
-    let queues = queues_on_distinct_shards(&cluster, 3)?;
+    let queues = cluster.queues_on_distinct_shards(3)?;
     let masters: Vec<u16> = queues
         .iter()
         .map(|q| cluster.master_of(&format!("dtq:stream:{{{q}}}")))
