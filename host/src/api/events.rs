@@ -37,7 +37,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Conn;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -56,7 +55,7 @@ use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
-use crate::store::{QueueEvent, Store, StreamId};
+use crate::store::{Conn, QueueEvent, Store, StreamId};
 
 /// How often a quiet stream gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);

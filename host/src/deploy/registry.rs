@@ -21,12 +21,12 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use crate::store::Conn;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::settings::DeploySettings;
+use crate::store::Conn;
 
 /// Entries kept in each task's history; the modules of older ones are
 /// deleted unless another entry references them.

@@ -18,12 +18,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::store::Conn;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::limits::{Limit, LimitTrap, Limits};
 use super::log::TaskLog;
 use super::operation::{Operation, Staged};
+use crate::store::Conn;
 
 /// Bindings generated from the WIT contract in `wit/`.
 #[allow(

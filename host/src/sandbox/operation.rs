@@ -19,12 +19,12 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::store::Conn;
 use redis::Script;
 
 use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimState, Host};
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, guest_try};
+use crate::store::Conn;
 
 static BEGIN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../store/lua/claim_begin.lua")));

@@ -28,14 +28,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Conn;
 use redis::Value;
 use redis::streams::{StreamInfoGroupsReply, StreamReadReply};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise};
-use crate::store::{Delivery, GROUP, QueueKeys, StoreError};
+use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError};
 
 /// Read new messages of every queue of the worker while slots are free,
 /// until `stop`. Each batch is started and dispatched on a task of its own:
