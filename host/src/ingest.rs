@@ -576,8 +576,8 @@ pub async fn submit(
     req: SubmitRequest,
     has_handler: impl Fn(&str) -> bool,
 ) -> Result<Submitted, IngestError> {
-    let new = prepare(settings, queue, header_key, req, has_handler)?;
-    let outcome = store.submit(&new, settings.max_queue_depth).await?;
+    let mut new = prepare(settings, queue, header_key, req, has_handler)?;
+    let outcome = store.submit(&mut new, settings.max_queue_depth).await?;
     settle(new, outcome)
 }
 
@@ -607,7 +607,9 @@ pub async fn submit_batch(
             Err(e) => outcomes.push(Some(Err(e))),
         }
     }
-    let written = store.submit_batch(&tasks, settings.max_queue_depth).await?;
+    let written = store
+        .submit_batch(&mut tasks, settings.max_queue_depth)
+        .await?;
     for ((slot, new), outcome) in slots.into_iter().zip(tasks).zip(written) {
         outcomes[slot] = Some(
             outcome

@@ -138,6 +138,22 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Raise a queue's partition count (needs the admin token).
+    ///
+    /// A partitioned queue is spread over COUNT Redis Cluster slots, so one
+    /// busy queue uses every shard: a keyed submission goes to the
+    /// partition of its key, an unkeyed one round-robin, and workers
+    /// consume every partition (new ones within 2 s, without a restart).
+    /// The count can only be raised. On a single Redis it changes nothing
+    /// but the layout.
+    Partitions {
+        /// The queue.
+        queue: String,
+        /// The new count, 1 to 256, at least the present one.
+        count: u32,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// List, requeue or purge dead-lettered tasks.
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -520,6 +536,16 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             Method::POST,
             path(&["queues", &queue, "tasks", &id, "cancel"])?,
         ),
+        Command::Partitions {
+            queue,
+            count,
+            client,
+        } => {
+            let path = path(&["queues", &queue, "partitions"])?;
+            let api = Api::new(client)?;
+            let body = json!({ "count": count });
+            return print_json(&api.request(Method::PUT, &path, Some(body), None).await?);
+        }
         Command::Queues {
             queue: Some(queue),
             client,
@@ -872,7 +898,7 @@ const EVENTS_CLOCK_SLACK_MS: u64 = 2_000;
 /// it is in place, the record is read once, for a task that ended before
 /// anything the stream still holds.
 async fn follow_events(api: &Api, queue: &str, id: &str, deadline: Instant) {
-    let created_ms = uuid::Uuid::parse_str(id)
+    let created_ms = uuid::Uuid::parse_str(id.split('.').next().unwrap_or(id))
         .ok()
         .and_then(|u| u.get_timestamp())
         .map(|ts| {

@@ -655,6 +655,7 @@ mod tests {
             running: 1,
             delayed: 2,
             dead_lettered: 0,
+            partitions: 1,
         };
         prometheus_client::encoding::text::encode(&mut text, &depth_registry(Some(&[stats])))
             .expect("encodes");

@@ -386,8 +386,8 @@ async fn the_metrics_count_what_the_worker_did_and_read_the_queues() -> Result<(
         )
         .await?;
     ensure!(status == 400, "{status} {body}");
-    let unknown = raw_task("default", "no_such_task");
-    dtq.store.submit(&unknown, 0).await?;
+    let mut unknown = raw_task("default", "no_such_task");
+    dtq.store.submit(&mut unknown, 0).await?;
     let other_deferred = [
         ("queue", "default"),
         ("task", "other"),
@@ -609,8 +609,8 @@ async fn a_worker_without_the_api_serves_its_metrics_on_metrics_listen() -> Resu
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let task = raw_task("default", "echo");
-    store.submit(&task, 0).await?;
+    let mut task = raw_task("default", "echo");
+    store.submit(&mut task, 0).await?;
     let success = [
         ("queue", "default"),
         ("task", "echo"),

@@ -93,6 +93,9 @@ error_codes! {
     /// `run_at` neither ms since the epoch nor an RFC 3339 time, more than
     /// 30 days ahead, or sent with `delay_ms`.
     InvalidRunAt = "INVALID_RUN_AT", BAD_REQUEST;
+    /// A partition count of 0, over the maximum, or below the queue's
+    /// present count.
+    InvalidPartitions = "INVALID_PARTITIONS", UNPROCESSABLE_ENTITY;
     /// A batch submission with no items.
     EmptyBatch = "EMPTY_BATCH", BAD_REQUEST;
     /// No handler is deployed for the submitted task name (or, on a

@@ -6,7 +6,9 @@
 //! status, attempt, at}`. A client resumes where it left off with the
 //! `Last-Event-ID` header (an `EventSource` sends it by itself when it
 //! reconnects) or `?since=<id>`; without either it gets only new events.
-//! `?task_id=` keeps one task's events. The stream is capped, so a client
+//! `?task_id=` keeps one task's events. A partitioned queue has a stream per
+//! partition: `?partition=i` follows partition `i`'s, a `task_id` its
+//! task's, and neither partition 0's. The stream is capped, so a client
 //! that resumes after an id older than what is left first gets `event:
 //! gap` (`data: {last_event_id, oldest_id}`): it missed events, and reading
 //! goes on from the oldest entry left.
@@ -55,7 +57,7 @@ use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
-use crate::store::{Conn, QueueEvent, Store, StreamId};
+use crate::store::{Conn, QueueEvent, Store, StreamId, partition_of_id, partition_queue};
 
 /// How often a quiet stream gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -120,8 +122,13 @@ pub(super) struct StreamsStop(pub(super) CancellationToken);
 pub(super) struct EventParams {
     /// Continue after this entry id (the `Last-Event-ID` header wins).
     since: Option<String>,
-    /// Only this task's events.
+    /// Only this task's events (read from the task's partition).
     task_id: Option<String>,
+    /// The partition whose events to follow, on a partitioned queue: each
+    /// partition has a stream of its own. Default: the task's with
+    /// `task_id`, else 0.
+    #[param(minimum = 0)]
+    partition: Option<u32>,
 }
 
 /// `GET /v1/queues/{queue}/events`.
@@ -159,6 +166,26 @@ pub(super) async fn subscribe(
         }
         t => t,
     };
+    let partition = match (params.partition, &task) {
+        (Some(p), _) => p,
+        (None, Some(task)) => partition_of_id(task),
+        (None, None) => 0,
+    };
+    if partition > 0 {
+        let store = shared.state.store.clone();
+        let q = queue.clone();
+        let count = store_call(&shared, async move { store.partitioning(&q).await })
+            .await?
+            .count;
+        if partition >= count {
+            return Err(ApiError::new(
+                ErrorCode::InvalidQuery,
+                format!("queue {queue} has {count} partition(s): no partition {partition}"),
+            )
+            .with_details(json!({"partitions": count})));
+        }
+    }
+    let queue = partition_queue(&queue, partition);
     let slot = shared.events.take()?;
     let store = shared.state.store.clone();
     let q = queue.clone();

@@ -56,6 +56,7 @@ mod listing;
 mod lookup;
 mod metrics;
 pub mod openapi;
+mod partitions;
 mod routes;
 mod schedules;
 mod server;
@@ -226,6 +227,7 @@ fn route_table() -> openapi::ApiRouter {
         .routes(routes!(openapi::serve_document))
         .routes(routes!(routes::list_queues))
         .routes(routes!(routes::queue_stats))
+        .routes(routes!(partitions::raise))
         .routes(routes!(routes::submit, listing::list))
         .routes(routes!(batch::submit))
         .routes(routes!(events::subscribe))

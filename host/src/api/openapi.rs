@@ -536,6 +536,8 @@ pub(super) mod schemas {
         delayed: u64,
         /// Dead-lettered tasks.
         dead_lettered: u64,
+        /// Partitions the queue is spread over; the counts are their sums.
+        partitions: u32,
     }
 
     /// Every queue's counts (those the token may read).

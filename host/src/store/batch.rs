@@ -15,60 +15,129 @@
 //! as [`redis::ScriptInvocation::invoke_async`] does for a single
 //! submission. Nothing else is sent twice: a task whose script ran is never
 //! resubmitted, which could make it a task of its own (no key) or find
-//! itself in flight (a key).
-
-use std::collections::HashSet;
+//! itself in flight (a key). The same holds for tasks that `ingest.lua`
+//! refused, writing nothing, because the queue's partition count was not
+//! the one they were routed by: they are routed again and sent again.
 
 use redis::{ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
 
-use super::{NewTask, Store, StoreError, SubmitOutcome, submit_outcome};
+use super::{Ingested, NewTask, Store, StoreError, SubmitOutcome, ingested, partition_of_id};
 
 /// One task's reply: the script's, or the error Redis answered it with.
 type Reply = Result<Vec<Value>, RedisError>;
 
 impl Store {
-    /// Submit `tasks` in one round trip (plus, once per queue and process,
-    /// the queue's entry in [`super::QUEUES`]; plus one more for the tasks
-    /// that met flushed scripts, if any did). One outcome per task, in
-    /// order, each what [`Store::submit`] would have returned for it. The
-    /// outer error is Redis failing for the whole pipeline (a lost
-    /// connection, a timeout), after which any of the tasks may have been
-    /// written.
+    /// Submit `tasks`, all of one queue, in one round trip (plus, once per
+    /// queue and process, the queue's entry in [`super::QUEUES`] and its
+    /// partition count; plus one more for the tasks that met flushed
+    /// scripts or a raised partition count, if any did). Each task is
+    /// routed to its partition as [`Store::submit`] routes it; on a cluster
+    /// each partition's tasks go as a pipeline of their own, all at once.
+    /// One outcome per task, in order, each what [`Store::submit`] would
+    /// have returned for it. The outer error is Redis failing for a whole
+    /// pipeline (a lost connection, a timeout), after which any of the
+    /// tasks may have been written.
     pub async fn submit_batch(
         &self,
-        tasks: &[NewTask],
+        tasks: &mut [NewTask],
         max_depth: u64,
     ) -> Result<Vec<Result<SubmitOutcome, StoreError>>, StoreError> {
-        if tasks.is_empty() {
+        let Some(first) = tasks.first() else {
             return Ok(Vec::new());
+        };
+        let queue = first.queue.clone();
+        if tasks.iter().any(|t| t.queue != queue) {
+            return Err(StoreError::Protocol(
+                "a batch holds the tasks of one queue".into(),
+            ));
         }
-        let mut queues = HashSet::new();
-        for task in tasks {
-            if queues.insert(task.queue.as_str()) {
-                self.register_queue(&task.queue).await?;
+        self.register_queue(&queue).await?;
+        let mut part = self.known_partitioning(&queue).await?;
+        let mut outcomes: Vec<Option<Result<SubmitOutcome, StoreError>>> =
+            (0..tasks.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..tasks.len()).collect();
+        for round in 0.. {
+            for &i in &pending {
+                self.route(&mut tasks[i], &part).await?;
             }
-        }
-        let calls: Vec<ScriptInvocation<'_>> = tasks
-            .iter()
-            .map(|task| self.ingest_call(task, max_depth))
-            .collect();
-        let mut replies = self.ingest_pipeline(calls.iter()).await?;
-        let unrun: Vec<usize> = (0..replies.len())
-            .filter(|&i| matches!(&replies[i], Err(e) if is_noscript(e)))
-            .collect();
-        if !unrun.is_empty() {
-            self.load_scripts().await?;
-            let again = self
-                .ingest_pipeline(unrun.iter().map(|&i| &calls[i]))
-                .await?;
-            for (i, reply) in unrun.into_iter().zip(again) {
-                replies[i] = reply;
+            let calls: Vec<ScriptInvocation<'_>> = pending
+                .iter()
+                .map(|&i| self.ingest_call(&tasks[i], part.count, max_depth))
+                .collect();
+            let replies = self.ingest_pipelines(&calls, &pending, tasks).await?;
+            drop(calls);
+            let (mut unrun, mut flushed, mut repartitioned) = (Vec::new(), false, false);
+            for (i, reply) in pending.into_iter().zip(replies) {
+                match reply {
+                    Err(e) if is_noscript(&e) => {
+                        flushed = true;
+                        unrun.push(i);
+                    }
+                    Err(e) => outcomes[i] = Some(Err(e.into())),
+                    Ok(reply) => match ingested(reply) {
+                        Ok(Ingested::Done(outcome)) => outcomes[i] = Some(Ok(outcome)),
+                        Ok(Ingested::Repartitioned) => {
+                            repartitioned = true;
+                            unrun.push(i);
+                        }
+                        Err(e) => outcomes[i] = Some(Err(e)),
+                    },
+                }
             }
+            if unrun.is_empty() {
+                break;
+            }
+            // Those ran nothing: send them again once the scripts are
+            // loaded or the partitioning read again.
+            if flushed {
+                self.load_scripts().await?;
+            }
+            if repartitioned {
+                part = self.reread_partitioning(&queue, &part, round).await?;
+            }
+            pending = unrun;
         }
-        Ok(replies
+        outcomes
             .into_iter()
-            .map(|reply| reply.map_err(StoreError::from).and_then(submit_outcome))
-            .collect())
+            .map(|o| o.ok_or_else(|| StoreError::Protocol("a batch item got no outcome".into())))
+            .collect()
+    }
+
+    /// Send `calls` (the calls of tasks `which` of `tasks`): as one
+    /// pipeline on a single server, one round trip; on a cluster one
+    /// pipeline per partition, all at once. One reply per call, in order.
+    async fn ingest_pipelines(
+        &self,
+        calls: &[ScriptInvocation<'_>],
+        which: &[usize],
+        tasks: &[NewTask],
+    ) -> Result<Vec<Reply>, StoreError> {
+        if !self.backend.is_cluster() {
+            return self.ingest_pipeline(calls.iter()).await;
+        }
+        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (at, &i) in which.iter().enumerate() {
+            let partition = partition_of_id(&tasks[i].id);
+            match groups.iter_mut().find(|(p, _)| *p == partition) {
+                Some((_, group)) => group.push(at),
+                None => groups.push((partition, vec![at])),
+            }
+        }
+        let replies = futures::future::try_join_all(
+            groups
+                .iter()
+                .map(|(_, group)| self.ingest_pipeline(group.iter().map(|&at| &calls[at]))),
+        )
+        .await?;
+        let mut out: Vec<Option<Reply>> = (0..calls.len()).map(|_| None).collect();
+        for ((_, group), replies) in groups.iter().zip(replies) {
+            for (&at, reply) in group.iter().zip(replies) {
+                out[at] = Some(reply);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| StoreError::Protocol("a submission got no reply".into())))
+            .collect()
     }
 
     /// Send `calls` as one pipeline (one round trip); one reply per call.

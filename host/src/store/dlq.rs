@@ -69,7 +69,7 @@ impl Store {
         id: &str,
         now: u64,
     ) -> Result<RequeueOutcome, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let keys = QueueKeys::of_task(queue, id);
         let reply = self.requeue_chunk(&keys, &[id.to_owned()], now).await?;
         match reply.into_iter().next() {
             Some((_, None)) => Ok(RequeueOutcome::Requeued),
@@ -80,38 +80,42 @@ impl Store {
     }
 
     /// Requeue the dead-lettered tasks `ids` of `queue`, [`DLQ_CHUNK`] per
-    /// script call.
+    /// script call (each partition's ids in calls of their own).
     pub async fn requeue_many(
         &self,
         queue: &str,
         ids: &[String],
         now: u64,
     ) -> Result<BulkRequeue, StoreError> {
-        let keys = QueueKeys::new(queue);
         let mut done = BulkRequeue::default();
-        for chunk in ids.chunks(DLQ_CHUNK) {
-            done.add(bulk_of(self.requeue_chunk(&keys, chunk, now).await?));
+        for (keys, ids) in by_partition(queue, ids) {
+            for chunk in ids.chunks(DLQ_CHUNK) {
+                done.add(bulk_of(self.requeue_chunk(&keys, chunk, now).await?));
+            }
         }
         Ok(done)
     }
 
-    /// Requeue the oldest chunk (at most [`DLQ_CHUNK`]) of `queue`'s
-    /// dead-lettered tasks, those dead-lettered at or before `latest` when
-    /// given. Returns what it did and how many ids it looked at: fewer than
-    /// [`DLQ_CHUNK`] means none is left.
+    /// Requeue the oldest chunk (at most [`DLQ_CHUNK`]) of each partition
+    /// of `queue`'s dead-lettered tasks, those dead-lettered at or before
+    /// `latest` when given. Returns what it did and how many ids it looked
+    /// at: fewer than [`DLQ_CHUNK`] means none is left.
     pub async fn requeue_oldest(
         &self,
         queue: &str,
         latest: Option<u64>,
         now: u64,
     ) -> Result<(BulkRequeue, usize), StoreError> {
-        let keys = QueueKeys::new(queue);
-        let ids = self.dlq_range(&keys, latest, DLQ_CHUNK).await?;
-        if ids.is_empty() {
-            return Ok((BulkRequeue::default(), 0));
+        let (mut done, mut looked) = (BulkRequeue::default(), 0);
+        for name in self.partition_names(queue).await? {
+            let keys = QueueKeys::new(&name);
+            let ids = self.dlq_range(&keys, latest, DLQ_CHUNK).await?;
+            if !ids.is_empty() {
+                done.add(bulk_of(self.requeue_chunk(&keys, &ids, now).await?));
+                looked += ids.len();
+            }
         }
-        let done = bulk_of(self.requeue_chunk(&keys, &ids, now).await?);
-        Ok((done, ids.len()))
+        Ok((done, looked))
     }
 
     /// Purge the dead-lettered tasks `ids` of `queue` (ids not in its DLQ
@@ -122,22 +126,25 @@ impl Store {
         ids: &[String],
         now: u64,
     ) -> Result<u64, StoreError> {
-        let keys = QueueKeys::new(queue);
         let bound = PurgeBound {
             latest: None,
             keep: None,
         };
         let mut purged = 0;
-        for chunk in ids.chunks(DLQ_CHUNK) {
-            purged += self.purge_chunk(&keys, chunk, bound, now).await?;
+        for (keys, ids) in by_partition(queue, ids) {
+            for chunk in ids.chunks(DLQ_CHUNK) {
+                purged += self.purge_chunk(&keys, chunk, bound, now).await?;
+            }
         }
         Ok(purged)
     }
 
-    /// Purge the oldest `count` (at most [`DLQ_CHUNK`]) of `queue`'s
-    /// dead-lettered tasks within `bound`. Returns how many it purged and
-    /// how many ids it looked at: fewer than `count` means none is left
-    /// within `bound.latest`.
+    /// Purge the oldest `count` (at most [`DLQ_CHUNK`]) of each partition
+    /// of `queue`'s dead-lettered tasks within `bound` (whose `keep` then
+    /// bounds each partition's DLQ: the workers' retention, which passes
+    /// `keep`, sweeps one partition at a time). Returns how many it purged
+    /// and how many ids it looked at: fewer than `count` means none is
+    /// left within `bound.latest`.
     pub async fn purge_oldest(
         &self,
         queue: &str,
@@ -145,20 +152,34 @@ impl Store {
         count: usize,
         now: u64,
     ) -> Result<(u64, usize), StoreError> {
-        let keys = QueueKeys::new(queue);
-        let ids = self
-            .dlq_range(&keys, bound.latest, count.min(DLQ_CHUNK))
-            .await?;
-        if ids.is_empty() {
-            return Ok((0, 0));
+        let (mut purged, mut looked) = (0, 0);
+        for name in self.partition_names(queue).await? {
+            let keys = QueueKeys::new(&name);
+            let ids = self
+                .dlq_range(&keys, bound.latest, count.min(DLQ_CHUNK))
+                .await?;
+            if !ids.is_empty() {
+                purged += self.purge_chunk(&keys, &ids, bound, now).await?;
+                looked += ids.len();
+            }
         }
-        let purged = self.purge_chunk(&keys, &ids, bound, now).await?;
-        Ok((purged, ids.len()))
+        Ok((purged, looked))
     }
 
-    /// How many tasks `queue`'s DLQ holds, and when the newest came.
+    /// How many tasks `queue`'s DLQ holds (over its partitions), and when
+    /// the newest came.
     pub async fn dlq_extent(&self, queue: &str) -> Result<DlqExtent, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let mut extent = DlqExtent::default();
+        for name in self.partition_names(queue).await? {
+            let part = self.partition_dlq_extent(&QueueKeys::new(&name)).await?;
+            extent.len += part.len;
+            extent.newest = extent.newest.max(part.newest);
+        }
+        Ok(extent)
+    }
+
+    /// [`Store::dlq_extent`] of one partition's key set.
+    async fn partition_dlq_extent(&self, keys: &QueueKeys) -> Result<DlqExtent, StoreError> {
         let mut pipe = redis::pipe();
         pipe.zcard(&keys.dlq)
             .cmd("ZRANGE")
@@ -281,6 +302,20 @@ impl Store {
             .trip("dlq_purge", inv.invoke_async(&mut self.conn.clone()))
             .await?)
     }
+}
+
+/// `ids` of `queue` grouped by the partition each names, in first-seen
+/// order.
+fn by_partition(queue: &str, ids: &[String]) -> Vec<(QueueKeys, Vec<String>)> {
+    let mut groups: Vec<(QueueKeys, Vec<String>)> = Vec::new();
+    for id in ids {
+        let keys = QueueKeys::of_task(queue, id);
+        match groups.iter_mut().find(|(k, _)| *k == keys) {
+            Some((_, group)) => group.push(id.clone()),
+            None => groups.push((keys, vec![id.clone()])),
+        }
+    }
+    groups
 }
 
 /// A requeue chunk's reply as a [`BulkRequeue`].

@@ -4,6 +4,11 @@
 //! script touches live in one Redis Cluster slot and queues spread across
 //! slots by name.
 //!
+//! A partitioned queue is several such key sets: partition 0 is the queue
+//! itself (`{q}`), partition `i` the queue `q#i` (`{q#i}`, a slot of its
+//! own; `#` is never in a queue's name). A task id says its partition: the
+//! id of a task of partition `i > 0` ends in `.i` ([`partition_of_id`]).
+//!
 //! | key | type | holds |
 //! |---|---|---|
 //! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
@@ -20,6 +25,8 @@
 //! | `dtq:schedule-due:{q}` | sorted set | schedule name → its next tick (ms, UTC); advanced only by a compare-and-set on the tick fired (`schedule_advance.lua`) |
 //! | `dtq:schedule-fired:{q}` | hash | schedule name → its last fired tick (JSON `{tick, task_id, fired_at, error}`) |
 //! | `dtq:cancel:{q}` | pub/sub channel | cancel requests of the queue's running tasks (message: `<queue>\n<task id>`), published by `cancel.lua` (`SPUBLISH` on a cluster: the queue's shard only) |
+//! | `dtq:partitions:{q}` | string | the queue's partition count, in every partition's slot; checked by `ingest.lua` (absent: 1) |
+//! | `dtq:partition-history:{q}` | sorted set | partition counts a raise replaced → until when (ms) keyed records may still be in their partitions (partition 0 only; see `store::partitions`) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 //! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
@@ -30,6 +37,42 @@ pub const GROUP: &str = "dtq-workers";
 /// A set of every queue name that has received a submission, for listing.
 /// It is the one key without a queue's hash tag; no script touches it.
 pub const QUEUES: &str = "dtq:queues";
+
+/// What separates a queue's name from a partition's number in the name of
+/// the partition's key set: `q#3`.
+const PARTITION_SEP: char = '#';
+
+/// The key-set name of partition `i` of `queue`: the queue itself for
+/// partition 0, else `queue#i`.
+pub fn partition_queue(queue: &str, i: u32) -> String {
+    if i == 0 {
+        queue.to_owned()
+    } else {
+        format!("{queue}{PARTITION_SEP}{i}")
+    }
+}
+
+/// The queue a key-set name belongs to: `q` for `q#3` and for `q`.
+pub fn logical_queue(name: &str) -> &str {
+    name.split_once(PARTITION_SEP).map_or(name, |(q, _)| q)
+}
+
+/// The partition whose task has id `id`: the number after the last `.`
+/// (a UUID has none), else 0.
+pub fn partition_of_id(id: &str) -> u32 {
+    id.rsplit_once('.')
+        .and_then(|(_, i)| i.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The id of a task of partition `i` whose UUID is `uuid`.
+pub fn partitioned_id(uuid: &str, i: u32) -> String {
+    if i == 0 {
+        uuid.to_owned()
+    } else {
+        format!("{uuid}.{i}")
+    }
+}
 
 /// The names of one queue's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +106,11 @@ pub struct QueueKeys {
     pub schedule_due: String,
     /// Each schedule's last fired tick and the task it made.
     pub schedule_fired: String,
+    /// The queue's partition count, as this partition's slot knows it.
+    pub partitions: String,
+    /// Partition counts replaced by a raise, each until when keyed records
+    /// may still be in its partitions (kept in partition 0).
+    pub partition_history: String,
     task_prefix: String,
     idem_prefix: String,
     cancel_channel: String,
@@ -85,13 +133,21 @@ impl QueueKeys {
             schedules: format!("dtq:schedules:{{{queue}}}"),
             schedule_due: format!("dtq:schedule-due:{{{queue}}}"),
             schedule_fired: format!("dtq:schedule-fired:{{{queue}}}"),
+            partitions: format!("dtq:partitions:{{{queue}}}"),
+            partition_history: format!("dtq:partition-history:{{{queue}}}"),
             task_prefix: format!("dtq:task:{{{queue}}}:"),
             idem_prefix: format!("dtq:idempotency:{{{queue}}}:"),
             cancel_channel: format!("dtq:cancel:{{{queue}}}"),
         }
     }
 
-    /// The queue's name.
+    /// The key set of the partition that holds task `id` of `queue` (the
+    /// queue's name, or any of its partitions' names).
+    pub fn of_task(queue: &str, id: &str) -> Self {
+        QueueKeys::new(&partition_queue(logical_queue(queue), partition_of_id(id)))
+    }
+
+    /// The name of this key set: the queue's, or its partition's (`q#i`).
     pub fn queue(&self) -> &str {
         &self.queue
     }
@@ -141,10 +197,33 @@ mod tests {
             k.task("t1"),
             k.idempotency(Some("abc")),
             k.cancel_channel().to_owned(),
+            k.partitions.clone(),
+            k.partition_history.clone(),
         ] {
             assert!(key.contains("{emails}"), "{key} lacks the hash tag");
         }
         assert_eq!(k.task("t1"), "dtq:task:{emails}:t1");
         assert_eq!(k.idempotency(Some("k")), "dtq:idempotency:{emails}:k");
+    }
+
+    #[test]
+    fn a_task_id_names_its_partition() {
+        let uuid = "0193a0a4-7c1e-7000-8000-000000000001";
+        assert_eq!(partitioned_id(uuid, 0), uuid);
+        assert_eq!(partition_of_id(uuid), 0);
+        let id = partitioned_id(uuid, 3);
+        assert_eq!(partition_of_id(&id), 3);
+        assert_eq!(
+            QueueKeys::of_task("emails", &id).stream,
+            "dtq:stream:{emails#3}"
+        );
+        // From a partition's own name too (the worker knows only that).
+        assert_eq!(
+            QueueKeys::of_task("emails#3", &id),
+            QueueKeys::of_task("emails", &id)
+        );
+        assert_eq!(QueueKeys::of_task("emails#3", uuid).queue(), "emails");
+        assert_eq!(logical_queue("emails#3"), "emails");
+        assert_eq!(logical_queue("emails"), "emails");
     }
 }

@@ -143,7 +143,7 @@ impl Store {
 
     /// Up to `limit` tasks of `queue` (of `status`, if given), newest first,
     /// starting after `cursor` (a previous page's `next_cursor`). Reads at
-    /// most [`LIST_SCAN_BUDGET`] index entries; see the module
+    /// most [`LIST_SCAN_BUDGET`] index entries per partition; see the module
     /// documentation.
     pub async fn list_tasks(
         &self,
@@ -152,8 +152,28 @@ impl Store {
         limit: usize,
         cursor: Option<StreamId>,
     ) -> Result<TaskPage, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let names = self.partition_names(queue).await?;
         let limit = limit.clamp(1, LIST_SCAN_BUDGET);
+        let pages = futures::future::try_join_all(
+            names
+                .iter()
+                .map(|name| self.list_partition(queue, name, status, limit, cursor)),
+        )
+        .await?;
+        Ok(merge_pages(pages, limit))
+    }
+
+    /// [`Store::list_tasks`] of one partition's index (key set `name`):
+    /// the page's tasks, each with its index entry, and the page's cursor.
+    async fn list_partition(
+        &self,
+        queue: &str,
+        name: &str,
+        status: Option<TaskStatus>,
+        limit: usize,
+        cursor: Option<StreamId>,
+    ) -> Result<(Vec<(StreamId, TaskSummary)>, Option<StreamId>), StoreError> {
+        let keys = QueueKeys::new(name);
         let mut tasks = Vec::new();
         let mut upper = cursor.map_or_else(|| "+".to_owned(), |c| format!("({c}"));
         let mut scanned = 0;
@@ -179,17 +199,17 @@ impl Store {
                 if status.is_some_and(|s| s != summary.status) {
                     continue;
                 }
-                tasks.push(TaskSummary {
-                    task_id,
-                    queue: queue.to_owned(),
-                    ..summary
-                });
+                tasks.push((
+                    entry,
+                    TaskSummary {
+                        task_id,
+                        queue: queue.to_owned(),
+                        ..summary
+                    },
+                ));
                 if tasks.len() == limit {
                     let at_end = exhausted && i + 1 == count;
-                    return Ok(TaskPage {
-                        tasks,
-                        next_cursor: last.filter(|_| !at_end),
-                    });
+                    return Ok((tasks, last.filter(|_| !at_end)));
                 }
             }
             match last {
@@ -197,10 +217,7 @@ impl Store {
                     upper = format!("({last}");
                 }
                 _ => {
-                    return Ok(TaskPage {
-                        tasks,
-                        next_cursor: last.filter(|_| !exhausted),
-                    });
+                    return Ok((tasks, last.filter(|_| !exhausted)));
                 }
             }
         }
@@ -271,6 +288,39 @@ impl Store {
             )));
         }
         replies.into_iter().map(summary).collect()
+    }
+}
+
+/// One page from the pages of a queue's partitions, each newest first with
+/// the cursor where its scan stopped (`None`: its index is exhausted).
+///
+/// A partition that stopped at entry `c` has told nothing of its entries
+/// before `c`, so the page keeps only tasks at or after the newest such
+/// stop, then the newest `limit` of those; the next page continues from the
+/// last task kept, or from that stop. (Entries of two partitions' streams
+/// with the very same id, the same millisecond and sequence number, could
+/// be split by a page boundary and one of them skipped; ids come from
+/// each partition's own stream.)
+fn merge_pages(
+    pages: Vec<(Vec<(StreamId, TaskSummary)>, Option<StreamId>)>,
+    limit: usize,
+) -> TaskPage {
+    let stop = pages.iter().filter_map(|(_, stop)| *stop).max();
+    let mut tasks: Vec<(StreamId, TaskSummary)> = pages
+        .into_iter()
+        .flat_map(|(tasks, _)| tasks)
+        .filter(|(entry, _)| stop.is_none_or(|stop| *entry >= stop))
+        .collect();
+    tasks.sort_by(|a, b| b.0.cmp(&a.0));
+    let next_cursor = if tasks.len() > limit {
+        tasks.truncate(limit);
+        tasks.last().map(|(entry, _)| *entry)
+    } else {
+        stop
+    };
+    TaskPage {
+        tasks: tasks.into_iter().map(|(_, task)| task).collect(),
+        next_cursor,
     }
 }
 

@@ -3,14 +3,16 @@
 //!
 //! The key's record, `dtq:idempotency:{q}:<key>`, already names its task
 //! (`ingest.lua` writes it, the completion and requeue scripts keep its
-//! state), so the lookup is one GET and writes nothing. The record lives
+//! state), so the lookup is one GET (one more read of the queue's partition
+//! count, and one GET per replaced count that moved the key within the TTL
+//! after a raise) and writes nothing. The record lives
 //! for `--idem-ttl-s` from the submission, so a key is found as long as
 //! it still deduplicates; its task may have outlived it (a task hash
 //! expires with the task retention once terminal) or not.
 
 use serde::{Deserialize, Serialize};
 
-use super::{QueueKeys, Store, StoreError};
+use super::{QueueKeys, Store, StoreError, key_hash, partition_queue};
 
 /// An idempotency record as the lookup shows it: the task a key names and
 /// where that submission stands. The record's payload fingerprint is left
@@ -46,23 +48,40 @@ impl From<Stored> for IdempotencyRecord {
 }
 
 impl Store {
-    /// The idempotency record of `key` in `queue`, if it has not expired.
-    /// `key` must already be validated
+    /// The idempotency record of `key` in `queue`, if it has not expired:
+    /// in the partition the key's hash gives it, or, within the TTL after a
+    /// raise of the partition count, where a replaced count put it (see
+    /// `partitions.rs`). `key` must already be validated
     /// ([`crate::ingest::validate_idempotency_key`]).
     pub async fn idempotency_record(
         &self,
         queue: &str,
         key: &str,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let keys = QueueKeys::new(queue);
-        let raw: Option<String> = self
-            .trip(
-                "idempotency_record",
-                redis::cmd("GET")
-                    .arg(keys.idempotency(Some(key)))
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
+        let part = self.partitioning(queue).await?;
+        let now = crate::ingest::now_ms();
+        let mut partitions = vec![part.of_key(key)];
+        for &(count, until) in &part.replaced {
+            let old = (key_hash(key) % u64::from(count.max(1))) as u32;
+            if until >= now && !partitions.contains(&old) {
+                partitions.push(old);
+            }
+        }
+        let mut raw: Option<String> = None;
+        for partition in partitions {
+            let keys = QueueKeys::new(&partition_queue(queue, partition));
+            raw = self
+                .trip(
+                    "idempotency_record",
+                    redis::cmd("GET")
+                        .arg(keys.idempotency(Some(key)))
+                        .query_async(&mut self.conn.clone()),
+                )
+                .await?;
+            if raw.is_some() {
+                break;
+            }
+        }
         raw.map(|text| {
             serde_json::from_str::<Stored>(&text)
                 .map(IdempotencyRecord::from)

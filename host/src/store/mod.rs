@@ -21,6 +21,7 @@ mod expiry;
 mod keys;
 mod listing;
 mod lookup;
+mod partitions;
 mod schedules;
 mod scripts;
 mod task;
@@ -37,9 +38,12 @@ pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
 pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
 pub use expiry::EXPIRED_ERROR;
-pub use keys::{GROUP, QUEUES, QueueKeys};
+pub use keys::{
+    GROUP, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
+};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
+pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
 pub use schedules::{
     CronExpr, FiredTick, InvalidCron, MAX_SCHEDULE_NAME_BYTES, Schedule, ScheduleDef, TIMEZONE,
     tick_key, validate_schedule_name,
@@ -126,6 +130,11 @@ pub struct Store {
     /// Submissions to each queue by this process, counted so that one in
     /// `INDEX_TRIM_EVERY` trims the queue's index (see `listing.rs`).
     index_trims: Arc<Mutex<HashMap<String, u64>>>,
+    /// The partitioning of each queue as this process last read it; what
+    /// its submissions route by (see `partitions.rs`).
+    partitionings: Arc<Mutex<HashMap<String, Partitioning>>>,
+    /// Round-robin counter of unkeyed submissions over partitions.
+    spread: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -144,6 +153,8 @@ impl Store {
             latency: RedisLatency::default(),
             registered: Arc::new(Mutex::new(HashSet::new())),
             index_trims: Arc::new(Mutex::new(HashMap::new())),
+            partitionings: Arc::new(Mutex::new(HashMap::new())),
+            spread: Arc::new(AtomicU64::new(0)),
         };
         store.load_scripts().await?;
         Ok(store)
@@ -239,19 +250,42 @@ impl Store {
     }
 
     /// Submit a task: one script, one round trip (plus, once per queue and
-    /// process, the queue's entry in [`QUEUES`]).
-    pub async fn submit(&self, new: &NewTask, max_depth: u64) -> Result<SubmitOutcome, StoreError> {
+    /// process, the queue's entry in [`QUEUES`] and its partition count;
+    /// plus, within the idempotency TTL after a raise of the count, one
+    /// read per replaced count that moved the task's key). Routes `new` to
+    /// its partition, which its id then names (see `partitions.rs`).
+    pub async fn submit(
+        &self,
+        new: &mut NewTask,
+        max_depth: u64,
+    ) -> Result<SubmitOutcome, StoreError> {
         self.register_queue(&new.queue).await?;
-        let inv = self.ingest_call(new, max_depth);
-        let reply: Vec<Value> = self
-            .trip("submit", inv.invoke_async(&mut self.conn.clone()))
-            .await?;
-        submit_outcome(reply)
+        let mut part = self.known_partitioning(&new.queue).await?;
+        for round in 0.. {
+            self.route(new, &part).await?;
+            let inv = self.ingest_call(new, part.count, max_depth);
+            let reply: Vec<Value> = self
+                .trip("submit", inv.invoke_async(&mut self.conn.clone()))
+                .await?;
+            match ingested(reply)? {
+                Ingested::Done(outcome) => return Ok(outcome),
+                Ingested::Repartitioned => {
+                    part = self.reread_partitioning(&new.queue, &part, round).await?;
+                }
+            }
+        }
+        unreachable!("the reroutes are bounded")
     }
 
-    /// The ingest script's call for `new` (see `lua/ingest.lua`).
-    fn ingest_call(&self, new: &NewTask, max_depth: u64) -> redis::ScriptInvocation<'_> {
-        let keys = QueueKeys::new(&new.queue);
+    /// The ingest script's call for `new`, routed by a count of
+    /// `partitions` (see `lua/ingest.lua`).
+    fn ingest_call(
+        &self,
+        new: &NewTask,
+        partitions: u32,
+        max_depth: u64,
+    ) -> redis::ScriptInvocation<'_> {
+        let keys = QueueKeys::of_task(&new.queue, &new.id);
         let mut inv = self.scripts.ingest.prepare_invoke();
         inv.key(keys.idempotency(new.idempotency_key.as_deref()))
             .key(keys.task(&new.id))
@@ -260,6 +294,7 @@ impl Store {
             .key(&keys.events)
             .key(&keys.index)
             .key(&keys.expiry)
+            .key(&keys.partitions)
             .arg(&new.id)
             .arg(new.now)
             .arg(flag(new.idempotency_key.is_some()))
@@ -269,8 +304,9 @@ impl Store {
             .arg(new.run_at)
             .arg(self.settings.events_max_len)
             .arg(keys.task_prefix())
-            .arg(self.index_trim_bound(&new.queue, new.now))
-            .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default());
+            .arg(self.index_trim_bound(keys.queue(), new.now))
+            .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default())
+            .arg(partitions);
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };
@@ -324,7 +360,7 @@ impl Store {
 
     /// The task `id` of `queue`, if its hash exists.
     pub async fn task(&self, queue: &str, id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let keys = QueueKeys::of_task(queue, id);
         let fields: HashMap<String, String> = self
             .trip(
                 "task",
@@ -743,7 +779,7 @@ impl Store {
         id: &str,
         now: u64,
     ) -> Result<CancelOutcome, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let keys = QueueKeys::of_task(queue, id);
         let idem_key = self.idempotency_key_of(&keys, id).await?;
         let mut inv = self.scripts.cancel.prepare_invoke();
         inv.key(keys.task(id))
@@ -756,7 +792,7 @@ impl Store {
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len)
             .arg(keys.cancel_channel())
-            .arg(format!("{queue}\n{id}"))
+            .arg(format!("{}\n{id}", keys.queue()))
             .arg(self.conn.publish_command());
         let reply: Vec<Value> = self
             .trip("cancel", inv.invoke_async(&mut self.conn.clone()))
@@ -772,43 +808,97 @@ impl Store {
         })
     }
 
-    /// Dead-lettered tasks of `queue`, oldest first, at most `limit`.
+    /// Dead-lettered tasks of `queue` (of every partition), oldest first,
+    /// at most `limit`.
     pub async fn dead_letters(
         &self,
         queue: &str,
         limit: usize,
     ) -> Result<Vec<TaskRecord>, StoreError> {
-        let keys = QueueKeys::new(queue);
-        let ids: Vec<String> = self
-            .trip(
-                "dlq_ids",
-                redis::cmd("ZRANGE")
-                    .arg(&keys.dlq)
-                    .arg(0)
-                    .arg(limit.saturating_sub(1) as i64)
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        let names = self.partition_names(queue).await?;
+        let mut ids: Vec<(f64, usize, String)> = Vec::new();
+        let ranges = futures::future::try_join_all(names.iter().map(|name| {
+            let keys = QueueKeys::new(name);
+            async move {
+                self.trip(
+                    "dlq_ids",
+                    redis::cmd("ZRANGE")
+                        .arg(&keys.dlq)
+                        .arg(0)
+                        .arg(limit.saturating_sub(1) as i64)
+                        .arg("WITHSCORES")
+                        .query_async::<Vec<(String, f64)>>(&mut self.conn.clone()),
+                )
+                .await
+            }
+        }))
+        .await?;
+        for (partition, range) in ranges.into_iter().enumerate() {
+            ids.extend(range.into_iter().map(|(id, at)| (at, partition, id)));
         }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            pipe.hgetall(keys.task(id));
+        ids.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        ids.truncate(limit);
+        // One pipeline per partition (a cluster pipeline stays in a slot);
+        // the records then in the merged order.
+        let mut by_partition: Vec<Vec<&str>> = vec![Vec::new(); names.len()];
+        for (_, partition, id) in &ids {
+            by_partition[*partition].push(id);
         }
-        let hashes: Vec<HashMap<String, String>> = self
-            .trip("dlq_tasks", pipe.query_async(&mut self.conn.clone()))
+        let hashes =
+            futures::future::try_join_all(names.iter().zip(&by_partition).map(|(name, ids)| {
+                let keys = QueueKeys::new(name);
+                let mut pipe = redis::pipe();
+                for id in ids {
+                    pipe.hgetall(keys.task(id));
+                }
+                async move {
+                    if ids.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    self.trip("dlq_tasks", pipe.query_async(&mut self.conn.clone()))
+                        .await
+                }
+            }))
             .await?;
-        hashes
+        let mut hashes: Vec<_> = hashes
             .into_iter()
+            .map(|h: Vec<HashMap<String, String>>| h.into_iter())
+            .collect();
+        ids.iter()
+            .filter_map(|(_, partition, _)| hashes[*partition].next())
             .filter(|h| !h.is_empty())
             .map(TaskRecord::from_fields)
             .collect()
     }
 
-    /// Counts of `queue`.
+    /// Counts of `queue`: the sums over its partitions.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, StoreError> {
-        let keys = QueueKeys::new(queue);
+        let names = self.partition_names(queue).await?;
+        let parts = futures::future::try_join_all(
+            names
+                .iter()
+                .map(|name| self.partition_stats(QueueKeys::new(name))),
+        )
+        .await?;
+        let mut stats = QueueStats {
+            queue: queue.to_owned(),
+            ready: 0,
+            running: 0,
+            delayed: 0,
+            dead_lettered: 0,
+            partitions: names.len() as u32,
+        };
+        for part in parts {
+            stats.ready += part.ready;
+            stats.running += part.running;
+            stats.delayed += part.delayed;
+            stats.dead_lettered += part.dead_lettered;
+        }
+        Ok(stats)
+    }
+
+    /// Counts of one partition's key set.
+    async fn partition_stats(&self, keys: QueueKeys) -> Result<QueueStats, StoreError> {
         // XPENDING fails with NOGROUP until a worker has read the queue, so
         // the group's count comes from XINFO GROUPS, which lists none then.
         let mut pipe = redis::pipe();
@@ -846,11 +936,12 @@ impl Store {
             }
         }
         Ok(QueueStats {
-            queue: queue.to_owned(),
+            queue: keys.queue().to_owned(),
             ready: len.saturating_sub(running),
             running,
             delayed,
             dead_lettered,
+            partitions: 1,
         })
     }
 
@@ -887,12 +978,21 @@ fn code_of(v: Option<Value>) -> Result<Code, StoreError> {
     Code::from_i64(n).ok_or_else(|| StoreError::Protocol(format!("unknown script code {n}")))
 }
 
+/// What one ingest call did.
+enum Ingested {
+    /// What the submission came to.
+    Done(SubmitOutcome),
+    /// Nothing: the queue's partition count is not the one the task was
+    /// routed by (see `partitions.rs`).
+    Repartitioned,
+}
+
 /// What the ingest script's `reply` says.
-fn submit_outcome(reply: Vec<Value>) -> Result<SubmitOutcome, StoreError> {
+fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
     let mut reply = reply.into_iter();
     let code = code_of(reply.next())?;
     let second = reply.next();
-    Ok(match code {
+    Ok(Ingested::Done(match code {
         Code::Ok => {
             let status: String = from_value(reply.next())?;
             SubmitOutcome::Created {
@@ -911,8 +1011,9 @@ fn submit_outcome(reply: Vec<Value>) -> Result<SubmitOutcome, StoreError> {
         Code::QueueFull => SubmitOutcome::QueueFull {
             depth: from_value(second)?,
         },
+        Code::Repartitioned => return Ok(Ingested::Repartitioned),
         other => return Err(unexpected("ingest", other)),
-    })
+    }))
 }
 
 fn unexpected(script: &str, code: Code) -> StoreError {

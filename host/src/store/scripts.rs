@@ -33,6 +33,7 @@ pub(crate) struct Scripts {
     pub(crate) schedule_put: Script,
     pub(crate) schedule_delete: Script,
     pub(crate) schedule_advance: Script,
+    pub(crate) partitions_raise: Script,
 }
 
 impl Scripts {
@@ -51,10 +52,11 @@ impl Scripts {
             schedule_put: script!("schedule_put"),
             schedule_delete: script!("schedule_delete"),
             schedule_advance: script!("schedule_advance"),
+            partitions_raise: script!("partitions_raise"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 13] {
+    pub(crate) fn all(&self) -> [&Script; 14] {
         [
             &self.ingest,
             &self.start,
@@ -69,6 +71,7 @@ impl Scripts {
             &self.schedule_put,
             &self.schedule_delete,
             &self.schedule_advance,
+            &self.partitions_raise,
         ]
     }
 }
@@ -106,6 +109,9 @@ pub enum Code {
     NotFound,
     /// requeue: the task is not dead-lettered (or its DLQ entry dangled).
     NotInDlq,
+    /// ingest: the queue's partition count is not the one the submission
+    /// was routed by; nothing was written.
+    Repartitioned,
 }
 
 impl Code {
@@ -125,6 +131,7 @@ impl Code {
             -5 => Code::Terminal,
             -6 => Code::NotFound,
             -7 => Code::NotInDlq,
+            -8 => Code::Repartitioned,
             _ => return None,
         })
     }
@@ -168,6 +175,7 @@ mod tests {
         "schedule_put",
         "schedule_delete",
         "schedule_advance",
+        "partitions_raise",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -187,6 +195,7 @@ mod tests {
             Code::Terminal,
             Code::NotFound,
             Code::NotInDlq,
+            Code::Repartitioned,
         ];
         for code in all {
             match code {
@@ -202,7 +211,8 @@ mod tests {
                 | Code::Stale
                 | Code::Terminal
                 | Code::NotFound
-                | Code::NotInDlq => {}
+                | Code::NotInDlq
+                | Code::Repartitioned => {}
             }
         }
         all.to_vec()

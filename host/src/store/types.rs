@@ -254,4 +254,7 @@ pub struct QueueStats {
     pub delayed: u64,
     /// Dead-lettered tasks.
     pub dead_lettered: u64,
+    /// Partitions the queue is spread over (see `store::partitions`); the
+    /// counts above are their sums.
+    pub partitions: u32,
 }

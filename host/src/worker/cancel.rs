@@ -15,16 +15,19 @@ use tracing::{debug, warn};
 use super::{Backoff, Shared};
 use crate::store::QueueKeys;
 
-/// Listen until `stop`, resubscribing with backoff when the connection drops.
+/// Listen until `stop`, resubscribing with backoff when the connection
+/// drops, and at once when the worker's partitions change (each partition
+/// has its own channel).
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
-    let channels: Vec<String> = shared
-        .config
-        .queues
-        .iter()
-        .map(|q| QueueKeys::new(q).cancel_channel().to_owned())
-        .collect();
+    let mut changes = shared.partitions.subscribe();
     let mut backoff = Backoff::default();
     loop {
+        changes.mark_unchanged();
+        let channels: Vec<String> = shared
+            .queues()
+            .iter()
+            .map(|q| QueueKeys::new(q).cancel_channel().to_owned())
+            .collect();
         let subscribed = tokio::select! {
             r = shared.store.backend().subscribe(&channels) => r,
             () = stop.cancelled() => return,
@@ -32,10 +35,15 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
         match subscribed {
             Ok(mut subscription) => {
                 backoff.reset();
+                let mut repartitioned = false;
                 loop {
                     let payload = tokio::select! {
                         p = subscription.next_payload() => p,
                         () = stop.cancelled() => return,
+                        _ = changes.changed() => {
+                            repartitioned = true;
+                            break;
+                        }
                     };
                     let Some(payload) = payload else { break };
                     let Some((queue, id)) = std::str::from_utf8(&payload)
@@ -47,6 +55,9 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                     if shared.running.cancel_task(queue, id) {
                         debug!(task_id = id, queue, "cancel requested: interrupting");
                     }
+                }
+                if repartitioned {
+                    continue;
                 }
                 warn!("cancel channels closed; resubscribing");
             }

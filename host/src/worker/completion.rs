@@ -33,7 +33,7 @@ use tracing::{debug, error, warn};
 use super::{Backoff, Registration};
 use crate::config::Config;
 use crate::metrics::{AttemptOutcome, WorkerMetrics};
-use crate::store::{CompleteOutcome, Completion, Store, StoreError};
+use crate::store::{CompleteOutcome, Completion, Store, StoreError, logical_queue};
 
 /// Most completions written in one round trip.
 const MAX_BATCH: usize = 128;
@@ -196,7 +196,7 @@ async fn write_retrying(
                 if let Some(outcome) = AttemptOutcome::of(completion.kind, status) {
                     counted
                         .metrics
-                        .count_outcome(&completion.queue, task, outcome);
+                        .count_outcome(logical_queue(&completion.queue), task, outcome);
                 }
             }
             CompleteOutcome::Stale(status) => {

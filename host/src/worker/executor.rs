@@ -19,7 +19,7 @@ use super::{Registration, Shared};
 use crate::ingest::now_ms;
 use crate::metrics::{TrapClass, WorkerMetrics};
 use crate::sandbox::{Call, CallReport, Outcome, TaskContext, Trap};
-use crate::store::{Completion, CompletionKind, Delivery, StartedTask};
+use crate::store::{Completion, CompletionKind, Delivery, StartedTask, logical_queue};
 
 /// Run each task on a tokio task of its own on the guest runtime (see
 /// [`Shared::guests`]); each permit and registration is held until its
@@ -64,7 +64,7 @@ async fn execute(
         task: task.task.clone(),
         ctx: TaskContext {
             task_id: task.id.clone(),
-            queue: task.queue.clone(),
+            queue: logical_queue(&task.queue).to_owned(),
             task_name: task.task.clone(),
             attempt: task.attempts,
             max_attempts: task.max_attempts,
@@ -84,7 +84,7 @@ async fn execute(
         }
     };
     let label = shared.metrics.task_label(&task.task);
-    record_call(&shared.metrics, &task.queue, &label, &report);
+    record_call(&shared.metrics, logical_queue(&task.queue), &label, &report);
     if registration.is_stale() {
         // Another worker took the task over (the heartbeat that found it
         // logged it): this attempt was interrupted, or finished just before,

@@ -40,19 +40,21 @@ use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError};
 /// until `stop`. Each batch is started and dispatched on a task of its own:
 /// the next read does not wait for the last batch's `start` script.
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let queues = shared.config.queues.clone();
-    let streams: Vec<String> = queues.iter().map(|q| QueueKeys::new(q).stream).collect();
-    // The streams each wait call takes, and (on a cluster) its connection.
-    let waits: Vec<&[String]> = if shared.store.backend().is_cluster() {
-        streams.chunks(1).collect()
-    } else {
-        vec![&streams[..]]
-    };
+    let mut queues = shared.queues();
+    let (mut streams, mut waits) = wait_groups(&shared, &queues);
     let mut wait_conns: Vec<Option<Conn>> = vec![None; waits.len()];
     let mut conn = None;
     let mut backoff = Backoff::default();
     let mut first = 0;
     while let Some(mut permits) = shared.take_slots(MAX_BATCH, &stop).await {
+        // A raise of a partition count adds key sets to read.
+        let current = shared.queues();
+        if !Arc::ptr_eq(&current, &queues) {
+            queues = current;
+            (streams, waits) = wait_groups(&shared, &queues);
+            wait_conns = vec![None; waits.len()];
+            first %= queues.len();
+        }
         if queues.iter().any(|q| supervise::injected("fetch", q)) {
             return;
         }
@@ -118,7 +120,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         };
         if let Err(e) = waited {
             if e.to_string().contains("no such key") {
-                for queue in &queues {
+                for queue in queues.iter() {
                     let _ = shared.store.ensure_group(queue).await;
                 }
             }
@@ -126,6 +128,19 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             backoff.wait(&stop).await;
         }
     }
+}
+
+/// The stream of each of `queues`, and how the wait groups them: one call
+/// for all on a single server; on a cluster, one per stream (each its own
+/// slot).
+fn wait_groups(shared: &Shared, queues: &[String]) -> (Vec<String>, Vec<Vec<String>>) {
+    let streams: Vec<String> = queues.iter().map(|q| QueueKeys::new(q).stream).collect();
+    let waits = if shared.store.backend().is_cluster() {
+        streams.iter().map(|s| vec![s.clone()]).collect()
+    } else {
+        vec![streams.clone()]
+    };
+    (streams, waits)
 }
 
 /// Wait on every group of `waits` at once ([`wait_for_messages`]): on
@@ -136,7 +151,7 @@ async fn wait_any(
     shared: &Shared,
     conn: &mut Conn,
     wait_conns: &mut [Option<Conn>],
-    waits: &[&[String]],
+    waits: &[Vec<String>],
 ) -> Result<(), StoreError> {
     if let [streams] = waits {
         return wait_for_messages(conn, streams, READ_BLOCK).await;

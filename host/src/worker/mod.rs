@@ -22,6 +22,8 @@
 //! - `cancel.rs`: listens for cancel requests and interrupts running calls;
 //! - `retention.rs`: purges dead-lettered tasks past `--dlq-retention-s`
 //!   or beyond `--dlq-max`, so the DLQ stays bounded;
+//! - `partitions.rs`: follows the partition counts of the worker's queues,
+//!   so that a raise is consumed without a restart;
 //! - `supervise.rs`: names every loop; [`run`] stops with an error naming a
 //!   loop that ended on its own, so the process exits and is restarted
 //!   instead of staying up doing nothing.
@@ -41,6 +43,7 @@ mod delayed;
 mod executor;
 mod expiry;
 mod fetch;
+mod partitions;
 mod reclaim;
 mod retention;
 mod schedule;
@@ -53,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -253,6 +256,10 @@ struct Shared {
     metrics: WorkerMetrics,
     /// This worker's consumer name in every queue's group.
     consumer: String,
+    /// The key sets this worker consumes: every partition of each of its
+    /// queues (a queue nobody partitioned is one), kept current by
+    /// `partitions.rs`. The per-queue loops read it each round.
+    partitions: watch::Sender<Arc<Vec<String>>>,
     /// One permit per execution slot. The fetch and reclaim loops take
     /// permits before they read, so a worker never holds more messages than
     /// it can run.
@@ -273,6 +280,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// Every partition of every queue of this worker, as last read.
+    fn queues(&self) -> Arc<Vec<String>> {
+        self.partitions.borrow().clone()
+    }
+
     /// Start a batch of deliveries of `queue` and dispatch each decision; one
     /// permit per delivery. Each message is held from before its `start`
     /// until its completion is written, so this worker's own reclaim never
@@ -390,8 +402,9 @@ pub async fn run_with_metrics(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     config.validate().map_err(WorkerError::Config)?;
-    for queue in &config.queues {
-        store.ensure_group(queue).await?;
+    let names = partitions::of_queues(&store, &config.queues).await?;
+    for name in &names {
+        store.ensure_group(name).await?;
     }
     // Each completion holds its task's slot until written: room for one per
     // slot means handing one over never waits.
@@ -400,6 +413,7 @@ pub async fn run_with_metrics(
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
     let _slots = metrics.hold_slots(config.concurrency);
     let shared = Arc::new(Shared {
+        partitions: watch::Sender::new(Arc::new(names)),
         slots: Arc::new(Semaphore::new(config.concurrency)),
         store,
         sandbox,
@@ -412,7 +426,7 @@ pub async fn run_with_metrics(
         guests: guest_runtime.handle.clone(),
         config,
     });
-    info!(consumer = %shared.consumer, queues = ?shared.config.queues,
+    info!(consumer = %shared.consumer, queues = ?shared.queues(),
         concurrency = shared.config.concurrency, "worker started");
 
     let stop = CancellationToken::new();
@@ -432,20 +446,18 @@ pub async fn run_with_metrics(
     );
     let mut loops = supervise::Loops::default();
     loops.spawn("fetch", fetch::run(shared.clone(), stop.clone()));
+    for name in shared.queues().iter() {
+        spawn_partition_loops(&mut loops, &shared, name, &stop);
+    }
     for queue in shared.config.queues.clone() {
-        let name = format!("delayed mover of queue {queue}");
-        loops.spawn(
-            name,
-            delayed::run(shared.clone(), queue.clone(), stop.clone()),
-        );
-        let name = format!("expiry sweep of queue {queue}");
-        loops.spawn(
-            name,
-            expiry::run(shared.clone(), queue.clone(), stop.clone()),
-        );
         let name = format!("scheduler of queue {queue}");
         loops.spawn(name, schedule::run(shared.clone(), queue, stop.clone()));
     }
+    let (added_tx, mut added) = mpsc::unbounded_channel();
+    loops.spawn(
+        "partition watcher",
+        partitions::watch(shared.clone(), added_tx, stop.clone()),
+    );
     loops.spawn("reclaim", reclaim::run(shared.clone(), stop.clone()));
     loops.spawn(
         "dlq retention",
@@ -467,12 +479,19 @@ pub async fn run_with_metrics(
     // Until shutdown, no loop may end: one that does (a panic, or a return
     // it should never make) stops the worker, which then ends with an error
     // naming it.
-    let shutdown = std::pin::pin!(shutdown);
-    let failed = tokio::select! {
-        () = shutdown => None,
-        Some(end) = loops.next_end() => Some(end),
-        Some(end) = completer.next_end() => Some(end),
-        Some(end) = beats.next_end() => Some(end),
+    // New partitions of a raise get their loops here, where they are
+    // supervised with the others.
+    let mut shutdown = std::pin::pin!(shutdown);
+    let failed = loop {
+        tokio::select! {
+            () = &mut shutdown => break None,
+            Some(end) = loops.next_end() => break Some(end),
+            Some(end) = completer.next_end() => break Some(end),
+            Some(end) = beats.next_end() => break Some(end),
+            Some(name) = added.recv() => {
+                spawn_partition_loops(&mut loops, &shared, &name, &stop);
+            }
+        }
     };
     match &failed {
         None => info!(consumer = %shared.consumer, "shutting down: no new tasks"),
@@ -520,6 +539,24 @@ pub async fn run_with_metrics(
             Err(end.into())
         }
     }
+}
+
+/// Spawn the loops each partition (key set) `name` has of its own: the
+/// delayed mover and the expiry sweep.
+fn spawn_partition_loops(
+    loops: &mut supervise::Loops,
+    shared: &Arc<Shared>,
+    name: &str,
+    stop: &CancellationToken,
+) {
+    loops.spawn(
+        format!("delayed mover of queue {name}"),
+        delayed::run(shared.clone(), name.to_owned(), stop.clone()),
+    );
+    loops.spawn(
+        format!("expiry sweep of queue {name}"),
+        expiry::run(shared.clone(), name.to_owned(), stop.clone()),
+    );
 }
 
 /// The runtime sandbox calls run on (see [`Shared::guests`]).

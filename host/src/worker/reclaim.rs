@@ -45,7 +45,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             () = stop.cancelled() => break,
             _ = ticks.tick() => {}
         }
-        for queue in &shared.config.queues {
+        for queue in shared.queues().iter() {
             // Under load the fetch loop takes every slot as it frees, so a
             // free slot is waited for, not tried for: the semaphore is
             // fair, and the next slot freed goes to this waiter first.
@@ -78,7 +78,7 @@ pub(super) async fn heartbeats(shared: Arc<Shared>, stop: CancellationToken) {
 async fn heartbeat(shared: &Shared) {
     let visibility = shared.config.visibility_timeout();
     let mut by_queue = shared.running.started();
-    for queue in &shared.config.queues {
+    for queue in shared.queues().iter() {
         by_queue.entry(queue.clone()).or_default();
     }
     for (queue, attempts) in by_queue {

@@ -65,7 +65,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        for queue in &shared.config.queues {
+        for queue in shared.queues().iter() {
             match sweep(&shared.store, queue, retention, now_ms()).await {
                 Ok(0) => {}
                 Ok(purged) => info!(queue, purged, "purged dead-lettered tasks past retention"),

@@ -14,6 +14,7 @@
     KEYS[5] events stream       dtq:events:{q}
     KEYS[6] submission index    dtq:index:{q}
     KEYS[7] expiry index        dtq:expiry:{q} (touched only when ARGV[11] is set)
+    KEYS[8] partition count     dtq:partitions:{q} (absent: 1)
 
     ARGV[1]  task id
     ARGV[2]  now (ms since epoch)
@@ -30,7 +31,8 @@
              submissions to the queue: the trim's check alone costs about
              40% of the append)
     ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
-    ARGV[12..] task hash fields as name, value pairs (status is set here)
+    ARGV[12] the queue's partition count the submitter routed by
+    ARGV[13..] task hash fields as name, value pairs (status is set here)
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -38,6 +40,14 @@
     {-1, id}                       IN_PROGRESS (record processing)
     {-2, id}                       KEY_MISMATCH (record of another payload)
     {-3, depth}                    QUEUE_FULL
+    {-8, partitions}               REPARTITIONED (nothing written)
+
+  Partitions: the submitter chose this partition (dtq:...:{q#i}) from the
+  queue's partition count it knows. A raise writes the new count into every
+  partition's slot, partition 0's last (store/partitions.rs); a submitter
+  that routed by another count than this slot's is refused before anything
+  is read, and routes again. So once any submitter routes by a new count,
+  no submitter can write by the old one.
 
   Reads one key not in KEYS: the recorded task's hash, ARGV[9] .. task_id,
   to tell a live record from a stale one. It shares the queue's hash tag, so
@@ -61,6 +71,11 @@ local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 local expiryKey, expiresAt = KEYS[7], ARGV[11]
+
+local partitions = tonumber(redis.call("GET", KEYS[8]) or "1")
+if partitions ~= tonumber(ARGV[12]) then
+  return {-8, partitions}
+end
 
 -- Replay check: read-only, and before the depth check, so a full queue never
 -- blocks a replay.
@@ -101,7 +116,7 @@ local status = "QUEUED"
 if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
-redis.call("HSET", taskKey, "status", status, unpack(ARGV, 12))
+redis.call("HSET", taskKey, "status", status, unpack(ARGV, 13))
 if status == "SCHEDULED" then
   redis.call("ZADD", delayedKey, runAt, taskId)
 else

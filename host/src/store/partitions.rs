@@ -1,0 +1,261 @@
+//! Partitioned queues: one queue as several key sets, each in a slot of its
+//! own, so that one busy queue spreads over the shards of a cluster.
+//!
+//! Partition 0 is the queue's own key set (`{q}`), partition `i` the set of
+//! `q#i` (see `keys.rs`); a queue nobody partitioned has one partition and
+//! is what it always was. The count lives in every partition's slot
+//! (`dtq:partitions:{q#i}`, absent meaning 1).
+//!
+//! **Routing.** A submission with an idempotency key goes to the partition
+//! of the key's hash ([`key_hash`] modulo the count), so the one-script
+//! check-and-claim of the seed stays in one slot; one without a key goes
+//! round-robin. The task id ends in `.i` for partition `i > 0`, so every
+//! later call on the task (status, cancel, requeue) finds its slot from
+//! the id alone. `ingest.lua` refuses a submission routed by another count
+//! than its slot holds ([`Code::Repartitioned`](super::Code)); the
+//! submitter reads the count again and routes again.
+//!
+//! **Raising the count** ([`Store::raise_partitions`]) writes the new count
+//! into every partition's slot, partition 0's last, and records the
+//! replaced count in partition 0 until the idempotency TTL has passed.
+//! Submitters read the count from partition 0, so one that routes by the
+//! new count finds it in every slot, and none can still write by the old
+//! one. A key whose partition changed keeps its record where it was: while
+//! a replaced count is recorded, a keyed submission first looks for the
+//! key's record in the partition each replaced count gives it, and if one
+//! is there, submits there. So one key stays one task across a raise. The
+//! count is never lowered: a lower count would strand the tasks and records
+//! of the partitions it drops.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{NewTask, QueueKeys, Store, StoreError, lock};
+use crate::store::keys::{logical_queue, partition_queue, partitioned_id};
+
+/// The most partitions a queue may have.
+pub const MAX_PARTITIONS: u32 = 256;
+
+/// How many times a submission is routed again after `ingest.lua` found
+/// another partition count than it was routed by, pausing
+/// [`REROUTE_PAUSE`] when the count read back has not changed (a raise is
+/// still writing the partitions).
+const REROUTES: u32 = 100;
+const REROUTE_PAUSE: Duration = Duration::from_millis(20);
+
+/// A queue's partition count, and the counts it replaced whose keyed
+/// records may still live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitioning {
+    /// Partitions now.
+    pub count: u32,
+    /// Counts replaced by raises, newest first, each with until when (ms
+    /// since epoch) records of keys routed by it may still live.
+    pub replaced: Vec<(u32, u64)>,
+}
+
+impl Default for Partitioning {
+    fn default() -> Self {
+        Partitioning {
+            count: 1,
+            replaced: Vec::new(),
+        }
+    }
+}
+
+impl Partitioning {
+    /// The key-set name of every partition of `queue`, partition 0 first.
+    pub fn names(&self, queue: &str) -> Vec<String> {
+        (0..self.count).map(|i| partition_queue(queue, i)).collect()
+    }
+
+    /// The partition the count gives idempotency key `key`.
+    pub fn of_key(&self, key: &str) -> u32 {
+        (key_hash(key) % u64::from(self.count)) as u32
+    }
+}
+
+/// The hash that places an idempotency key (64-bit FNV-1a: stable across
+/// processes, versions and platforms, which the routing needs).
+pub fn key_hash(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Store {
+    /// The partitioning of `queue`, read from Redis (partition 0's slot,
+    /// one round trip), and remembered for this process's submissions.
+    pub async fn partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut pipe = redis::pipe();
+        pipe.get(&keys.partitions)
+            .cmd("ZRANGE")
+            .arg(&keys.partition_history)
+            .arg("+inf")
+            .arg(crate::ingest::now_ms())
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("WITHSCORES");
+        let (count, replaced): (Option<u32>, Vec<(u32, f64)>) = self
+            .trip("partitions", pipe.query_async(&mut self.conn.clone()))
+            .await?;
+        let part = Partitioning {
+            count: count.unwrap_or(1).max(1),
+            replaced: replaced
+                .into_iter()
+                .map(|(count, until)| (count, until as u64))
+                .collect(),
+        };
+        lock(&self.partitionings).insert(queue.to_owned(), part.clone());
+        Ok(part)
+    }
+
+    /// The partitioning this process last read for `queue`; read when it
+    /// has none. Submissions route by it: `ingest.lua` tells when it is
+    /// out of date.
+    pub(super) async fn known_partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
+        let known = lock(&self.partitionings).get(queue).cloned();
+        match known {
+            Some(part) => Ok(part),
+            None => self.partitioning(queue).await,
+        }
+    }
+
+    /// The key-set name of every partition of `queue` (read from Redis);
+    /// a partition's own name (`q#i`) stands for itself alone.
+    pub async fn partition_names(&self, queue: &str) -> Result<Vec<String>, StoreError> {
+        if logical_queue(queue) != queue {
+            return Ok(vec![queue.to_owned()]);
+        }
+        Ok(self.partitioning(queue).await?.names(queue))
+    }
+
+    /// Raise the partition count of `queue` to `count` (at most
+    /// [`MAX_PARTITIONS`]); a count at or below the present one changes
+    /// nothing. Returns the count in force after the call. See the module
+    /// documentation for the order of the writes.
+    pub async fn raise_partitions(
+        &self,
+        queue: &str,
+        count: u32,
+        now: u64,
+    ) -> Result<u32, StoreError> {
+        let count = count.min(MAX_PARTITIONS);
+        let until = now.saturating_add(self.settings.idem_ttl_s.saturating_mul(1_000));
+        let mut in_force = 1;
+        for i in (0..count).rev() {
+            let keys = QueueKeys::new(&partition_queue(queue, i));
+            let mut inv = self.scripts.partitions_raise.prepare_invoke();
+            inv.key(&keys.partitions)
+                .key(&keys.partition_history)
+                .arg(count)
+                .arg(if i == 0 { "1" } else { "0" })
+                .arg(until)
+                .arg(now);
+            in_force = self
+                .trip("raise_partitions", inv.invoke_async(&mut self.conn.clone()))
+                .await?;
+        }
+        self.partitioning(queue).await?;
+        Ok(in_force)
+    }
+
+    /// Route `new` by `part`: choose its partition and give it the id that
+    /// says so. A keyed task goes where its key's record already is, if a
+    /// replaced count put it elsewhere (one read per replaced count that
+    /// moved the key), else to its key's partition; an unkeyed one goes
+    /// round-robin.
+    pub(super) async fn route(
+        &self,
+        new: &mut NewTask,
+        part: &Partitioning,
+    ) -> Result<(), StoreError> {
+        let partition = match new.idempotency_key.as_deref() {
+            None => (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32,
+            Some(key) => {
+                let home = part.of_key(key);
+                let mut chosen = home;
+                for &(count, until) in &part.replaced {
+                    let old = (key_hash(key) % u64::from(count.max(1))) as u32;
+                    if until < new.now || old == home {
+                        continue;
+                    }
+                    let keys = QueueKeys::new(&partition_queue(&new.queue, old));
+                    let exists: bool = self
+                        .trip(
+                            "route_lookup",
+                            redis::cmd("EXISTS")
+                                .arg(keys.idempotency(Some(key)))
+                                .query_async(&mut self.conn.clone()),
+                        )
+                        .await?;
+                    if exists {
+                        chosen = old;
+                        break;
+                    }
+                }
+                chosen
+            }
+        };
+        let uuid = new.id.split('.').next().unwrap_or_default().to_owned();
+        new.id = partitioned_id(&uuid, partition);
+        Ok(())
+    }
+
+    /// The partitioning of `queue` read again after `ingest.lua` refused a
+    /// submission routed by `stale` (try `round`, from 0): when it reads
+    /// back unchanged, a raise is still writing the partitions, so pause
+    /// first.
+    pub(super) async fn reread_partitioning(
+        &self,
+        queue: &str,
+        stale: &Partitioning,
+        round: u32,
+    ) -> Result<Partitioning, StoreError> {
+        if round >= REROUTES {
+            return Err(StoreError::Protocol(format!(
+                "the partition count of queue {queue} kept changing over {REROUTES} tries"
+            )));
+        }
+        let fresh = self.partitioning(queue).await?;
+        if fresh != *stale {
+            return Ok(fresh);
+        }
+        tokio::time::sleep(REROUTE_PAUSE).await;
+        self.partitioning(queue).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_spread_evenly_and_stably() {
+        let part = Partitioning {
+            count: 4,
+            replaced: Vec::new(),
+        };
+        let mut counts = [0u32; 4];
+        for i in 0..10_000 {
+            counts[part.of_key(&format!("order-{i}")) as usize] += 1;
+        }
+        for c in counts {
+            assert!((2_300..=2_700).contains(&c), "uneven spread: {counts:?}");
+        }
+        // The hash is part of the stored layout: it may never change.
+        assert_eq!(key_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn names_start_with_the_queue_itself() {
+        let part = Partitioning {
+            count: 3,
+            replaced: Vec::new(),
+        };
+        assert_eq!(part.names("q"), ["q", "q#1", "q#2"]);
+        assert_eq!(Partitioning::default().names("q"), ["q"]);
+    }
+}

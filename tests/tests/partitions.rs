@@ -1,0 +1,338 @@
+//! Partitioned queues: a queue spread over several key sets (slots), keyed
+//! submissions routed by their key so that one key stays one task, unkeyed
+//! ones spread, workers consuming every partition (new ones without a
+//! restart), counts, listing and the DLQ over all partitions, and a raise
+//! of the count that loses no task and splits no key. On one Redis here;
+//! `scripts/test` runs this file on a three-primary cluster too
+//! (`DTQ_TEST_REDIS=cluster`), where each partition is a slot of its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use dtq_host::store::{Store, StoreSettings, key_hash, partition_of_id};
+use dtq_tests::{Dtq, assert_error};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const ADMIN: &str = "partitions-admin-token";
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn start(with_worker: bool) -> Result<Dtq> {
+    Dtq::start(with_worker, &["--admin-token", ADMIN]).await
+}
+
+/// `PUT /v1/queues/{queue}/partitions` with the admin token.
+async fn raise(dtq: &Dtq, queue: &str, count: u32) -> Result<(u16, Value)> {
+    let auth = format!("Bearer {ADMIN}");
+    dtq.call(
+        Method::PUT,
+        &format!("/v1/queues/{queue}/partitions"),
+        Some(json!({ "count": count })),
+        &[("Authorization", &auth)],
+    )
+    .await
+}
+
+fn home(key: &str, count: u32) -> u32 {
+    (key_hash(key) % u64::from(count)) as u32
+}
+
+fn echo(payload: Value) -> Value {
+    json!({"task": "echo", "payload": payload})
+}
+
+/// Wait until every task of `ids` has SUCCEEDED.
+async fn all_succeed(dtq: &Dtq, queue: &str, ids: impl IntoIterator<Item = &String>) -> Result<()> {
+    for id in ids {
+        dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_queue_routes_keys_spreads_the_rest_and_shows_one_queue() -> Result<()> {
+    const Q: &str = "default";
+    let mut dtq = start(false).await?;
+    let (status, resp) = raise(&dtq, Q, 4).await?;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp, json!({"queue": Q, "partitions": 4, "previous": 1}));
+
+    // Unkeyed: round-robin over the four.
+    let mut unkeyed = Vec::new();
+    for i in 0..40 {
+        unkeyed.push(dtq.submit_new(Q, echo(json!(i)), None).await?);
+    }
+    let mut per_partition = BTreeMap::new();
+    for id in &unkeyed {
+        *per_partition.entry(partition_of_id(id)).or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_partition,
+        BTreeMap::from([(0, 10), (1, 10), (2, 10), (3, 10)]),
+        "{unkeyed:?}"
+    );
+    // Keyed: each to its key's partition, and a second submission of a
+    // key finds the first in flight there.
+    let mut keyed = BTreeMap::new();
+    for i in 0..20 {
+        let key = format!("order-{i}");
+        let id = dtq.submit_new(Q, echo(json!({"k": i})), Some(&key)).await?;
+        assert_eq!(partition_of_id(&id), home(&key, 4), "{key} → {id}");
+        let again = dtq.submit(Q, echo(json!({"k": i})), Some(&key)).await?;
+        assert_error(&again, 409, "IDEMPOTENCY_IN_PROGRESS");
+        assert_eq!(
+            again.1["error"]["details"]["task_id"],
+            json!(id),
+            "{again:?}"
+        );
+        keyed.insert(key, id);
+    }
+    let spread: BTreeSet<u32> = keyed.values().map(|id| partition_of_id(id)).collect();
+    ensure!(spread.len() == 4, "20 keys landed in only {spread:?}");
+    // Each task's record is in its partition's slot.
+    let keys = dtq.redis.keys().await?;
+    for id in keyed.values().chain(&unkeyed) {
+        let slot = match partition_of_id(id) {
+            0 => Q.to_owned(),
+            i => format!("{Q}#{i}"),
+        };
+        let key = format!("dtq:task:{{{slot}}}:{id}");
+        ensure!(keys.contains(&key), "{key} missing");
+    }
+
+    // One queue to a reader: counts summed, the listing merged.
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
+        .await?;
+    assert_eq!(
+        (&stats["ready"], &stats["partitions"]),
+        (&json!(60), &json!(4)),
+        "{stats}"
+    );
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let query = match &cursor {
+            Some(c) => format!("?limit=7&cursor={c}"),
+            None => "?limit=7".to_owned(),
+        };
+        let (status, page) = dtq
+            .call(
+                Method::GET,
+                &format!("/v1/queues/{Q}/tasks{query}"),
+                None,
+                &[],
+            )
+            .await?;
+        assert_eq!(status, 200, "{page}");
+        for task in page["tasks"].as_array().context("tasks")? {
+            listed.push(task["task_id"].as_str().context("task_id")?.to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        ensure!(listed.len() <= 60, "the listing repeats: {listed:?}");
+    }
+    let all: BTreeSet<String> = keyed.values().chain(&unkeyed).cloned().collect();
+    assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), all);
+    assert_eq!(listed.len(), 60, "a task was listed twice");
+    // Newest first across partitions: the last keyed task submitted heads
+    // the listing.
+    assert_eq!(listed.first(), keyed.get("order-19"));
+
+    // A worker consumes every partition; keys replay from theirs.
+    dtq.start_worker();
+    all_succeed(&dtq, Q, keyed.values().chain(&unkeyed)).await?;
+    for (i, (key, id)) in keyed.iter().enumerate().take(5) {
+        let n: u32 = key.trim_start_matches("order-").parse()?;
+        let (status, replay) = dtq.submit(Q, echo(json!({"k": n})), Some(key)).await?;
+        assert_eq!(
+            (status, &replay["task_id"]),
+            (200, &json!(id)),
+            "{i}: {replay}"
+        );
+        assert_eq!(replay["duplicate"], json!(true));
+        let (status, found) = dtq
+            .call(
+                Method::GET,
+                &format!("/v1/queues/{Q}/idempotency/{key}"),
+                None,
+                &[],
+            )
+            .await?;
+        assert_eq!((status, &found["task_id"]), (200, &json!(id)), "{found}");
+    }
+
+    // Dead letters of every partition show in the one DLQ, and requeue by id.
+    let mut failing = Vec::new();
+    for _ in 0..4 {
+        failing.push(
+            dtq.submit_new(
+                Q,
+                json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}, "max_attempts": 1}),
+                None,
+            )
+            .await?,
+        );
+    }
+    for id in &failing {
+        dtq.wait_for(Q, id, &["DEAD_LETTERED"], WAIT).await?;
+    }
+    let parts: BTreeSet<u32> = failing.iter().map(|id| partition_of_id(id)).collect();
+    ensure!(
+        parts.len() > 1,
+        "the failing tasks shared a partition: {failing:?}"
+    );
+    let (_, dlq) = dtq
+        .call(Method::GET, &format!("/v1/queues/{Q}/dlq"), None, &[])
+        .await?;
+    let dead: BTreeSet<String> = dlq["tasks"]
+        .as_array()
+        .context("dlq tasks")?
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(dead, failing.iter().cloned().collect(), "{dlq}");
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
+        .await?;
+    assert_eq!(stats["dead_lettered"], json!(4), "{stats}");
+    let auth = format!("Bearer {ADMIN}");
+    let target = failing
+        .iter()
+        .find(|id| partition_of_id(id) > 0)
+        .context("one in partition > 0")?;
+    let (status, resp) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/{Q}/dlq/{target}/requeue"),
+            None,
+            &[("Authorization", &auth)],
+        )
+        .await?;
+    assert_eq!(status, 200, "{resp}");
+    // flaky succeeds on its second attempt.
+    dtq.wait_for(Q, target, &["SUCCEEDED"], WAIT).await?;
+
+    // Events: the task's partition by default; a partition that does not
+    // exist is refused.
+    let (status, resp) = dtq
+        .call(
+            Method::GET,
+            &format!("/v1/queues/{Q}/events?partition=4"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_error(&(status, resp), 400, "INVALID_QUERY");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raising_the_count_loses_no_task_and_keeps_one_task_per_key() -> Result<()> {
+    const Q: &str = "default";
+    let dtq = start(true).await?;
+    // Before: one partition. Half of these wait for a while, so the raise
+    // happens with keys in flight as well as done.
+    let mut before = BTreeMap::new();
+    for i in 0..30 {
+        let key = format!("before-{i}");
+        let body = if i % 2 == 0 {
+            echo(json!({"b": i}))
+        } else {
+            json!({"task": "sleep", "payload": {"ms": 1500}})
+        };
+        let id = dtq.submit_new(Q, body, Some(&key)).await?;
+        assert_eq!(partition_of_id(&id), 0);
+        before.insert(key, (id, i));
+    }
+
+    let (status, resp) = raise(&dtq, Q, 3).await?;
+    assert_eq!((status, &resp["partitions"]), (200, &json!(3)), "{resp}");
+    // Every key submitted before is still its one task, whichever
+    // partition the new count gives it: in flight (409) or done (200).
+    let moved = before.keys().filter(|k| home(k, 3) != 0).count();
+    ensure!(
+        moved >= 10,
+        "only {moved} of 30 keys moved: the test would show little"
+    );
+    for (key, (id, i)) in &before {
+        let body = if i % 2 == 0 {
+            echo(json!({"b": i}))
+        } else {
+            json!({"task": "sleep", "payload": {"ms": 1500}})
+        };
+        let (status, resp) = dtq.submit(Q, body, Some(key)).await?;
+        let same = match status {
+            200 => &resp["task_id"],
+            409 => &resp["error"]["details"]["task_id"],
+            _ => anyhow::bail!("{key}: {status} {resp}"),
+        };
+        assert_eq!(same, &json!(id), "{key} became another task: {resp}");
+    }
+    // New submissions use the new count, and the running worker consumes
+    // the new partitions without a restart.
+    let mut after = Vec::new();
+    for i in 0..30 {
+        let key = format!("after-{i}");
+        let id = dtq.submit_new(Q, echo(json!({"a": i})), Some(&key)).await?;
+        assert_eq!(partition_of_id(&id), home(&key, 3), "{key} → {id}");
+        after.push(id);
+        after.push(dtq.submit_new(Q, echo(json!({"u": i})), None).await?);
+    }
+    let used: BTreeSet<u32> = after.iter().map(|id| partition_of_id(id)).collect();
+    assert_eq!(used, BTreeSet::from([0, 1, 2]));
+    all_succeed(&dtq, Q, before.values().map(|(id, _)| id).chain(&after)).await?;
+
+    // Lowering is refused, and so are 0 and more than 256; nothing changes.
+    assert_error(&raise(&dtq, Q, 2).await?, 422, "INVALID_PARTITIONS");
+    assert_error(&raise(&dtq, Q, 0).await?, 422, "INVALID_PARTITIONS");
+    assert_error(&raise(&dtq, Q, 257).await?, 422, "INVALID_PARTITIONS");
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
+        .await?;
+    assert_eq!(stats["partitions"], json!(3), "{stats}");
+    // Without the admin token, no raise.
+    let (status, _) = dtq
+        .call(
+            Method::PUT,
+            &format!("/v1/queues/{Q}/partitions"),
+            Some(json!({"count": 5})),
+            &[],
+        )
+        .await?;
+    ensure!(
+        status == 401 || status == 403,
+        "a raise without the admin token: {status}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submitter_that_knows_an_old_count_is_routed_again() -> Result<()> {
+    const Q: &str = "default";
+    let dtq = start(false).await?;
+    // The API's store learns the count (1) with its first submission.
+    dtq.submit_new(Q, echo(json!(0)), Some("warm-up")).await?;
+    // Another process raises it; the API's knowledge is now out of date.
+    let other = Store::connect(&dtq.redis.url(), StoreSettings::default()).await?;
+    assert_eq!(
+        other
+            .raise_partitions(Q, 4, dtq_host::ingest::now_ms())
+            .await?,
+        4
+    );
+    let key = (0..)
+        .map(|i| format!("stale-{i}"))
+        .find(|k| home(k, 4) != 0)
+        .context("a key off partition 0")?;
+    // The ingest script refuses the route by count 1; the API reads the
+    // count again and the task lands in the key's partition under count 4.
+    let id = dtq.submit_new(Q, echo(json!(1)), Some(&key)).await?;
+    assert_eq!(partition_of_id(&id), home(&key, 4), "{id}");
+    let (status, resp) = dtq.submit(Q, echo(json!(1)), Some(&key)).await?;
+    assert_eq!(status, 409, "{resp}");
+    Ok(())
+}
