@@ -6,7 +6,10 @@
 //!   in-process worker (concurrency `DTQ_BENCH_CONCURRENCY`, default 256);
 //! - **cluster**: the same number of tasks spread over three queues, one
 //!   on each primary's slots, submitted and drained the same way by one
-//!   worker that consumes the three.
+//!   worker that consumes the three;
+//! - **partitioned**: the same number of tasks to one queue of three
+//!   partitions, one on each primary (unkeyed: round-robin), submitted and
+//!   drained the same way.
 //!
 //! For each: submissions/s, drain tasks/s, and each Redis node's CPU time
 //! per task it served (from `INFO cpu`). Every node here shares this
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest::{self, SubmitRequest};
-use dtq_host::store::QueueKeys;
+use dtq_host::store::{QueueKeys, partition_of_id, partition_queue};
 use dtq_tests::cluster::RedisCluster;
 use dtq_tests::{Dtq, RedisServer, TestRedis};
 use futures::StreamExt;
@@ -41,12 +44,13 @@ fn main() -> Result<()> {
         .block_on(async {
             let single = {
                 let redis = RedisServer::start()?;
-                let port = redis.port();
+                let shards = vec![("default".to_owned(), redis.port())];
                 run(
                     "single",
                     TestRedis::Single(redis),
                     &["default".to_owned()],
-                    &[port],
+                    1,
+                    &shards,
                     tasks,
                     concurrency,
                 )
@@ -55,23 +59,69 @@ fn main() -> Result<()> {
             let cluster = {
                 let cluster = RedisCluster::start(3, 0)?;
                 let queues = cluster.queues_on_distinct_shards(3)?;
-                let ports = queues
-                    .iter()
-                    .map(|q| cluster.master_of(&format!("dtq:stream:{{{q}}}")))
-                    .collect::<Result<Vec<_>>>()?;
+                let shards = shards_of(&cluster, &queues)?;
                 run(
                     "cluster (3 primaries)",
                     TestRedis::Cluster(cluster),
                     &queues,
-                    &ports,
+                    1,
+                    &shards,
                     tasks,
                     concurrency,
                 )
                 .await?
             };
-            print_table(&[single, cluster]);
+            let partitioned = {
+                let cluster = RedisCluster::start(3, 0)?;
+                let queue = queue_spanning_shards(&cluster, 3)?;
+                let names: Vec<String> = (0..3).map(|i| partition_queue(&queue, i)).collect();
+                let shards = shards_of(&cluster, &names)?;
+                run(
+                    "one queue, 3 partitions",
+                    TestRedis::Cluster(cluster),
+                    &[queue],
+                    3,
+                    &shards,
+                    tasks,
+                    concurrency,
+                )
+                .await?
+            };
+            print_table(&[single, cluster, partitioned]);
             Ok(())
         })
+}
+
+/// Each key set of `names` with the port of the primary that serves it.
+fn shards_of(cluster: &RedisCluster, names: &[String]) -> Result<Vec<(String, u16)>> {
+    names
+        .iter()
+        .map(|name| {
+            Ok((
+                name.clone(),
+                cluster.master_of(&format!("dtq:stream:{{{name}}}"))?,
+            ))
+        })
+        .collect()
+}
+
+/// A queue name whose first `count` partitions are served by `count`
+/// different primaries.
+fn queue_spanning_shards(cluster: &RedisCluster, count: u32) -> Result<String> {
+    for n in 0..10_000 {
+        let queue = format!("bench-{n}");
+        let mut masters = Vec::new();
+        for i in 0..count {
+            let name = partition_queue(&queue, i);
+            masters.push(cluster.master_of(&format!("dtq:stream:{{{name}}}"))?);
+        }
+        masters.sort_unstable();
+        masters.dedup();
+        if masters.len() == count as usize {
+            return Ok(queue);
+        }
+    }
+    bail!("no queue name has {count} partitions on {count} primaries")
 }
 
 fn env_usize(name: &str, default: usize) -> Result<usize> {
@@ -92,14 +142,16 @@ struct Run {
     shards: Vec<(usize, f64, f64)>,
 }
 
-/// Submit `tasks` echo tasks round-robin over `queues` (the queue `i`
-/// served by the node on `ports[i]`), drain them with one worker, and
-/// read each node's CPU before and after.
+/// Submit `tasks` echo tasks round-robin over `queues`, each of
+/// `partitions` partitions, drain them with one worker, and read the CPU
+/// of each node of `shards` (every key set of the queues, with the port of
+/// the node that serves it) before and after.
 async fn run(
     name: &'static str,
     redis: TestRedis,
     queues: &[String],
-    ports: &[u16],
+    partitions: u32,
+    shards: &[(String, u16)],
     tasks: usize,
     concurrency: usize,
 ) -> Result<Run> {
@@ -118,6 +170,13 @@ async fn run(
     )
     .await?;
     let settings = dtq.config.ingest_settings();
+    for queue in queues {
+        dtq.store
+            .raise_partitions(queue, partitions, ingest::now_ms())
+            .await?;
+    }
+    let ports: Vec<u16> = shards.iter().map(|(_, port)| *port).collect();
+    let ports = &ports[..];
 
     let cpu0 = node_cpus(ports)?;
     let started = Instant::now();
@@ -138,7 +197,7 @@ async fn run(
                     run_at: None,
                 };
                 let done = ingest::submit(&store, &settings, &queue, None, req, |_| true).await?;
-                anyhow::Ok(done.task_id)
+                anyhow::Ok(partition_queue(&queue, partition_of_id(&done.task_id)))
             }
         })
         .buffer_unordered(256)
@@ -146,8 +205,14 @@ async fn run(
         .await;
     let submit = started.elapsed();
     let cpu1 = node_cpus(ports)?;
-    for id in submitted {
-        id?;
+    let mut served = vec![0usize; shards.len()];
+    for key_set in submitted {
+        let key_set = key_set?;
+        let at = shards
+            .iter()
+            .position(|(name, _)| *name == key_set)
+            .with_context(|| format!("{name}: a task went to {key_set}, no shard of the run"))?;
+        served[at] += 1;
     }
 
     let mut probe = dtq.redis.conn().await?;
@@ -155,8 +220,8 @@ async fn run(
     dtq.start_worker();
     loop {
         let mut left = 0u64;
-        for queue in queues {
-            let keys = QueueKeys::new(queue);
+        for (key_set, _) in shards {
+            let keys = QueueKeys::new(key_set);
             let (len, delayed): (u64, u64) = redis::pipe()
                 .xlen(&keys.stream)
                 .zcard(&keys.delayed)
@@ -176,22 +241,21 @@ async fn run(
     let cpu2 = node_cpus(ports)?;
     dtq.stop_worker().await?;
 
-    let mut shards = Vec::new();
-    for (i, queue) in queues.iter().enumerate() {
+    for queue in queues {
         let stats = dtq.store.stats(queue).await?;
         ensure!(
-            stats.dead_lettered == 0,
-            "{name}: {queue} dead-lettered tasks"
+            stats.dead_lettered == 0 && stats.partitions == partitions,
+            "{name}: {queue}: {stats:?}"
         );
-        let served = (0..tasks).filter(|n| n % queues.len() == i).count();
-        shards.push((served, cpu1[i] - cpu0[i], cpu2[i] - cpu1[i]));
     }
     Ok(Run {
         name,
         tasks,
         submit,
         drain,
-        shards,
+        shards: (0..shards.len())
+            .map(|i| (served[i], cpu1[i] - cpu0[i], cpu2[i] - cpu1[i]))
+            .collect(),
     })
 }
 

@@ -172,7 +172,7 @@ impl Store {
         status: Option<TaskStatus>,
         limit: usize,
         cursor: Option<StreamId>,
-    ) -> Result<(Vec<(StreamId, TaskSummary)>, Option<StreamId>), StoreError> {
+    ) -> Result<PartitionPage, StoreError> {
         let keys = QueueKeys::new(name);
         let mut tasks = Vec::new();
         let mut upper = cursor.map_or_else(|| "+".to_owned(), |c| format!("({c}"));
@@ -291,6 +291,10 @@ impl Store {
     }
 }
 
+/// One partition's page: its tasks, each with its index entry, newest
+/// first, and where its scan stopped (`None`: its index is exhausted).
+type PartitionPage = (Vec<(StreamId, TaskSummary)>, Option<StreamId>);
+
 /// One page from the pages of a queue's partitions, each newest first with
 /// the cursor where its scan stopped (`None`: its index is exhausted).
 ///
@@ -301,17 +305,14 @@ impl Store {
 /// with the very same id, the same millisecond and sequence number, could
 /// be split by a page boundary and one of them skipped; ids come from
 /// each partition's own stream.)
-fn merge_pages(
-    pages: Vec<(Vec<(StreamId, TaskSummary)>, Option<StreamId>)>,
-    limit: usize,
-) -> TaskPage {
+fn merge_pages(pages: Vec<PartitionPage>, limit: usize) -> TaskPage {
     let stop = pages.iter().filter_map(|(_, stop)| *stop).max();
     let mut tasks: Vec<(StreamId, TaskSummary)> = pages
         .into_iter()
         .flat_map(|(tasks, _)| tasks)
         .filter(|(entry, _)| stop.is_none_or(|stop| *entry >= stop))
         .collect();
-    tasks.sort_by(|a, b| b.0.cmp(&a.0));
+    tasks.sort_by_key(|(entry, _)| std::cmp::Reverse(*entry));
     let next_cursor = if tasks.len() > limit {
         tasks.truncate(limit);
         tasks.last().map(|(entry, _)| *entry)
