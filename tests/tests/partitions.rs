@@ -58,11 +58,28 @@ async fn a_partitioned_queue_routes_keys_spreads_the_rest_and_shows_one_queue() 
     assert_eq!(status, 200, "{resp}");
     assert_eq!(resp, json!({"queue": Q, "partitions": 4, "previous": 1}));
 
-    // Unkeyed: round-robin over the four.
-    let mut unkeyed = Vec::new();
-    for i in 0..40 {
-        unkeyed.push(dtq.submit_new(Q, echo(json!(i)), None).await?);
-    }
+    // Unkeyed: round-robin over the four. As one batch, so that the
+    // partitions' index entries share ids (one millisecond of one server),
+    // which the listing below must still page through whole.
+    let items: Vec<Value> = (0..40).map(|i| echo(json!(i))).collect();
+    let (status, batch) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/{Q}/tasks/batch"),
+            Some(json!({ "tasks": items })),
+            &[],
+        )
+        .await?;
+    assert_eq!(status, 200, "{batch}");
+    let unkeyed: Vec<String> = batch["results"]
+        .as_array()
+        .context("results")?
+        .iter()
+        .map(|r| {
+            ensure!(r["status"] == 202, "{r}");
+            Ok(r["body"]["task_id"].as_str().context("task_id")?.to_owned())
+        })
+        .collect::<Result<_>>()?;
     let mut per_partition = BTreeMap::new();
     for id in &unkeyed {
         *per_partition.entry(partition_of_id(id)).or_insert(0) += 1;

@@ -26,7 +26,7 @@ use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{QueuePath, TaskPage};
 use super::routes::{authorized, list_limit, store_call};
-use crate::store::{LIST_SCAN_BUDGET, StreamId, TaskStatus};
+use crate::store::{LIST_SCAN_BUDGET, ListCursor, TaskStatus};
 
 /// The query of the listing.
 #[derive(Deserialize, IntoParams)]
@@ -95,7 +95,7 @@ fn parse_status(text: &str) -> Result<TaskStatus, ApiError> {
 }
 
 /// A cursor a previous page gave; 400 `INVALID_CURSOR` otherwise.
-fn parse_cursor(text: &str) -> Result<StreamId, ApiError> {
+fn parse_cursor(text: &str) -> Result<ListCursor, ApiError> {
     text.parse().map_err(|_| {
         ApiError::new(
             ErrorCode::InvalidCursor,
@@ -119,6 +119,7 @@ const _: () = assert!(LIST_SCAN_BUDGET >= super::MAX_LIST_LIMIT);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StreamId;
 
     #[test]
     fn statuses_in_any_case_and_nothing_else() {
@@ -135,14 +136,24 @@ mod tests {
 
     #[test]
     fn cursors_are_what_pages_give() {
+        let entry = StreamId {
+            ms: 1_700_000_000_000,
+            seq: 3,
+        };
         assert_eq!(
             parse_cursor("1700000000000-3").ok(),
-            Some(StreamId {
-                ms: 1_700_000_000_000,
-                seq: 3
+            Some(ListCursor {
+                entry,
+                partition: 0
             })
         );
-        for bad in ["", "abc", "(1-0", "1-0-0"] {
+        let of_partition = ListCursor {
+            entry,
+            partition: 2,
+        };
+        assert_eq!(parse_cursor("1700000000000-3.2").ok(), Some(of_partition));
+        assert_eq!(of_partition.to_string(), "1700000000000-3.2");
+        for bad in ["", "abc", "(1-0", "1-0-0", "1-0.0", "1-0.x", "1-0."] {
             let err = parse_cursor(bad).expect_err(bad);
             assert_eq!(err.code, ErrorCode::InvalidCursor);
         }

@@ -104,7 +104,53 @@ pub struct TaskPage {
     pub tasks: Vec<TaskSummary>,
     /// Where the next page starts (the last index entry read); `None`
     /// once the index is exhausted.
-    pub next_cursor: Option<StreamId>,
+    pub next_cursor: Option<ListCursor>,
+}
+
+/// A place in a queue's listing: an index entry of one partition.
+///
+/// The partitions' indexes are separate streams, so two of them can hold
+/// the very same entry id (one server, one millisecond); entries are
+/// ordered by id, then by partition, newest and highest first, and a page
+/// ends between two entries of that order. Written `<ms>-<seq>` for
+/// partition 0 (a queue that is not partitioned) and `<ms>-<seq>.<i>`
+/// for partition `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListCursor {
+    /// The entry's id in its partition's index.
+    pub entry: StreamId,
+    /// The partition.
+    pub partition: u32,
+}
+
+impl std::fmt::Display for ListCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.partition {
+            0 => write!(f, "{}", self.entry),
+            i => write!(f, "{}.{i}", self.entry),
+        }
+    }
+}
+
+impl std::str::FromStr for ListCursor {
+    type Err = InvalidStreamId;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (entry, partition) = match text.split_once('.') {
+            None => (text, 0),
+            Some((entry, i)) => (
+                entry,
+                i.parse()
+                    .ok()
+                    .filter(|i| *i > 0)
+                    .ok_or_else(|| InvalidStreamId(text.to_owned()))?,
+            ),
+        };
+        Ok(ListCursor {
+            entry: entry.parse()?,
+            partition,
+        })
+    }
 }
 
 /// One submission in this many to a queue trims its index (counted per
@@ -150,15 +196,21 @@ impl Store {
         queue: &str,
         status: Option<TaskStatus>,
         limit: usize,
-        cursor: Option<StreamId>,
+        cursor: Option<ListCursor>,
     ) -> Result<TaskPage, StoreError> {
         let names = self.partition_names(queue).await?;
         let limit = limit.clamp(1, LIST_SCAN_BUDGET);
-        let pages = futures::future::try_join_all(
-            names
-                .iter()
-                .map(|name| self.list_partition(queue, name, status, limit, cursor)),
-        )
+        let pages = futures::future::try_join_all(names.iter().enumerate().map(|(i, name)| {
+            // After `cursor` in the listing's order: this partition's
+            // entries older than the cursor's, and also its entry with the
+            // very same id when this partition comes after the cursor's.
+            let upper = match cursor {
+                None => "+".to_owned(),
+                Some(c) if (i as u32) < c.partition => c.entry.to_string(),
+                Some(c) => format!("({}", c.entry),
+            };
+            self.list_partition(queue, name, i as u32, status, limit, upper)
+        }))
         .await?;
         Ok(merge_pages(pages, limit))
     }
@@ -169,13 +221,14 @@ impl Store {
         &self,
         queue: &str,
         name: &str,
+        partition: u32,
         status: Option<TaskStatus>,
         limit: usize,
-        cursor: Option<StreamId>,
+        mut upper: String,
     ) -> Result<PartitionPage, StoreError> {
         let keys = QueueKeys::new(name);
+        let at = |entry: StreamId| ListCursor { entry, partition };
         let mut tasks = Vec::new();
-        let mut upper = cursor.map_or_else(|| "+".to_owned(), |c| format!("({c}"));
         let mut scanned = 0;
         loop {
             let chunk = match status {
@@ -200,7 +253,7 @@ impl Store {
                     continue;
                 }
                 tasks.push((
-                    entry,
+                    at(entry),
                     TaskSummary {
                         task_id,
                         queue: queue.to_owned(),
@@ -209,7 +262,7 @@ impl Store {
                 ));
                 if tasks.len() == limit {
                     let at_end = exhausted && i + 1 == count;
-                    return Ok((tasks, last.filter(|_| !at_end)));
+                    return Ok((tasks, last.filter(|_| !at_end).map(at)));
                 }
             }
             match last {
@@ -217,7 +270,7 @@ impl Store {
                     upper = format!("({last}");
                 }
                 _ => {
-                    return Ok((tasks, last.filter(|_| !exhausted)));
+                    return Ok((tasks, last.filter(|_| !exhausted).map(at)));
                 }
             }
         }
@@ -291,31 +344,29 @@ impl Store {
     }
 }
 
-/// One partition's page: its tasks, each with its index entry, newest
-/// first, and where its scan stopped (`None`: its index is exhausted).
-type PartitionPage = (Vec<(StreamId, TaskSummary)>, Option<StreamId>);
+/// One partition's page: its tasks, each with its place, newest first,
+/// and where its scan stopped (`None`: its index is exhausted).
+type PartitionPage = (Vec<(ListCursor, TaskSummary)>, Option<ListCursor>);
 
 /// One page from the pages of a queue's partitions, each newest first with
 /// the cursor where its scan stopped (`None`: its index is exhausted).
 ///
-/// A partition that stopped at entry `c` has told nothing of its entries
-/// before `c`, so the page keeps only tasks at or after the newest such
-/// stop, then the newest `limit` of those; the next page continues from the
-/// last task kept, or from that stop. (Entries of two partitions' streams
-/// with the very same id, the same millisecond and sequence number, could
-/// be split by a page boundary and one of them skipped; ids come from
-/// each partition's own stream.)
+/// A partition that stopped at entry `c` has told nothing of what comes
+/// after `c` in the listing's order ([`ListCursor`]), so the page keeps
+/// only tasks at or before the first such stop, then the first `limit` of
+/// those; the next page continues from the last task kept, or from that
+/// stop.
 fn merge_pages(pages: Vec<PartitionPage>, limit: usize) -> TaskPage {
     let stop = pages.iter().filter_map(|(_, stop)| *stop).max();
-    let mut tasks: Vec<(StreamId, TaskSummary)> = pages
+    let mut tasks: Vec<(ListCursor, TaskSummary)> = pages
         .into_iter()
         .flat_map(|(tasks, _)| tasks)
-        .filter(|(entry, _)| stop.is_none_or(|stop| *entry >= stop))
+        .filter(|(at, _)| stop.is_none_or(|stop| *at >= stop))
         .collect();
-    tasks.sort_by_key(|(entry, _)| std::cmp::Reverse(*entry));
+    tasks.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
     let next_cursor = if tasks.len() > limit {
         tasks.truncate(limit);
-        tasks.last().map(|(entry, _)| *entry)
+        tasks.last().map(|(at, _)| *at)
     } else {
         stop
     };

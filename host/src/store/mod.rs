@@ -41,7 +41,7 @@ pub use expiry::EXPIRED_ERROR;
 pub use keys::{
     GROUP, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
 };
-pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, TaskPage, TaskSummary};
+pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
 pub use schedules::{
