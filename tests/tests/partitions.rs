@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use dtq_host::sse::SseReader;
 use dtq_host::store::{Store, StoreSettings, key_hash, partition_of_id};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
@@ -351,5 +352,90 @@ async fn a_submitter_that_knows_an_old_count_is_routed_again() -> Result<()> {
     assert_eq!(partition_of_id(&id), home(&key, 4), "{id}");
     let (status, resp) = dtq.submit(Q, echo(json!(1)), Some(&key)).await?;
     assert_eq!(status, 409, "{resp}");
+    Ok(())
+}
+
+/// Open the events of `queue` (all partitions, merged), resuming after
+/// `last` when given.
+async fn events(dtq: &Dtq, queue: &str, last: Option<&str>) -> Result<SseReader> {
+    let mut req = reqwest::Client::new()
+        .get(format!("{}/v1/queues/{queue}/events", dtq.api))
+        .header("Accept", "text/event-stream");
+    if let Some(id) = last {
+        req = req.header("Last-Event-ID", id);
+    }
+    let response = req.send().await?;
+    ensure!(response.status() == 200, "events: {}", response.status());
+    Ok(SseReader::new(response))
+}
+
+/// Events until `want` tasks have each sent `status`; (task, event id) of
+/// each.
+async fn read_until(
+    events: &mut SseReader,
+    status: &str,
+    want: usize,
+) -> Result<Vec<(String, String)>> {
+    let mut seen = Vec::new();
+    while seen.len() < want {
+        let event = tokio::time::timeout(WAIT, events.next())
+            .await
+            .context("no event in time")??
+            .context("the stream ended")?;
+        if event.event != status {
+            continue;
+        }
+        let data: Value = serde_json::from_str(&event.data)?;
+        let task = data["task_id"].as_str().context("task_id")?.to_owned();
+        seen.push((task, event.id.context("an id")?));
+    }
+    Ok(seen)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_events_of_every_partition_arrive_on_one_stream_and_resume() -> Result<()> {
+    const Q: &str = "default";
+    let dtq = start(false).await?;
+    raise(&dtq, Q, 3).await?;
+    let mut stream = events(&dtq, Q, None).await?;
+    let mut first = Vec::new();
+    for i in 0..6 {
+        first.push(dtq.submit_new(Q, echo(json!(i)), None).await?);
+    }
+    let seen = read_until(&mut stream, "QUEUED", 6).await?;
+    assert_eq!(
+        seen.iter().map(|(t, _)| t.clone()).collect::<BTreeSet<_>>(),
+        first.iter().cloned().collect::<BTreeSet<_>>(),
+        "the merged stream missed a partition's events"
+    );
+    // The id says where each of the three partitions stands.
+    let (_, last) = seen.last().context("events")?;
+    assert_eq!(last.split(',').count(), 3, "{last}");
+    drop(stream);
+
+    // Resuming from that id: the events after it, from every partition,
+    // and none of those already seen.
+    let mut later = Vec::new();
+    for i in 0..6 {
+        later.push(dtq.submit_new(Q, echo(json!(i)), None).await?);
+    }
+    let mut resumed = events(&dtq, Q, Some(last)).await?;
+    let again = read_until(&mut resumed, "QUEUED", 6).await?;
+    assert_eq!(
+        again
+            .iter()
+            .map(|(t, _)| t.clone())
+            .collect::<BTreeSet<_>>(),
+        later.iter().cloned().collect::<BTreeSet<_>>(),
+    );
+    // An id of another number of partitions is refused.
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/queues/{Q}/events", dtq.api))
+        .header("Last-Event-ID", "1-0,2-0")
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let body: Value = response.json().await?;
+    assert_error(&(status, body), 400, "INVALID_EVENT_ID");
     Ok(())
 }

@@ -8,15 +8,18 @@
 //! reconnects) or `?since=<id>`; without either it gets only new events.
 //! `?task_id=` keeps one task's events. A partitioned queue has a stream per
 //! partition: `?partition=i` follows partition `i`'s, a `task_id` its
-//! task's, and neither partition 0's. The stream is capped, so a client
+//! task's, and neither every partition's, merged (each partition's events
+//! in their order; the event id is then where each partition stands,
+//! `<id 0>,<id 1>,...`, which resumes as any id does). The stream is capped, so a client
 //! that resumes after an id older than what is left first gets `event:
 //! gap` (`data: {last_event_id, oldest_id}`): it missed events, and reading
 //! goes on from the oldest entry left.
 //!
 //! # Costs and bounds
 //!
-//! Each subscriber blocks in XREAD on a Redis connection of its own, so its
-//! wait never stalls the shared connection, and holds one API connection.
+//! Each subscriber blocks in XREAD on a Redis connection of its own (one per
+//! partition it reads), so its wait never stalls the shared connection, and
+//! holds one API connection.
 //! Both are bounded by [`ApiLimits::max_event_streams`]: past it a new
 //! subscriber gets 503 `TOO_MANY_EVENT_STREAMS` at once, before anything
 //! is opened. A subscriber's stream ends, and its Redis connection and slot
@@ -46,7 +49,8 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
@@ -166,59 +170,88 @@ pub(super) async fn subscribe(
         }
         t => t,
     };
-    let partition = match (params.partition, &task) {
-        (Some(p), _) => p,
-        (None, Some(task)) => partition_of_id(task),
-        (None, None) => 0,
-    };
-    if partition > 0 {
-        let store = shared.state.store.clone();
-        let q = queue.clone();
-        let count = store_call(&shared, async move { store.partitioning(&q).await })
-            .await?
-            .count;
-        if partition >= count {
-            return Err(ApiError::new(
-                ErrorCode::InvalidQuery,
-                format!("queue {queue} has {count} partition(s): no partition {partition}"),
-            )
-            .with_details(json!({"partitions": count})));
-        }
-    }
-    let queue = partition_queue(&queue, partition);
-    let slot = shared.events.take()?;
     let store = shared.state.store.clone();
     let q = queue.clone();
-    let (start, conn) = store_call(&shared, async move {
-        let conn = store.dedicated_connection(READ_TIMEOUT).await?;
-        let start = store.events_start(&q, since).await?;
-        Ok::<_, crate::store::StoreError>((start, conn))
+    let count = store_call(&shared, async move { store.partitioning(&q).await })
+        .await?
+        .count;
+    // One partition's stream: the one asked for, the task's, or the only
+    // one; else every partition's, merged.
+    let partitions: Vec<u32> = match (params.partition, &task) {
+        (Some(p), _) => vec![p],
+        (None, Some(task)) => vec![partition_of_id(task)],
+        (None, None) => (0..count).collect(),
+    };
+    if let Some(p) = partitions.iter().find(|p| **p >= count) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidQuery,
+            format!("queue {queue} has {count} partition(s): no partition {p}"),
+        )
+        .with_details(json!({"partitions": count})));
+    }
+    let since: Vec<Option<StreamId>> = match since {
+        None => vec![None; partitions.len()],
+        Some(Resume::Each(id)) => vec![Some(id); partitions.len()],
+        Some(Resume::Per(ids)) if ids.len() == partitions.len() => {
+            ids.into_iter().map(Some).collect()
+        }
+        Some(Resume::Per(ids)) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidEventId,
+                format!(
+                    "an event id of {} partitions for a stream of {}",
+                    ids.len(),
+                    partitions.len()
+                ),
+            ));
+        }
+    };
+    let slot = shared.events.take()?;
+    let names: Vec<String> = partitions
+        .iter()
+        .map(|p| partition_queue(&queue, *p))
+        .collect();
+    let store = shared.state.store.clone();
+    let opened = names.clone();
+    let parts = store_call(&shared, async move {
+        let mut parts = Vec::with_capacity(opened.len());
+        for (name, since) in opened.into_iter().zip(since) {
+            let conn = store.dedicated_connection(READ_TIMEOUT).await?;
+            let start = store.events_start(&name, since).await?;
+            parts.push((name, conn, start));
+        }
+        Ok::<_, crate::store::StoreError>(parts)
     })
     .await?;
-    tracing::debug!(%queue, after = %start.after, task_id = ?task, "event stream opened");
-    let gap = start.gap.map(|gap| {
-        Ok::<_, Infallible>(
-            Event::default()
-                .event("gap")
-                .data(gap.to_json().to_string()),
-        )
-    });
-    let reader = Reader {
-        store: shared.state.store.clone(),
-        conn,
-        queue,
-        after: start.after,
-        task,
-        pending: VecDeque::new(),
-        failures: 0,
-        _slot: slot,
-    };
+    tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
+    let gaps: Vec<_> = parts
+        .iter()
+        .filter_map(|(_, _, start)| start.gap.as_ref())
+        .map(|gap| {
+            Ok::<_, Infallible>(
+                Event::default()
+                    .event("gap")
+                    .data(gap.to_json().to_string()),
+            )
+        })
+        .collect();
+    let parts: Vec<PartReader> = parts
+        .into_iter()
+        .map(|(queue, conn, start)| PartReader {
+            store: shared.state.store.clone(),
+            conn,
+            queue,
+            after: start.after,
+            failures: 0,
+        })
+        .collect();
+    let reader = Reader::new(parts, task, slot);
     let events = futures::stream::unfold(reader, |mut reader| async move {
         let event = reader.next().await;
         Some((Ok::<_, Infallible>(event), reader))
     });
     let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
-    let stream = futures::stream::iter(gap)
+    let stream = futures::stream::iter(gaps)
         .chain(events)
         .take_until(stop.cancelled_owned());
     let mut response = Sse::new(stream)
@@ -231,9 +264,20 @@ pub(super) async fn subscribe(
     Ok(response)
 }
 
+/// Where a subscriber continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resume {
+    /// After this id in every stream it reads (an id of one stream, or a
+    /// time: `<ms>-0`).
+    Each(StreamId),
+    /// After the id of each partition's stream: an id of a merged stream
+    /// (`<id of partition 0>,<id of partition 1>,...`).
+    Per(Vec<StreamId>),
+}
+
 /// Where to continue: the `Last-Event-ID` header, else `?since=`, else
 /// nowhere (new events only). An empty header is no header.
-fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<StreamId>, ApiError> {
+fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Resume>, ApiError> {
     let header = headers
         .get("last-event-id")
         .map(|v| v.to_str().unwrap_or("\u{fffd}"))
@@ -241,38 +285,39 @@ fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Strea
     let Some(text) = header.or(since) else {
         return Ok(None);
     };
+    let invalid =
+        |e: crate::store::InvalidStreamId| ApiError::new(ErrorCode::InvalidEventId, e.to_string());
+    if text.contains(',') {
+        let ids = text
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<StreamId>, _>>()
+            .map_err(invalid)?;
+        return Ok(Some(Resume::Per(ids)));
+    }
     text.parse()
-        .map(Some)
-        .map_err(|e: crate::store::InvalidStreamId| {
-            ApiError::new(ErrorCode::InvalidEventId, e.to_string())
-        })
+        .map(|id| Some(Resume::Each(id)))
+        .map_err(invalid)
 }
 
-/// One subscriber's reading of the stream.
-struct Reader {
+/// The reading of one partition's events stream.
+struct PartReader {
     store: Store,
-    /// The subscriber's own connection, blocked in XREAD most of the time.
+    /// A connection of its own, blocked in XREAD most of the time.
     conn: Conn,
+    /// The partition's key set (the queue's name for partition 0).
     queue: String,
     /// The last entry read (sent or filtered out).
     after: StreamId,
-    /// Only this task's events, if set.
-    task: Option<String>,
-    /// Events read and not yet sent.
-    pending: VecDeque<Event>,
     /// Reads failed in a row.
     failures: u32,
-    /// The subscriber's slot, released with the reader.
-    _slot: OwnedSemaphorePermit,
 }
 
-impl Reader {
-    /// The next event to send; waits (for ever) until there is one.
-    async fn next(&mut self) -> Event {
+impl PartReader {
+    /// The next entries; waits until there are some, retrying while Redis
+    /// fails.
+    async fn read(&mut self) -> Vec<QueueEvent> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return event;
-            }
             let read = self
                 .store
                 .read_events(&mut self.conn, &self.queue, self.after, READ_COUNT, BLOCK)
@@ -283,11 +328,9 @@ impl Reader {
                         tracing::info!(queue = %self.queue, "event stream: Redis read again");
                         self.failures = 0;
                     }
-                    for event in events {
-                        self.after = event.id;
-                        if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
-                            self.pending.push_back(sse_event(&event));
-                        }
+                    if let Some(last) = events.last() {
+                        self.after = last.id;
+                        return events;
                     }
                 }
                 Err(e) => {
@@ -306,9 +349,108 @@ impl Reader {
     }
 }
 
-impl Drop for Reader {
+impl Drop for PartReader {
     fn drop(&mut self) {
         tracing::debug!(queue = %self.queue, after = %self.after, "event stream closed");
+    }
+}
+
+/// One subscriber's reading: of one stream, or of every partition's,
+/// merged.
+struct Reader {
+    source: Source,
+    /// Only this task's events, if set.
+    task: Option<String>,
+    /// Events read and not yet sent.
+    pending: VecDeque<Event>,
+    /// The subscriber's slot, released with the reader.
+    _slot: OwnedSemaphorePermit,
+}
+
+enum Source {
+    /// One stream, read here; event ids are its entry ids.
+    One(Box<PartReader>),
+    /// Several partitions' streams, each read by a task of its own (each
+    /// blocks on its own connection, which on a cluster is its own shard),
+    /// whose events arrive in order per partition. The event id is where
+    /// every partition stands: `<id 0>,<id 1>,...`, which a subscriber
+    /// resumes from as it is.
+    Merged {
+        events: mpsc::Receiver<(usize, QueueEvent)>,
+        positions: Vec<StreamId>,
+        /// Aborted with the reader.
+        _readers: JoinSet<()>,
+    },
+}
+
+impl Reader {
+    fn new(mut parts: Vec<PartReader>, task: Option<String>, slot: OwnedSemaphorePermit) -> Self {
+        let source = if parts.len() == 1 {
+            Source::One(Box::new(parts.remove(0)))
+        } else {
+            let positions = parts.iter().map(|p| p.after).collect();
+            let (tx, rx) = mpsc::channel(READ_COUNT);
+            let mut readers = JoinSet::new();
+            for (i, mut part) in parts.into_iter().enumerate() {
+                let tx = tx.clone();
+                readers.spawn(async move {
+                    loop {
+                        for event in part.read().await {
+                            if tx.send((i, event)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+            Source::Merged {
+                events: rx,
+                positions,
+                _readers: readers,
+            }
+        };
+        Reader {
+            source,
+            task,
+            pending: VecDeque::new(),
+            _slot: slot,
+        }
+    }
+
+    /// The next event to send; waits (for ever) until there is one.
+    async fn next(&mut self) -> Event {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return event;
+            }
+            match &mut self.source {
+                Source::One(part) => {
+                    for event in part.read().await {
+                        if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
+                            self.pending
+                                .push_back(sse_event(&event, event.id.to_string()));
+                        }
+                    }
+                }
+                Source::Merged {
+                    events, positions, ..
+                } => {
+                    // The readers end only with this reader.
+                    let Some((i, event)) = events.recv().await else {
+                        return std::future::pending().await;
+                    };
+                    positions[i] = event.id;
+                    let id = positions
+                        .iter()
+                        .map(StreamId::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
+                        self.pending.push_back(sse_event(&event, id));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -318,16 +460,17 @@ fn backoff(failures: u32) -> Duration {
     (Duration::from_millis(100) * (1 << exp)).min(MAX_BACKOFF)
 }
 
-/// The SSE event of a stream entry. Its name is the status; a status that
-/// could not be an event name (none is written) is sent as `unknown`.
-fn sse_event(event: &QueueEvent) -> Event {
+/// The SSE event of a stream entry, with event id `id`. Its name is the
+/// status; a status that could not be an event name (none is written) is
+/// sent as `unknown`.
+fn sse_event(event: &QueueEvent, id: String) -> Event {
     let name_ok = !event.status.is_empty()
         && event
             .status
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_');
     Event::default()
-        .id(event.id.to_string())
+        .id(id)
         .event(if name_ok {
             event.status.as_str()
         } else {
@@ -346,13 +489,26 @@ mod tests {
         assert_eq!(resume_point(&headers, None).ok(), Some(None));
         assert_eq!(
             resume_point(&headers, Some("5-1")).ok(),
-            Some(Some(StreamId { ms: 5, seq: 1 }))
+            Some(Some(Resume::Each(StreamId { ms: 5, seq: 1 })))
         );
         headers.insert("last-event-id", HeaderValue::from_static("7-0"));
         assert_eq!(
             resume_point(&headers, Some("5-1")).ok(),
-            Some(Some(StreamId { ms: 7, seq: 0 }))
+            Some(Some(Resume::Each(StreamId { ms: 7, seq: 0 })))
         );
+        // A merged stream's id: one per partition.
+        headers.insert("last-event-id", HeaderValue::from_static("7-0,0-0,9-2"));
+        assert_eq!(
+            resume_point(&headers, None).ok(),
+            Some(Some(Resume::Per(vec![
+                StreamId { ms: 7, seq: 0 },
+                StreamId::default(),
+                StreamId { ms: 9, seq: 2 }
+            ])))
+        );
+        headers.insert("last-event-id", HeaderValue::from_static("7-0,"));
+        let err = resume_point(&headers, None).expect_err("an empty part");
+        assert_eq!(err.code, ErrorCode::InvalidEventId);
         headers.insert("last-event-id", HeaderValue::from_static(""));
         assert_eq!(resume_point(&headers, None).ok(), Some(None));
         headers.insert("last-event-id", HeaderValue::from_static("x"));
