@@ -33,6 +33,7 @@ const TEST_GUESTS: &[&str] = &[
     "operations",
     "versioned_v1",
     "versioned_v2",
+    "waiter",
 ];
 
 fn main() {

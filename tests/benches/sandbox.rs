@@ -5,6 +5,10 @@
 //!   a native function doing the same work; the same for `order_total`
 //!   (parses and prices JSON) and `counter` (one Redis round trip through the
 //!   `kv` import);
+//! - the same `echo` call through bare wasmtime (the same engine, pool and
+//!   compiled component, `InstancePre`, a new `Store` per call, no WASI
+//!   context, host state, limits or deadline: `dtq_host::sandbox::baseline`),
+//!   in rounds alternating with dtq's call, and dtq's cost as a ratio of it;
 //! - calls per second with 1 and 2 concurrent callers;
 //! - loading a module cold (compiling it) and cached (deserializing the
 //!   artifact), for the smallest and the largest guest.
@@ -17,6 +21,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use dtq_host::sandbox::baseline::Baseline;
 use dtq_host::sandbox::{
     Call, CallReport, CancelHandle, Outcome, Sandbox, SandboxConfig, TaskContext,
 };
@@ -113,6 +118,24 @@ async fn bench() -> Result<()> {
         us(native[SAMPLES / 2]),
         us(native[SAMPLES * 99 / 100])
     );
+    let bare = Baseline::new(&sandbox, &std::fs::read(guests::ECHO)?)?;
+    let (dtq_calls, bare_calls) = {
+        let (sandbox, bare) = (sandbox.clone(), std::sync::Arc::new(bare));
+        tokio::spawn(async move { against_bare(&sandbox, &bare).await }).await??
+    };
+    println!(
+        "echo, dtq beside bare wasmtime, {BARE_ROUNDS} alternating rounds of {} calls each:",
+        SAMPLES / BARE_ROUNDS
+    );
+    println!(
+        "  dtq  median {}, p99 {}; bare median {}, p99 {}; dtq ÷ bare: {:.2}× median, {:.2}× p99",
+        us(dtq_calls.0),
+        us(dtq_calls.1),
+        us(bare_calls.0),
+        us(bare_calls.1),
+        dtq_calls.0.as_secs_f64() / bare_calls.0.as_secs_f64(),
+        dtq_calls.1.as_secs_f64() / bare_calls.1.as_secs_f64(),
+    );
     let order = latency(&sandbox, "order_total", ORDER_PAYLOAD).await?;
     println!(
         "instantiate + call + drop, order_total:  median {}, p99 {} (parses and prices JSON)",
@@ -153,6 +176,53 @@ async fn bench() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Rounds of [`against_bare`]: dtq's calls and bare wasmtime's alternate
+/// by rounds, so both see the same machine.
+const BARE_ROUNDS: usize = 10;
+
+/// Median and p99 of `echo` through dtq and through bare wasmtime, each
+/// after a warm-up, measured in alternating rounds.
+async fn against_bare(
+    sandbox: &Sandbox,
+    bare: &Baseline,
+) -> Result<((Duration, Duration), (Duration, Duration))> {
+    let cancel = CancelHandle::new();
+    for _ in 0..WARMUP {
+        check(&sandbox.call(call("echo", ECHO_PAYLOAD), &cancel).await)?;
+        bare_echo(bare).await?;
+    }
+    let (mut dtq, mut plain) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    for _ in 0..BARE_ROUNDS {
+        for _ in 0..SAMPLES / BARE_ROUNDS {
+            let request = call("echo", ECHO_PAYLOAD);
+            let started = Instant::now();
+            let report = sandbox.call(request, &cancel).await;
+            dtq.push(started.elapsed());
+            check(&report)?;
+        }
+        for _ in 0..SAMPLES / BARE_ROUNDS {
+            let started = Instant::now();
+            bare_echo(bare).await?;
+            plain.push(started.elapsed());
+        }
+    }
+    dtq.sort();
+    plain.sort();
+    let at = |v: &[Duration], per_mille: usize| v[v.len() * per_mille / 1000];
+    Ok((
+        (at(&dtq, 500), at(&dtq, 990)),
+        (at(&plain, 500), at(&plain, 990)),
+    ))
+}
+
+/// One bare `echo` call, which must echo.
+async fn bare_echo(bare: &Baseline) -> Result<()> {
+    match bare.call(black_box(ECHO_PAYLOAD)).await? {
+        Ok(out) if out.contains("A-1") => Ok(()),
+        other => bail!("bare echo answered {other:?}"),
+    }
 }
 
 /// Median and p99 of instantiate + call + drop of `task`, after a warm-up.

@@ -31,6 +31,34 @@ const MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 /// The same for tables (a Rust guest's function table is a few KiB).
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 
+/// What wasmtime reserves per linear memory by default on 64-bit hosts: 4
+/// GiB, so a wasm32 address never needs a bounds check, and a 32 MiB guard.
+const DEFAULT_RESERVATION: u64 = 4 << 30;
+const GUARD: u64 = 32 << 20;
+
+/// The address space the pool's linear memories may reserve in all. The
+/// pool reserves a slot per memory a call may define (`calls ×
+/// memories`) up front; x86-64 gives a process 128 TiB, of which the
+/// kernel's overcommit heuristics grant a share. Past this budget the
+/// slots shrink (see [`memory_reservation`]).
+const MEMORY_ADDRESS_BUDGET: u64 = 48 << 40;
+
+/// The reservation of each linear memory slot for `slots` slots of at most
+/// `cap` bytes of memory each: wasmtime's default when they fit in
+/// [`MEMORY_ADDRESS_BUDGET`], else an equal share of it (at least `cap`),
+/// with which compiled code checks bounds on each memory access instead of
+/// relying on guard pages alone: a few percent of a guest's compute, the
+/// price of many thousands of calls in flight. `None` keeps the default.
+fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
+    let per_slot = MEMORY_ADDRESS_BUDGET / slots.max(1);
+    if per_slot >= DEFAULT_RESERVATION + GUARD {
+        return None;
+    }
+    let wasm_page = 64 << 10;
+    let share = per_slot.saturating_sub(GUARD) / wasm_page * wasm_page;
+    Some(share.max(cap.div_ceil(wasm_page) * wasm_page))
+}
+
 /// Build the engine: component model, epoch interruption, optional fuel,
 /// Cranelift optimising for speed, and a pooling allocator whose slots are
 /// sized from the limits.
@@ -59,6 +87,10 @@ pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
     }
 
     let mut cfg = Config::new();
+    let slots = u64::from(calls).saturating_mul(limits.memories as u64);
+    if let Some(reservation) = memory_reservation(slots, limits.memory_bytes as u64) {
+        cfg.memory_reservation(reservation).memory_guard_size(GUARD);
+    }
     cfg.wasm_component_model(true)
         .epoch_interruption(true)
         .consume_fuel(limits.fuel.is_some())
@@ -110,5 +142,23 @@ impl Drop for EpochTicker {
             thread.thread().unpark();
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_shrink_only_past_the_budget() {
+        // 2,000 calls of 4 memories fit at 4 GiB each.
+        assert_eq!(memory_reservation(8_000, 64 << 20), None);
+        // 10,000 calls do not: each slot gets its share, a whole number of
+        // wasm pages, and never less than the memory cap.
+        let share = memory_reservation(40_000, 64 << 20).expect("shrunk");
+        assert!((64 << 20..DEFAULT_RESERVATION).contains(&share), "{share}");
+        assert_eq!(share % (64 << 10), 0);
+        assert!(40_000 * (share + GUARD) <= MEMORY_ADDRESS_BUDGET);
+        assert_eq!(memory_reservation(u64::MAX, 64 << 20), Some(64 << 20));
     }
 }

@@ -61,6 +61,8 @@
 //! - `call.rs`: one call, its store, deadline and cancellation.
 //! - `outcome.rs`: [`Outcome`], [`Trap`] and the classification of errors.
 
+#[doc(hidden)]
+pub mod baseline;
 mod cache;
 mod call;
 mod engine;

@@ -1,0 +1,199 @@
+//! Calls in flight at once (`cargo bench -p dtq-tests --bench inflight`):
+//! one in-process worker with `--concurrency N` (`DTQ_BENCH_INFLIGHT`,
+//! default 10 000) is given N tasks of the `waiter` test guest, which sleeps
+//! `DTQ_BENCH_WAIT_MS` (default 20 000) on a WASI clock subscription,
+//! which is a timer of the host and takes no CPU, so all N are live
+//! sandboxed calls together: each its own store, instance, linear memory
+//! and fiber stack.
+//!
+//! Prints the process's resident memory before the worker starts (the
+//! API, the loaded handlers, Redis clients), its peak while the calls are
+//! in flight (`VmHWM`, reset first through `/proc/self/clear_refs`), what
+//! each call costs on average, the most calls seen in flight, how long
+//! the worker took to start them all, and that every task succeeded.
+//! With `DTQ_BENCH_SMAPS=1` it also prints, once every call is in flight,
+//! the process's largest mappings by resident memory (`/proc/self/smaps`):
+//! the pool's linear memories, stacks and tables are mappings of their
+//! own, the rest is the heap.
+
+#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use dtq_host::ingest;
+use dtq_tests::Dtq;
+use serde_json::json;
+
+/// The allocator the `dtq` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const QUEUE: &str = "default";
+
+fn main() -> Result<()> {
+    let calls = env_usize("DTQ_BENCH_INFLIGHT", 10_000)?;
+    let wait_ms = env_usize("DTQ_BENCH_WAIT_MS", 20_000)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench(calls, wait_ms))
+}
+
+fn env_usize(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v.parse().with_context(|| format!("{name}={v:?}")),
+        Err(_) => Ok(default),
+    }
+}
+
+async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
+    let concurrency = calls.to_string();
+    let mut dtq = Dtq::start(
+        false,
+        &[
+            "--concurrency",
+            &concurrency,
+            "--visibility-timeout-ms",
+            "300000",
+            "--max-queue-depth",
+            "0",
+        ],
+    )
+    .await?;
+    let settings = dtq.config.ingest_settings();
+    let body = json!({"task": "waiter", "payload": {"ms": wait_ms}});
+    for chunk in (0..calls)
+        .collect::<Vec<_>>()
+        .chunks(ingest::MAX_BATCH_ITEMS)
+    {
+        let items = chunk
+            .iter()
+            .map(|_| ingest::parse_submit_value(body.clone()))
+            .collect();
+        let done = ingest::submit_batch(&dtq.store, &settings, QUEUE, items, |_| true).await?;
+        for item in done {
+            item.context("a submission was refused")?;
+        }
+    }
+
+    let idle = status_kib("VmRSS")?;
+    std::fs::write("/proc/self/clear_refs", "5").context("reset the peak RSS")?;
+    let started = Instant::now();
+    dtq.start_worker();
+    let mut most = 0;
+    let mut all_at = None;
+    let mut pss_peak = 0;
+    loop {
+        let in_flight = dtq.sandbox.calls_in_flight();
+        most = most.max(in_flight);
+        if in_flight > 0 {
+            pss_peak = pss_peak.max(rollup_kib("Pss")?);
+        }
+        if all_at.is_none() && in_flight >= calls {
+            all_at = Some(started.elapsed());
+            if std::env::var_os("DTQ_BENCH_SMAPS").is_some() {
+                print_mappings()?;
+            }
+        }
+        let stats = dtq.store.stats(QUEUE).await?;
+        if stats.ready + stats.running + stats.delayed == 0 {
+            ensure!(stats.dead_lettered == 0, "{stats:?}");
+            break;
+        }
+        if started.elapsed() > Duration::from_millis(wait_ms as u64) * 3 + Duration::from_secs(120)
+        {
+            bail!("the calls did not finish: {stats:?}, {in_flight} in flight");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let done = started.elapsed();
+    let peak = status_kib("VmHWM")?;
+    dtq.stop_worker().await?;
+
+    println!();
+    println!(
+        "| calls | most in flight | all started after | all done after | RSS idle | peak RSS | per call | peak PSS | per call |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {calls} | {most} | {} | {:.1} s | {:.1} MiB | **{:.1} MiB** | {:.1} KiB | {:.1} MiB | {:.1} KiB |",
+        all_at.map_or("never".to_owned(), |t| format!("{:.1} s", t.as_secs_f64())),
+        done.as_secs_f64(),
+        idle as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        peak.saturating_sub(idle) as f64 / calls as f64,
+        pss_peak as f64 / 1024.0,
+        pss_peak.saturating_sub(idle) as f64 / calls as f64,
+    );
+    println!();
+    println!(
+        "Each call sleeps {wait_ms} ms on a WASI clock subscription. Peak RSS is VmHWM of \
+         this process (worker, API and the bench's client), reset once the tasks were \
+         submitted; it counts a page once per mapping, so the handler's data image, \
+         mapped copy-on-write into every instance from one memfd, counts once per call. \
+         PSS (sampled while calls run) counts shared pages once in all."
+    );
+    Ok(())
+}
+
+/// This process's resident memory by kind of mapping: mappings of one
+/// name and size are one group (the pool's per-slot regions share a size),
+/// the ten largest groups by resident memory.
+fn print_mappings() -> Result<()> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut groups: std::collections::BTreeMap<(String, u64), (u64, u64)> = Default::default();
+    let mut current = None;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [range, _perms, _offset, _dev, _inode, rest @ ..] if range.contains('-') => {
+                let (start, end) = range.split_once('-').context("a range")?;
+                let size = u64::from_str_radix(end, 16)? - u64::from_str_radix(start, 16)?;
+                let name = rest.first().map_or("[anon]", |n| *n).to_owned();
+                current = Some((name, size / 1024));
+            }
+            ["Rss:", kib, ..] => {
+                if let Some(key) = current.clone() {
+                    let entry = groups.entry(key).or_default();
+                    entry.0 += 1;
+                    entry.1 += kib.parse::<u64>()?;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by_key(|(_, (_, rss))| std::cmp::Reverse(*rss));
+    println!("| mapping | each | mappings | resident |");
+    println!("|---|---:|---:|---:|");
+    for ((name, size), (count, rss)) in groups.iter().take(10) {
+        println!(
+            "| {name} | {size} KiB | {count} | {:.1} MiB |",
+            *rss as f64 / 1024.0
+        );
+    }
+    let total: u64 = groups.iter().map(|(_, (_, rss))| rss).sum();
+    println!("| all | | | {:.1} MiB |", total as f64 / 1024.0);
+    Ok(())
+}
+
+/// A `kB` line of `/proc/self/smaps_rollup`.
+fn rollup_kib(field: &str) -> Result<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup")?;
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/self/smaps_rollup"))
+}
+
+/// A `kB` line of `/proc/self/status`.
+fn status_kib(field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/self/status"))
+}
