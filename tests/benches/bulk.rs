@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use dtq_host::ingest::{self, IngestSettings, SubmitRequest};
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, env_usize};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
@@ -44,15 +44,6 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(bench())
-}
-
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .with_context(|| format!("{name}={v:?} is not a count")),
-        Err(_) => Ok(default),
-    }
 }
 
 /// How one figure submits its tasks.

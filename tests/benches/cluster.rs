@@ -27,7 +27,7 @@ use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest::{self, SubmitRequest};
 use dtq_host::store::{QueueKeys, partition_of_id, partition_queue};
 use dtq_tests::cluster::RedisCluster;
-use dtq_tests::{Dtq, RedisServer, TestRedis};
+use dtq_tests::{Dtq, RedisServer, TestRedis, env_usize};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -122,13 +122,6 @@ fn queue_spanning_shards(cluster: &RedisCluster, count: u32) -> Result<String> {
         }
     }
     bail!("no queue name has {count} partitions on {count} primaries")
-}
-
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => v.parse().with_context(|| format!("{name}={v:?}")),
-        Err(_) => Ok(default),
-    }
 }
 
 /// One setup's figures.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest;
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, env_usize};
 use serde_json::json;
 
 /// The allocator the `dtq` binary uses.
@@ -38,13 +38,6 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?
         .block_on(bench(calls, wait_ms))
-}
-
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => v.parse().with_context(|| format!("{name}={v:?}")),
-        Err(_) => Ok(default),
-    }
 }
 
 async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
@@ -180,20 +173,19 @@ fn print_mappings() -> Result<()> {
 
 /// A `kB` line of `/proc/self/smaps_rollup`.
 fn rollup_kib(field: &str) -> Result<u64> {
-    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup")?;
-    rollup
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/self/smaps_rollup"))
+    kib_line("/proc/self/smaps_rollup", field)
 }
 
 /// A `kB` line of `/proc/self/status`.
 fn status_kib(field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
+    kib_line("/proc/self/status", field)
+}
+
+/// The value of `field` in the `<field>: <n> kB` lines of `path`.
+fn kib_line(path: &str, field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/self/status"))
+        .with_context(|| format!("no {field} in {path}"))
 }

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest::{self, SubmitRequest};
 use dtq_host::store::QueueKeys;
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, env_usize};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
@@ -69,15 +69,6 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(bench(pinning))
-}
-
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .with_context(|| format!("{name}={v:?} is not a count")),
-        Err(_) => Ok(default),
-    }
 }
 
 /// Redis on one CPU, this process on the rest.

@@ -242,6 +242,17 @@ pub fn assert_error(response: &(u16, serde_json::Value), status: u16, code: &str
     assert!(body["error"].get("details").is_some(), "{body}");
 }
 
+/// A count a benchmark takes from the environment variable `name`, or
+/// `default` when it is unset.
+pub fn env_usize(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a count")),
+        Err(_) => Ok(default),
+    }
+}
+
 /// A free TCP port on 127.0.0.1, as the OS hands it out for port 0.
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;

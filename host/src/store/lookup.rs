@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{QueueKeys, Store, StoreError, key_hash, partition_queue};
+use super::{QueueKeys, Store, StoreError, partition_queue};
 
 /// An idempotency record as the lookup shows it: the task a key names and
 /// where that submission stands. The record's payload fingerprint is left
@@ -59,16 +59,8 @@ impl Store {
         key: &str,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let part = self.partitioning(queue).await?;
-        let now = crate::ingest::now_ms();
-        let mut partitions = vec![part.of_key(key)];
-        for &(count, until) in &part.replaced {
-            let old = (key_hash(key) % u64::from(count.max(1))) as u32;
-            if until >= now && !partitions.contains(&old) {
-                partitions.push(old);
-            }
-        }
         let mut raw: Option<String> = None;
-        for partition in partitions {
+        for partition in part.places_of_key(key, crate::ingest::now_ms()) {
             let keys = QueueKeys::new(&partition_queue(queue, partition));
             raw = self
                 .trip(

@@ -73,6 +73,20 @@ impl Partitioning {
     pub fn of_key(&self, key: &str) -> u32 {
         (key_hash(key) % u64::from(self.count)) as u32
     }
+
+    /// Where the record of `key` may be at `now`: its partition, then
+    /// each other partition a replaced count still recorded gave it, newest
+    /// count first, without repeats.
+    pub fn places_of_key(&self, key: &str, now: u64) -> Vec<u32> {
+        let mut places = vec![self.of_key(key)];
+        for &(count, until) in &self.replaced {
+            let old = (key_hash(key) % u64::from(count.max(1))) as u32;
+            if until >= now && !places.contains(&old) {
+                places.push(old);
+            }
+        }
+        places
+    }
 }
 
 /// The hash that places an idempotency key (64-bit FNV-1a: stable across
@@ -174,13 +188,9 @@ impl Store {
         let partition = match new.idempotency_key.as_deref() {
             None => (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32,
             Some(key) => {
-                let home = part.of_key(key);
-                let mut chosen = home;
-                for &(count, until) in &part.replaced {
-                    let old = (key_hash(key) % u64::from(count.max(1))) as u32;
-                    if until < new.now || old == home {
-                        continue;
-                    }
+                let places = part.places_of_key(key, new.now);
+                let mut chosen = places[0];
+                for &old in &places[1..] {
                     let keys = QueueKeys::new(&partition_queue(&new.queue, old));
                     let exists: bool = self
                         .trip(
@@ -247,6 +257,24 @@ mod tests {
         // The hash is part of the stored layout: it may never change.
         assert_eq!(key_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(key_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn a_key_is_looked_for_where_each_live_count_put_it() {
+        let key = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| key_hash(k) % 4 == 3)
+            .expect("a key of partition 3 of 4, so 1 of 2 and 0 of 1");
+        let part = Partitioning {
+            count: 4,
+            replaced: vec![(2, 1_000), (1, 500)],
+        };
+        let home = (key_hash(&key) % 4) as u32;
+        let under_two = (key_hash(&key) % 2) as u32;
+        assert_eq!(part.places_of_key(&key, 100), [home, under_two, 0]);
+        // A count whose records have all expired is not looked at.
+        assert_eq!(part.places_of_key(&key, 600), [home, under_two]);
+        assert_eq!(part.places_of_key(&key, 2_000), [home]);
     }
 
     #[test]
