@@ -439,3 +439,52 @@ async fn the_events_of_every_partition_arrive_on_one_stream_and_resume() -> Resu
     assert_error(&(status, body), 400, "INVALID_EVENT_ID");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_raise_that_stopped_half_way_is_finished_by_the_next_submitter() -> Result<()> {
+    const Q: &str = "default";
+    let dtq = start(false).await?;
+    raise(&dtq, Q, 2).await?;
+    // A raise to 4 whose process died after it wrote partitions 3, 2 and 1,
+    // before partition 0: submitters still read 2 from partition 0, and
+    // partition 1 refuses what they route there.
+    let mut conn = dtq.redis.conn().await?;
+    for i in 1..4 {
+        redis::cmd("SET")
+            .arg(format!("dtq:partitions:{{{Q}#{i}}}"))
+            .arg(4)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    // Submissions go on. An unkeyed one refused there goes round-robin to
+    // the next partition; a keyed one of partition 1 is refused until the
+    // submitter, seeing the count stay put, finishes the raise.
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(dtq.submit_new(Q, echo(json!(i)), None).await?);
+    }
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("half-{i}"))
+        .filter(|k| home(k, 2) == 1)
+        .take(4)
+        .collect();
+    for key in &keys {
+        let id = dtq.submit_new(Q, echo(json!(key)), Some(key)).await?;
+        assert_eq!(partition_of_id(&id), home(key, 4), "{key} → {id}");
+        ids.push(id);
+    }
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
+        .await?;
+    assert_eq!(
+        (&stats["partitions"], &stats["ready"]),
+        (&json!(4), &json!(8)),
+        "{stats} {ids:?}"
+    );
+    let used: BTreeSet<u32> = ids.iter().map(|id| partition_of_id(id)).collect();
+    ensure!(
+        used.iter().any(|p| *p >= 2),
+        "nothing went to the new partitions: {ids:?}"
+    );
+    Ok(())
+}

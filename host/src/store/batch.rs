@@ -66,7 +66,7 @@ impl Store {
                 .collect();
             let replies = self.ingest_pipelines(&calls, &pending, tasks).await?;
             drop(calls);
-            let (mut unrun, mut flushed, mut repartitioned) = (Vec::new(), false, false);
+            let (mut unrun, mut flushed, mut repartitioned) = (Vec::new(), false, None);
             for (i, reply) in pending.into_iter().zip(replies) {
                 match reply {
                     Err(e) if is_noscript(&e) => {
@@ -76,8 +76,8 @@ impl Store {
                     Err(e) => outcomes[i] = Some(Err(e.into())),
                     Ok(reply) => match ingested(reply) {
                         Ok(Ingested::Done(outcome)) => outcomes[i] = Some(Ok(outcome)),
-                        Ok(Ingested::Repartitioned) => {
-                            repartitioned = true;
+                        Ok(Ingested::Repartitioned(found)) => {
+                            repartitioned = repartitioned.max(Some(found));
                             unrun.push(i);
                         }
                         Err(e) => outcomes[i] = Some(Err(e)),
@@ -92,8 +92,10 @@ impl Store {
             if flushed {
                 self.load_scripts().await?;
             }
-            if repartitioned {
-                part = self.reread_partitioning(&queue, &part, round).await?;
+            if let Some(found) = repartitioned {
+                part = self
+                    .reread_partitioning(&queue, &part, found, round)
+                    .await?;
             }
             pending = unrun;
         }

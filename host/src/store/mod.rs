@@ -269,8 +269,10 @@ impl Store {
                 .await?;
             match ingested(reply)? {
                 Ingested::Done(outcome) => return Ok(outcome),
-                Ingested::Repartitioned => {
-                    part = self.reread_partitioning(&new.queue, &part, round).await?;
+                Ingested::Repartitioned(found) => {
+                    part = self
+                        .reread_partitioning(&new.queue, &part, found, round)
+                        .await?;
                 }
             }
         }
@@ -982,9 +984,9 @@ fn code_of(v: Option<Value>) -> Result<Code, StoreError> {
 enum Ingested {
     /// What the submission came to.
     Done(SubmitOutcome),
-    /// Nothing: the queue's partition count is not the one the task was
-    /// routed by (see `partitions.rs`).
-    Repartitioned,
+    /// Nothing: the queue's partition count, as the partition's slot holds
+    /// it, is not the one the task was routed by (see `partitions.rs`).
+    Repartitioned(u32),
 }
 
 /// What the ingest script's `reply` says.
@@ -1011,7 +1013,7 @@ fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
         Code::QueueFull => SubmitOutcome::QueueFull {
             depth: from_value(second)?,
         },
-        Code::Repartitioned => return Ok(Ingested::Repartitioned),
+        Code::Repartitioned => return Ok(Ingested::Repartitioned(from_value(second)?)),
         other => return Err(unexpected("ingest", other)),
     }))
 }

@@ -20,7 +20,10 @@
 //! replaced count in partition 0 until the idempotency TTL has passed.
 //! Submitters read the count from partition 0, so one that routes by the
 //! new count finds it in every slot, and none can still write by the old
-//! one. A key whose partition changed keeps its record where it was: while
+//! one. A raise whose process died half-way leaves slots that refuse
+//! submissions routed by the old count while partition 0 still holds it; a
+//! submitter refused that way for a while finishes the raise itself (each
+//! write only ever sets a slot to the larger count, so any process may). A key whose partition changed keeps its record where it was: while
 //! a replaced count is recorded, a keyed submission first looks for the
 //! key's record in the partition each replaced count gives it, and if one
 //! is there, submits there. So one key stays one task across a raise. The
@@ -42,6 +45,12 @@ pub const MAX_PARTITIONS: u32 = 256;
 /// still writing the partitions).
 const REROUTES: u32 = 100;
 const REROUTE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Tries after which a raise that has not reached partition 0 counts as
+/// stopped half-way (about 100 ms of pauses, well within the API's Redis
+/// deadline), and a submitter finishes it. Finishing a raise that was in
+/// fact still running is harmless: both set each slot to the same count.
+const FINISH_AFTER: u32 = 5;
 
 /// A queue's partition count, and the counts it replaced whose keyed
 /// records may still live.
@@ -214,13 +223,17 @@ impl Store {
     }
 
     /// The partitioning of `queue` read again after `ingest.lua` refused a
-    /// submission routed by `stale` (try `round`, from 0): when it reads
-    /// back unchanged, a raise is still writing the partitions, so pause
-    /// first.
+    /// submission routed by `stale` (try `round`, from 0), the slot it ran
+    /// in holding a count of `found`. When it reads back unchanged, a raise
+    /// is still writing the partitions: pause first. When it still reads
+    /// back unchanged after [`FINISH_AFTER`] tries, the raise stopped
+    /// half-way (its process died): finish it, which any process may do,
+    /// since a raise only ever sets each slot to the larger count.
     pub(super) async fn reread_partitioning(
         &self,
         queue: &str,
         stale: &Partitioning,
+        found: u32,
         round: u32,
     ) -> Result<Partitioning, StoreError> {
         if round >= REROUTES {
@@ -231,6 +244,17 @@ impl Store {
         let fresh = self.partitioning(queue).await?;
         if fresh != *stale {
             return Ok(fresh);
+        }
+        if round >= FINISH_AFTER && found > stale.count {
+            tracing::warn!(
+                queue,
+                from = stale.count,
+                to = found,
+                "finishing a raise of the partition count that stopped half-way"
+            );
+            self.raise_partitions(queue, found, crate::ingest::now_ms())
+                .await?;
+            return self.partitioning(queue).await;
         }
         tokio::time::sleep(REROUTE_PAUSE).await;
         self.partitioning(queue).await
