@@ -35,6 +35,15 @@ async fn raise(dtq: &Dtq, queue: &str, count: u32) -> Result<(u16, Value)> {
     .await
 }
 
+/// `GET /v1/queues/{queue}`: the queue's counts.
+async fn queue_stats(dtq: &Dtq, queue: &str) -> Result<Value> {
+    let (status, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{queue}"), None, &[])
+        .await?;
+    ensure!(status == 200, "{status} {stats}");
+    Ok(stats)
+}
+
 fn home(key: &str, count: u32) -> u32 {
     (key_hash(key) % u64::from(count)) as u32
 }
@@ -120,9 +129,7 @@ async fn a_partitioned_queue_routes_keys_spreads_the_rest_and_shows_one_queue() 
     }
 
     // One queue to a reader: counts summed, the listing merged.
-    let (_, stats) = dtq
-        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
-        .await?;
+    let stats = queue_stats(&dtq, Q).await?;
     assert_eq!(
         (&stats["ready"], &stats["partitions"]),
         (&json!(60), &json!(4)),
@@ -213,9 +220,7 @@ async fn a_partitioned_queue_routes_keys_spreads_the_rest_and_shows_one_queue() 
         .map(|t| t["task_id"].as_str().unwrap_or_default().to_owned())
         .collect();
     assert_eq!(dead, failing.iter().cloned().collect(), "{dlq}");
-    let (_, stats) = dtq
-        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
-        .await?;
+    let stats = queue_stats(&dtq, Q).await?;
     assert_eq!(stats["dead_lettered"], json!(4), "{stats}");
     let auth = format!("Bearer {ADMIN}");
     let target = failing
@@ -308,9 +313,7 @@ async fn raising_the_count_loses_no_task_and_keeps_one_task_per_key() -> Result<
     assert_error(&raise(&dtq, Q, 2).await?, 422, "INVALID_PARTITIONS");
     assert_error(&raise(&dtq, Q, 0).await?, 422, "INVALID_PARTITIONS");
     assert_error(&raise(&dtq, Q, 257).await?, 422, "INVALID_PARTITIONS");
-    let (_, stats) = dtq
-        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
-        .await?;
+    let stats = queue_stats(&dtq, Q).await?;
     assert_eq!(stats["partitions"], json!(3), "{stats}");
     // Without the admin token, no raise.
     let (status, _) = dtq
@@ -473,9 +476,7 @@ async fn a_raise_that_stopped_half_way_is_finished_by_the_next_submitter() -> Re
         assert_eq!(partition_of_id(&id), home(key, 4), "{key} → {id}");
         ids.push(id);
     }
-    let (_, stats) = dtq
-        .call(Method::GET, &format!("/v1/queues/{Q}"), None, &[])
-        .await?;
+    let stats = queue_stats(&dtq, Q).await?;
     assert_eq!(
         (&stats["partitions"], &stats["ready"]),
         (&json!(4), &json!(8)),
