@@ -24,10 +24,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dtq_host::ingest::{self, SubmitRequest};
+use dtq_host::ingest;
 use dtq_host::store::{QueueKeys, partition_of_id, partition_queue};
 use dtq_tests::cluster::RedisCluster;
-use dtq_tests::{Dtq, RedisServer, TestRedis, env_usize};
+use dtq_tests::{Dtq, RedisServer, TestRedis, echo_request, env_usize};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -179,16 +179,7 @@ async fn run(
             let settings = settings.clone();
             let queue = queues[n % queues.len()].clone();
             async move {
-                let req = SubmitRequest {
-                    task: "echo".into(),
-                    payload: json!({"n": n}),
-                    idempotency_key: None,
-                    max_attempts: None,
-                    timeout_ms: None,
-                    delay_ms: None,
-                    expires_in_ms: None,
-                    run_at: None,
-                };
+                let req = echo_request(json!({"n": n}));
                 let done = ingest::submit(&store, &settings, &queue, None, req, |_| true).await?;
                 anyhow::Ok(partition_queue(&queue, partition_of_id(&done.task_id)))
             }

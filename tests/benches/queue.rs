@@ -35,9 +35,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dtq_host::ingest::{self, SubmitRequest};
+use dtq_host::ingest;
 use dtq_host::store::QueueKeys;
-use dtq_tests::{Dtq, env_usize};
+use dtq_tests::{Dtq, echo_request, env_usize};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
@@ -198,16 +198,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
             let store = dtq.store.clone();
             let settings = settings.clone();
             async move {
-                let req = SubmitRequest {
-                    task: "echo".into(),
-                    payload: json!({"n": n}),
-                    idempotency_key: None,
-                    max_attempts: None,
-                    timeout_ms: None,
-                    delay_ms: None,
-                    expires_in_ms: None,
-                    run_at: None,
-                };
+                let req = echo_request(json!({"n": n}));
                 let done = ingest::submit(&store, &settings, QUEUE, None, req, |_| true).await?;
                 anyhow::Ok(done.task_id)
             }
@@ -751,9 +742,10 @@ mod peers {
     use std::time::{Duration, Instant};
 
     use anyhow::{Context, Result, bail, ensure};
-    use dtq_host::ingest::{self, SubmitRequest};
+    use dtq_host::ingest;
     use dtq_host::server::{Roles, Server};
     use dtq_host::store::QueueKeys;
+    use dtq_tests::echo_request;
     use futures::StreamExt;
     use redis::aio::MultiplexedConnection;
     use serde_json::json;
@@ -883,16 +875,7 @@ mod peers {
                 let store = store.clone();
                 let settings = settings.clone();
                 async move {
-                    let req = SubmitRequest {
-                        task: "echo".into(),
-                        payload: json!({"n": n}),
-                        idempotency_key: None,
-                        max_attempts: None,
-                        timeout_ms: None,
-                        delay_ms: None,
-                        expires_in_ms: None,
-                        run_at: None,
-                    };
+                    let req = echo_request(json!({"n": n}));
                     let done =
                         ingest::submit(&store, &settings, QUEUE, None, req, |_| true).await?;
                     anyhow::Ok(done.task_id)

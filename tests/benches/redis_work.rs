@@ -37,7 +37,7 @@ use dtq_host::ingest::{self, SubmitRequest};
 use dtq_host::store::{
     CompleteOutcome, Completion, CompletionKind, Delivery, StartDecision, StartedTask, Store,
 };
-use dtq_tests::{RedisServer, TempDir};
+use dtq_tests::{RedisServer, TempDir, echo_request};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -146,14 +146,8 @@ async fn submit(
     let results: Vec<Result<()>> = futures::stream::iter(0..tasks)
         .map(|n| {
             let req = SubmitRequest {
-                task: "echo".into(),
-                payload: json!({"n": n}),
                 idempotency_key: keyed.then(|| format!("{run}-{n}")),
-                max_attempts: None,
-                timeout_ms: None,
-                delay_ms: None,
-                expires_in_ms: None,
-                run_at: None,
+                ..echo_request(json!({"n": n}))
             };
             async move {
                 ingest::submit(store, settings, QUEUE, None, req, |_| true).await?;

@@ -242,6 +242,16 @@ pub fn assert_error(response: &(u16, serde_json::Value), status: u16, code: &str
     assert!(body["error"].get("details").is_some(), "{body}");
 }
 
+/// An `echo` submission of `payload`, every option left to its default,
+/// for the tests and benchmarks that submit through `ingest::submit`.
+pub fn echo_request(payload: serde_json::Value) -> dtq_host::ingest::SubmitRequest {
+    dtq_host::ingest::SubmitRequest {
+        task: "echo".into(),
+        payload,
+        ..Default::default()
+    }
+}
+
 /// A count a benchmark takes from the environment variable `name`, or
 /// `default` when it is unset.
 pub fn env_usize(name: &str, default: usize) -> Result<usize> {

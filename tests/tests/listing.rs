@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use dtq_host::ingest::{self, SubmitRequest};
+use dtq_host::ingest;
 use dtq_host::store::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, QueueKeys};
-use dtq_tests::{Dtq, assert_error};
+use dtq_tests::{Dtq, assert_error, echo_request};
 use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -200,16 +200,7 @@ async fn one_request_reads_a_bounded_part_of_the_index() -> Result<()> {
     let total = LIST_SCAN_BUDGET + 100;
     let submitted: Vec<Result<()>> = futures::stream::iter(0..total)
         .map(|n| {
-            let req = SubmitRequest {
-                task: "echo".into(),
-                payload: json!(n),
-                idempotency_key: None,
-                max_attempts: None,
-                timeout_ms: None,
-                delay_ms: None,
-                expires_in_ms: None,
-                run_at: None,
-            };
+            let req = echo_request(json!(n));
             let (store, settings) = (&dtq.store, &settings);
             async move {
                 ingest::submit(store, settings, "default", None, req, |_| true).await?;
@@ -265,16 +256,7 @@ async fn the_index_is_trimmed_to_the_retention() -> Result<()> {
         let (store, settings) = (&dtq.store, &settings);
         async move {
             for i in 0..n {
-                let req = SubmitRequest {
-                    task: "echo".into(),
-                    payload: json!(i),
-                    idempotency_key: None,
-                    max_attempts: None,
-                    timeout_ms: None,
-                    delay_ms: None,
-                    expires_in_ms: None,
-                    run_at: None,
-                };
+                let req = echo_request(json!(i));
                 ingest::submit(store, settings, "default", None, req, |_| true).await?;
             }
             anyhow::Ok(())
