@@ -598,6 +598,28 @@ impl Drop for GuestRuntime {
     }
 }
 
+/// A loop's period: ticks every `period` from the first, at once, a late
+/// tick delaying the next ones rather than bunching them.
+struct Every(tokio::time::Interval);
+
+impl Every {
+    fn new(period: Duration) -> Self {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Every(ticks)
+    }
+
+    /// Wait for the next tick; `false` once `stop` is cancelled (which wins
+    /// over a tick due at the same time).
+    async fn tick(&mut self, stop: &CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => false,
+            _ = self.0.tick() => true,
+        }
+    }
+}
+
 /// Exponential backoff for loops that retry Redis: 50 ms doubling to 5 s.
 #[derive(Default)]
 struct Backoff {

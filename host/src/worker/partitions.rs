@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Shared;
+use super::{Every, Shared};
 use crate::store::{Store, StoreError};
 
 /// How often the counts are read again.
@@ -37,14 +37,8 @@ pub(super) async fn watch(
     added: mpsc::UnboundedSender<String>,
     stop: CancellationToken,
 ) {
-    let mut ticks = tokio::time::interval(POLL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
+    let mut every = Every::new(POLL);
+    while every.tick(&stop).await {
         let names = match of_queues(&shared.store, &shared.config.queues).await {
             Ok(names) => names,
             Err(e) => {

@@ -26,7 +26,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{MAX_BATCH, Shared};
+use super::{Every, MAX_BATCH, Shared};
 use crate::store::{Code, Delivery};
 
 /// How often heartbeats and reclaims run: a third of the visibility timeout.
@@ -37,14 +37,8 @@ fn period(shared: &Shared) -> Duration {
 /// Reclaim the messages no live worker runs until `stop`.
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let visibility = shared.config.visibility_timeout();
-    let mut ticks = tokio::time::interval(period(&shared));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    'ticks: loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            _ = ticks.tick() => {}
-        }
+    let mut every = Every::new(period(&shared));
+    'ticks: while every.tick(&stop).await {
         for queue in shared.queues().iter() {
             // Under load the fetch loop takes every slot as it frees, so a
             // free slot is waited for, not tried for: the semaphore is
@@ -63,14 +57,8 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// on through the grace period, until the last running task is done, so
 /// that no other worker takes over a task that is still being finished.
 pub(super) async fn heartbeats(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(period(&shared));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
+    let mut every = Every::new(period(&shared));
+    while every.tick(&stop).await {
         heartbeat(&shared).await;
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Shared;
+use super::{Every, Shared};
 use crate::ingest::now_ms;
 use crate::store::{DLQ_CHUNK, PurgeBound, Store, StoreError};
 
@@ -57,14 +57,8 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         stop.cancelled().await;
         return;
     }
-    let mut ticks = tokio::time::interval(PERIOD);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
+    let mut every = Every::new(PERIOD);
+    while every.tick(&stop).await {
         for queue in shared.queues().iter() {
             match sweep(&shared.store, queue, retention, now_ms()).await {
                 Ok(0) => {}
