@@ -73,7 +73,7 @@ fn main() -> Result<()> {
             };
             let partitioned = {
                 let cluster = RedisCluster::start(3, 0)?;
-                let queue = queue_spanning_shards(&cluster, 3)?;
+                let queue = cluster.queue_spanning_shards(3)?;
                 let names: Vec<String> = (0..3).map(|i| partition_queue(&queue, i)).collect();
                 let shards = shards_of(&cluster, &names)?;
                 run(
@@ -103,25 +103,6 @@ fn shards_of(cluster: &RedisCluster, names: &[String]) -> Result<Vec<(String, u1
             ))
         })
         .collect()
-}
-
-/// A queue name whose first `count` partitions are served by `count`
-/// different primaries.
-fn queue_spanning_shards(cluster: &RedisCluster, count: u32) -> Result<String> {
-    for n in 0..10_000 {
-        let queue = format!("bench-{n}");
-        let mut masters = Vec::new();
-        for i in 0..count {
-            let name = partition_queue(&queue, i);
-            masters.push(cluster.master_of(&format!("dtq:stream:{{{name}}}"))?);
-        }
-        masters.sort_unstable();
-        masters.dedup();
-        if masters.len() == count as usize {
-            return Ok(queue);
-        }
-    }
-    bail!("no queue name has {count} partitions on {count} primaries")
 }
 
 /// One setup's figures.

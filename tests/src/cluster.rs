@@ -168,6 +168,26 @@ impl RedisCluster {
         bail!("fewer than {count} primaries serve the queues")
     }
 
+    /// A queue name whose first `partitions` partitions are served by as
+    /// many different primaries.
+    pub fn queue_spanning_shards(&self, partitions: u32) -> Result<String> {
+        for n in 0..10_000 {
+            let queue = format!("spread-{n}");
+            let mut masters = (0..partitions)
+                .map(|i| {
+                    let name = dtq_host::store::partition_queue(&queue, i);
+                    self.master_of(&format!("dtq:stream:{{{name}}}"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            masters.sort_unstable();
+            masters.dedup();
+            if masters.len() == partitions as usize {
+                return Ok(queue);
+            }
+        }
+        bail!("no queue name has {partitions} partitions on {partitions} primaries")
+    }
+
     /// Kill the node on `port` with SIGKILL, as a crash looks.
     pub fn kill(&mut self, port: u16) -> Result<()> {
         let node = self

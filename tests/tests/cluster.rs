@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use dtq_host::store::partition_of_id;
 use dtq_tests::cluster::RedisCluster;
 use dtq_tests::{ApiClient, Dtq, TestRedis};
 use reqwest::Method;
@@ -126,13 +127,21 @@ async fn queues_spread_over_the_shards_and_cancel_reaches_workers_on_each() -> R
 async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<()> {
     const TASKS: usize = 150;
     let cluster = RedisCluster::start(3, 1)?;
-    let master = cluster.master_of("dtq:stream:{default}")?;
+    // One queue of three partitions, one on each primary: the failover
+    // takes one partition's shard while the others go on, and keys are
+    // routed to all three.
+    let queue = cluster.queue_spanning_shards(3)?;
+    let stream = format!("dtq:stream:{{{queue}}}");
+    let master = cluster.master_of(&stream)?;
     let mut dtq = Dtq::start_on(
         TestRedis::Cluster(cluster),
         true,
-        &["--visibility-timeout-ms", "3000"],
+        &["--visibility-timeout-ms", "3000", "--queues", &queue],
     )
     .await?;
+    dtq.store
+        .raise_partitions(&queue, 3, dtq_host::ingest::now_ms())
+        .await?;
 
     // Submissions go on through the failover, each retried with its key
     // until it is acknowledged, as a client would: the key makes a retry
@@ -140,8 +149,8 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     let progress = Arc::new(AtomicUsize::new(0));
     let submitter = tokio::spawn({
         let client = ApiClient::new(dtq.api.clone());
-        let mut conn = dtq.redis.conn().await?;
         let progress = progress.clone();
+        let queue = queue.clone();
         async move {
             let mut acknowledged: BTreeMap<String, String> = BTreeMap::new();
             let mut refused = 0;
@@ -150,21 +159,18 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
                 let key = format!("fo-{i}");
                 let body = json!({"task": "echo", "payload": {"i": i}});
                 loop {
-                    match client.submit("default", body.clone(), Some(&key)).await {
+                    match client.submit(&queue, body.clone(), Some(&key)).await {
                         Ok((202 | 200, resp)) => {
                             let id = resp["task_id"].as_str().context("task_id")?;
                             acknowledged.insert(key.clone(), id.to_owned());
                             break;
                         }
-                        Ok((409, _)) => {
+                        Ok((409, resp)) => {
                             // In flight: acknowledged before, by a reply
-                            // that was lost.
-                            let record: String = redis::cmd("GET")
-                                .arg(format!("dtq:idempotency:{{default}}:{key}"))
-                                .query_async(&mut conn)
-                                .await?;
-                            let record: serde_json::Value = serde_json::from_str(&record)?;
-                            let id = record["task_id"].as_str().context("task_id")?;
+                            // that was lost; the answer names the task.
+                            let id = resp["error"]["details"]["task_id"]
+                                .as_str()
+                                .context("task_id")?;
                             acknowledged.insert(key.clone(), id.to_owned());
                             break;
                         }
@@ -191,8 +197,8 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
         }
     });
 
-    // A third in, the queue's master dies; its replica takes over while
-    // submissions and runs go on.
+    // A third in, the master of partition 0 dies; its replica takes over
+    // while submissions and runs go on.
     while progress.load(Ordering::Relaxed) < TASKS / 3 {
         ensure!(!submitter.is_finished(), "the submitter stopped early");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -200,9 +206,7 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     let cluster = dtq.redis.cluster();
     cluster.kill(master)?;
     let at = progress.load(Ordering::Relaxed);
-    let promoted = tokio::task::block_in_place(|| {
-        cluster.wait_failover(master, "dtq:stream:{default}", WAIT)
-    })?;
+    let promoted = tokio::task::block_in_place(|| cluster.wait_failover(master, &stream, WAIT))?;
     eprintln!(
         "{master} killed after {at} submissions; {promoted} took over after {} more",
         progress.load(Ordering::Relaxed) - at
@@ -214,9 +218,15 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     // stuck, and each key made one task.
     let ids: BTreeSet<&String> = acknowledged.values().collect();
     assert_eq!(ids.len(), TASKS, "a key made two tasks");
+    let partitions: BTreeSet<u32> = ids.iter().map(|id| partition_of_id(id)).collect();
+    assert_eq!(
+        partitions.len(),
+        3,
+        "the keys did not spread: {partitions:?}"
+    );
     for (key, id) in &acknowledged {
         let task = dtq
-            .wait_for("default", id, &["SUCCEEDED"], Duration::from_secs(60))
+            .wait_for(&queue, id, &["SUCCEEDED"], Duration::from_secs(60))
             .await
             .with_context(|| format!("task of {key}"))?;
         let i: usize = key.trim_start_matches("fo-").parse()?;
