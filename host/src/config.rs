@@ -86,6 +86,14 @@ pub struct Config {
     #[arg(long, env = "DTQ_TASK_RETENTION_S", default_value_t = 7 * 86_400)]
     pub task_retention_s: u64,
 
+    /// Start every task through the `start` script, so that every attempt
+    /// writes a RUNNING event. Off, a task submitted to run now without an
+    /// expiry runs its first attempt from its stream message alone: status
+    /// queries still show it RUNNING, and it costs Redis about half as much
+    /// to drain, but the events stream has no RUNNING for that attempt.
+    #[arg(long, env = "DTQ_RUNNING_EVENTS")]
+    pub running_events: bool,
+
     /// How long a dead-lettered task is kept (s) before the workers'
     /// retention sweep purges it (task hash, DLQ entry and idempotency
     /// record); 0 keeps it until an admin requeues or purges it.
@@ -269,6 +277,7 @@ impl Config {
         StoreSettings {
             idem_ttl_s: self.idem_ttl_s,
             task_retention_s: self.task_retention_s,
+            running_events: self.running_events,
             ..StoreSettings::default()
         }
     }

@@ -208,6 +208,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 retry_at: 0,
                 now: ingest::now_ms(),
                 digest: None,
+                carried_at: task.carried_at,
             })
             .collect();
         let outcomes = store.complete(&completions).await?;

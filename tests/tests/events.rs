@@ -149,17 +149,14 @@ async fn submit(dtq: &Dtq, body: Value) -> Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_subscriber_sees_each_status_in_order_with_ids() -> Result<()> {
-    let dtq = Dtq::start(true, &[]).await?;
+async fn running_events_show_every_attempt_start() -> Result<()> {
+    let dtq = Dtq::start(true, &["--running-events"]).await?;
     let mut events = subscribe(&dtq, "", None).await?;
-
     let echo = submit(&dtq, json!({"task": "echo", "payload": {"a": 1}})).await?;
     assert_eq!(
         until_final(&mut events, &echo).await?,
         pairs(&[("QUEUED", 0), ("RUNNING", 1), ("SUCCEEDED", 1)])
     );
-
-    // A retry: the failed attempt, its wait, and the attempt that succeeds.
     let flaky = submit(
         &dtq,
         json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}}),
@@ -170,6 +167,39 @@ async fn a_subscriber_sees_each_status_in_order_with_ids() -> Result<()> {
         pairs(&[
             ("QUEUED", 0),
             ("RUNNING", 1),
+            ("RETRYING", 1),
+            ("QUEUED", 1),
+            ("RUNNING", 2),
+            ("SUCCEEDED", 2),
+        ])
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_sees_each_status_in_order_with_ids() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let mut events = subscribe(&dtq, "", None).await?;
+
+    // A first attempt is carried by its message, with no `start`: it has no
+    // RUNNING event (see `running_events_show_every_attempt_start`).
+    let echo = submit(&dtq, json!({"task": "echo", "payload": {"a": 1}})).await?;
+    assert_eq!(
+        until_final(&mut events, &echo).await?,
+        pairs(&[("QUEUED", 0), ("SUCCEEDED", 1)])
+    );
+
+    // A retry: the failed attempt, its wait, and the attempt that succeeds,
+    // begun by `start`.
+    let flaky = submit(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}}),
+    )
+    .await?;
+    assert_eq!(
+        until_final(&mut events, &flaky).await?,
+        pairs(&[
+            ("QUEUED", 0),
             ("RETRYING", 1),
             ("QUEUED", 1),
             ("RUNNING", 2),

@@ -17,8 +17,9 @@
 //!
 //! A page reads the index newest first (XREVRANGE, exclusive of the
 //! cursor, one entry more than it uses to tell whether the index goes on)
-//! and then each entry's task summary (HMGET of a few fields, pipelined:
-//! one round trip for the chunk), and keeps the tasks of the status asked
+//! and then each entry's task summary (HMGET of a few fields, one
+//! `task_read` script for the chunk, which also finds carried first
+//! attempts running: see `carried.rs`), and keeps the tasks of the status asked
 //! for: two round trips per chunk of entries. So the status is the task's
 //! own, read at that moment, and a filtered page costs what it scans, not
 //! what it returns: a request reads at most [`LIST_SCAN_BUDGET`] index
@@ -39,7 +40,7 @@ use serde::Serialize;
 
 use super::events::{InvalidStreamId, StreamId};
 use super::task::number;
-use super::{QueueKeys, Store, StoreError, TaskStatus};
+use super::{QueueKeys, Store, StoreError, TaskStatus, from_value};
 
 /// The most index entries one listing request reads (and task summaries
 /// it fetches), whatever its filter: the bound on a request's Redis work.
@@ -324,23 +325,19 @@ impl Store {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for (_, task_id) in entries {
-            pipe.cmd("HMGET")
-                .arg(keys.task(task_id))
-                .arg(&SUMMARY_FIELDS[..]);
-        }
-        let replies: Vec<Vec<Option<String>>> = self
-            .trip("list_tasks", pipe.query_async(&mut self.conn.clone()))
-            .await?;
-        if replies.len() != entries.len() {
-            return Err(StoreError::Protocol(format!(
-                "{} summaries for {} tasks",
-                replies.len(),
-                entries.len()
-            )));
-        }
-        replies.into_iter().map(summary).collect()
+        let ids: Vec<&str> = entries.iter().map(|(_, id)| id.as_str()).collect();
+        self.read_tasks(keys, &ids, &SUMMARY_FIELDS)
+            .await?
+            .into_iter()
+            .map(|(values, runner)| {
+                let mut found = summary(from_value(Some(values))?)?;
+                if let Some(task) = found.as_mut().filter(|_| runner.is_some()) {
+                    task.status = TaskStatus::Running;
+                    task.attempts = 1;
+                }
+                Ok(found)
+            })
+            .collect()
     }
 }
 

@@ -14,6 +14,7 @@
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
 mod batch;
+mod carried;
 mod conn;
 mod dlq;
 mod events;
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use redis::{FromRedisValue, Value};
 
+pub use carried::fresh_delivery;
 pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
 pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
@@ -90,6 +92,9 @@ pub struct StoreSettings {
     pub task_retention_s: u64,
     /// Approximate cap of each queue's events stream.
     pub events_max_len: u64,
+    /// Start every delivery with the `start` script, carried ones too (see
+    /// `carried.rs`), so that every attempt has a RUNNING event.
+    pub running_events: bool,
 }
 
 impl Default for StoreSettings {
@@ -98,6 +103,7 @@ impl Default for StoreSettings {
             idem_ttl_s: 86_400,
             task_retention_s: 7 * 86_400,
             events_max_len: 10_000,
+            running_events: false,
         }
     }
 }
@@ -308,13 +314,16 @@ impl Store {
             .arg(keys.task_prefix())
             .arg(self.index_trim_bound(keys.queue(), new.now))
             .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default())
-            .arg(partitions);
+            .arg(partitions)
+            .arg(carried::carried_fields(new));
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };
         // The hash is a listpack while small, where a field is found by a
         // scan from the front: the fields the worker's scripts read and
         // write on every attempt come first, after `status` (ingest.lua).
+        // The message carries the [`carried_fields`] pairs after
+        // `updated_at`: keep them in this order.
         field("attempts", "0".into());
         field("updated_at", new.now.to_string());
         field("max_attempts", new.max_attempts.to_string());
@@ -360,21 +369,60 @@ impl Store {
         Ok(added?)
     }
 
-    /// The task `id` of `queue`, if its hash exists.
+    /// The task `id` of `queue`, if its hash exists; RUNNING attempt 1
+    /// while a worker runs its carried first attempt (`carried.rs`).
     pub async fn task(&self, queue: &str, id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let keys = QueueKeys::of_task(queue, id);
-        let fields: HashMap<String, String> = self
-            .trip(
-                "task",
-                redis::cmd("HGETALL")
-                    .arg(keys.task(id))
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
+        let Some((fields, runner)) = self.read_tasks(&keys, &[id], &[]).await?.pop() else {
+            return Err(StoreError::Protocol("task_read answered nothing".into()));
+        };
+        let fields: HashMap<String, String> = from_value(Some(fields))?;
         if fields.is_empty() {
             return Ok(None);
         }
-        TaskRecord::from_fields(fields).map(Some)
+        let mut record = TaskRecord::from_fields(fields)?;
+        if runner.is_some() {
+            record.status = TaskStatus::Running;
+            record.attempts = 1;
+        }
+        Ok(Some(record))
+    }
+
+    /// Tasks `ids` of one partition (`keys`), in one atomic step
+    /// (`lua/task_read.lua`): each one's `fields` (the whole hash when
+    /// empty), and the worker running its carried first attempt, if one
+    /// does.
+    pub(crate) async fn read_tasks(
+        &self,
+        keys: &QueueKeys,
+        ids: &[&str],
+        fields: &[&str],
+    ) -> Result<Vec<(Value, Option<String>)>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.scripts.task_read.prepare_invoke();
+        inv.key(&keys.stream);
+        for id in ids {
+            inv.key(keys.task(id));
+        }
+        inv.arg(GROUP).arg(fields);
+        let reply: Vec<Value> = self
+            .trip("task", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
+        if reply.len() != 2 * ids.len() {
+            return Err(StoreError::Protocol(format!(
+                "task_read answered {} values for {} tasks",
+                reply.len(),
+                ids.len()
+            )));
+        }
+        let mut reply = reply.into_iter();
+        std::iter::from_fn(|| {
+            let fields = reply.next()?;
+            Some(from_value(reply.next()).map(|runner| (fields, runner)))
+        })
+        .collect()
     }
 
     /// Read up to `count` new messages of `queue` for `consumer`, blocking up
@@ -418,7 +466,12 @@ impl Store {
             other => from_value(Some(other))?,
         };
         for (_, entries) in streams {
-            parse_entries(entries, &mut out)?;
+            let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
+            for (msg_id, body) in entries {
+                let mut body = body.unwrap_or_default().into_iter();
+                let fields = std::iter::from_fn(|| Some((body.next()?, body.next()?))).collect();
+                out.extend(carried::fresh_delivery(queue, msg_id, fields));
+            }
         }
         Ok(out)
     }
@@ -454,8 +507,47 @@ impl Store {
         Ok(reclaimed)
     }
 
-    /// Start a batch of deliveries of `queue` (one round trip for the batch).
+    /// Start a batch of deliveries of `queue`: a carried one (see
+    /// `carried.rs`) runs as its message says, from `now`, with no round
+    /// trip, unless the settings ask for RUNNING events; the others in one
+    /// `start` script call for the batch. Decisions in the order of
+    /// `deliveries`.
     pub async fn start(
+        &self,
+        queue: &str,
+        consumer: &str,
+        deliveries: &[Delivery],
+        now: u64,
+    ) -> Result<Vec<StartDecision>, StoreError> {
+        let every = self.settings.running_events;
+        fn carried(d: &Delivery, every: bool) -> Option<&StartedTask> {
+            d.carried.as_deref().filter(|_| !every)
+        }
+        let scripted: Vec<Delivery> = deliveries
+            .iter()
+            .filter(|d| carried(d, every).is_none())
+            .cloned()
+            .collect();
+        let mut started = self
+            .start_script(queue, consumer, &scripted, now)
+            .await?
+            .into_iter();
+        deliveries
+            .iter()
+            .map(|d| match carried(d, every) {
+                Some(task) => Ok(StartDecision::Run(StartedTask {
+                    carried_at: Some(now),
+                    ..task.clone()
+                })),
+                None => started
+                    .next()
+                    .ok_or_else(|| StoreError::Protocol("start answered too few decisions".into())),
+            })
+            .collect()
+    }
+
+    /// The `start` script for `deliveries` (one round trip for the batch).
+    async fn start_script(
         &self,
         queue: &str,
         consumer: &str,
@@ -631,7 +723,8 @@ impl Store {
                 .arg(flag(c.idempotency_key.is_some()))
                 .arg(attempt)
                 .arg(c.retry_at)
-                .arg(c.digest.as_deref().unwrap_or(""));
+                .arg(c.digest.as_deref().unwrap_or(""))
+                .arg(c.carried_at.map(|at| at.to_string()).unwrap_or_default());
         }
         inv
     }
@@ -788,6 +881,7 @@ impl Store {
             .key(&keys.delayed)
             .key(&keys.events)
             .key(keys.idempotency(idem_key.as_deref()))
+            .key(&keys.stream)
             .arg(id)
             .arg(now)
             .arg(flag(idem_key.is_some()))
@@ -795,7 +889,8 @@ impl Store {
             .arg(self.settings.events_max_len)
             .arg(keys.cancel_channel())
             .arg(format!("{}\n{id}", keys.queue()))
-            .arg(self.conn.publish_command());
+            .arg(self.conn.publish_command())
+            .arg(GROUP);
         let reply: Vec<Value> = self
             .trip("cancel", inv.invoke_async(&mut self.conn.clone()))
             .await?;
@@ -1033,7 +1128,11 @@ fn parse_entries(entries: Value, out: &mut Vec<Delivery>) -> Result<(), StoreErr
             .find(|kv| kv[0] == "id" && kv.len() == 2)
             .map(|kv| kv[1].clone());
         if let Some(task_id) = task_id {
-            out.push(Delivery { msg_id, task_id });
+            out.push(Delivery {
+                msg_id,
+                task_id,
+                carried: None,
+            });
         }
     }
     Ok(())

@@ -34,6 +34,7 @@ pub(crate) struct Scripts {
     pub(crate) schedule_delete: Script,
     pub(crate) schedule_advance: Script,
     pub(crate) partitions_raise: Script,
+    pub(crate) task_read: Script,
 }
 
 impl Scripts {
@@ -53,10 +54,11 @@ impl Scripts {
             schedule_delete: script!("schedule_delete"),
             schedule_advance: script!("schedule_advance"),
             partitions_raise: script!("partitions_raise"),
+            task_read: script!("task_read"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 14] {
+    pub(crate) fn all(&self) -> [&Script; 15] {
         [
             &self.ingest,
             &self.start,
@@ -72,6 +74,7 @@ impl Scripts {
             &self.schedule_delete,
             &self.schedule_advance,
             &self.partitions_raise,
+            &self.task_read,
         ]
     }
 }
@@ -172,6 +175,7 @@ mod tests {
         "claim_abort",
         "kv_write",
         "expire",
+        "task_read",
         "schedule_put",
         "schedule_delete",
         "schedule_advance",

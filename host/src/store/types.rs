@@ -66,6 +66,12 @@ pub struct Delivery {
     pub msg_id: String,
     /// The task id it carries.
     pub task_id: String,
+    /// The task itself, when the message carries it (a first delivery of a
+    /// task submitted to run now, without an expiry; see
+    /// `store/carried.rs`): it runs as attempt 1 with no `start` script.
+    /// Only a fresh read sets it: a reclaimed message always goes through
+    /// `start`.
+    pub carried: Option<Box<StartedTask>>,
 }
 
 /// What `start` decided for one delivery.
@@ -103,6 +109,9 @@ pub struct StartedTask {
     pub idempotency_key: Option<String>,
     /// Whether a cancel was requested (while it ran, or just now).
     pub cancel_requested: bool,
+    /// When a carried attempt started (ms since epoch): the attempt no
+    /// `start` wrote, which its completion writes (see `Delivery::carried`).
+    pub carried_at: Option<u64>,
 }
 
 impl StartedTask {
@@ -137,6 +146,7 @@ impl StartedTask {
             timeout_ms: number(timeout_ms, "timeout_ms")?,
             idempotency_key: idempotency_key.filter(|k| !k.is_empty()),
             cancel_requested: cancel_requested.as_deref() == Some("1"),
+            carried_at: None,
         })
     }
 }
@@ -205,6 +215,9 @@ pub struct Completion {
     pub now: u64,
     /// The digest of the module the attempt ran, when one did.
     pub digest: Option<std::sync::Arc<str>>,
+    /// When the attempt started, for a carried attempt (see
+    /// [`StartedTask::carried_at`]); `None` for one `start` began.
+    pub carried_at: Option<u64>,
 }
 
 /// What a completion did.

@@ -183,6 +183,7 @@ fn completion_of(
         retry_at,
         now: now_ms(),
         digest: None,
+        carried_at: task.carried_at,
     }
 }
 

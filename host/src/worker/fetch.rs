@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise};
-use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError};
+use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_delivery};
 
 /// Read new messages of every queue of the worker while slots are free,
 /// until `stop`. Each batch is started and dispatched on a task of its own:
@@ -83,7 +83,7 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
             let at = (first + i) % queues.len();
             let (queue, stream) = (&queues[at], &streams[at]);
-            match read_now(conn, stream, &shared.consumer, permits.len()).await {
+            match read_now(conn, queue, stream, &shared.consumer, permits.len()).await {
                 Ok(deliveries) if deliveries.is_empty() => {}
                 Ok(deliveries) => {
                     found = true;
@@ -175,11 +175,12 @@ async fn wait_any(
     first
 }
 
-/// Read up to `count` new messages of `stream` for `consumer`, without
-/// blocking. Not to be cancelled: the messages a read delivers are pending
-/// on this consumer, and until reclaimed nobody else runs them.
+/// Read up to `count` new messages of `queue`'s `stream` for `consumer`,
+/// without blocking. Not to be cancelled: the messages a read delivers are
+/// pending on this consumer, and until reclaimed nobody else runs them.
 async fn read_now(
     conn: &mut Conn,
+    queue: &str,
     stream: &str,
     consumer: &str,
     count: usize,
@@ -198,13 +199,15 @@ async fn read_now(
     let mut out = Vec::new();
     for key in reply.map(|r| r.keys).unwrap_or_default() {
         for entry in key.ids {
-            // A message without a task id is not one of ours to run.
-            if let Some(Value::BulkString(id)) = entry.map.get("id") {
-                out.push(Delivery {
-                    msg_id: entry.id,
-                    task_id: String::from_utf8_lossy(id).into_owned(),
-                });
-            }
+            let fields = entry
+                .map
+                .into_iter()
+                .filter_map(|(name, value)| match value {
+                    Value::BulkString(v) => Some((name, String::from_utf8(v).ok()?)),
+                    _ => None,
+                })
+                .collect();
+            out.extend(fresh_delivery(queue, entry.id, fields));
         }
     }
     Ok(out)

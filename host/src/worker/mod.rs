@@ -655,6 +655,7 @@ mod tests {
         Delivery {
             msg_id: msg_id.into(),
             task_id: task_id.into(),
+            carried: None,
         }
     }
 

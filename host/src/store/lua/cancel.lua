@@ -22,6 +22,14 @@
     ARGV[7] cancel channel message, `<queue>\n<task id>`
     ARGV[8] publish command: "PUBLISH", or "SPUBLISH" on a cluster (the
             channel's hash tag is the queue's, so it is this script's slot)
+    ARGV[9] consumer group
+    KEYS[5] ready stream         dtq:stream:{q}
+
+  A QUEUED task whose message (`msg_id`) is pending in the group was
+  delivered: its worker runs it, or is about to (a carried attempt, see
+  ingest.lua, runs with no `start` to mark it RUNNING). It is treated as
+  RUNNING. One whose message is not pending yet loses the message here, so
+  that no worker reads it and the stream's length stays its depth.
 
   Output:
     {1, "CANCELLED"}        cancelled before it ran
@@ -36,15 +44,25 @@ local taskId, now, hasKey = ARGV[1], ARGV[2], ARGV[3] == "1"
 local retention, eventsMaxLen, channel, message = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 local publish = ARGV[8]
 
-local f = redis.call("HMGET", taskKey, "status", "attempts")
-local status = f[1]
+local streamKey, group = KEYS[5], ARGV[9]
+local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id")
+local status, msgId = f[1], f[3]
 if not status then
   return {-6, ""}
 end
-if status == "RUNNING" then
+local delivered = false
+if status == "QUEUED" and msgId then
+  -- No group yet (no worker has read the queue): nothing is delivered.
+  local p = redis.pcall("XPENDING", streamKey, group, msgId, msgId, 1)
+  delivered = type(p) == "table" and not p.err and #p > 0
+  if not delivered then
+    redis.call("XDEL", streamKey, msgId)
+  end
+end
+if status == "RUNNING" or delivered then
   redis.call("HSET", taskKey, "cancel_requested", "1", "updated_at", now)
   redis.call(publish, channel, message)
-  return {3, status}
+  return {3, "RUNNING"}
 end
 if status ~= "QUEUED" and status ~= "SCHEDULED" and status ~= "RETRYING" then
   return {-5, status}

@@ -22,14 +22,24 @@
     ARGV[1] consumer group
     ARGV[2] retention of terminal task hashes (s)
     ARGV[3] events stream max length
-    then, per completion i, 10 values from ARGV[4 + 10i]:
+    then, per completion i, 11 values from ARGV[4 + 11i]:
       task id; stream message id ("" for a task not in the stream);
       outcome: success | fatal | retry | lost | cancelled | expired | defer;
       result (JSON, for success) or error message; captured log;
       now (ms since epoch); "1" when the task has an idempotency key;
       the attempt this completion belongs to ("" for expired);
       retry due time (ms since epoch), used when the outcome retries;
-      digest of the module the attempt ran ("" when unknown)
+      digest of the module the attempt ran ("" when unknown);
+      when a carried attempt started (ms since epoch), "" for an attempt
+      `start` began
+
+    A carried attempt ran from its stream message alone (ingest.lua): no
+    `start` wrote it, so the hash is still QUEUED, attempts 0, naming that
+    message. Such a hash is this attempt's (attempt 1): the completion
+    writes what `start` would have (attempts, started_at) with the rest,
+    in the same HSET on success. Anything else found (the message reclaimed
+    and started elsewhere, the task completed) is checked as for any
+    attempt.
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
@@ -80,7 +90,7 @@ local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 local acks = {}
 
-for a = 6, #ARGV, 10 do
+for a = 6, #ARGV, 11 do
   if not (direct[ARGV[a]] or failed[ARGV[a]] or ARGV[a] == "defer") then
     return redis.error_reply("ERR unknown outcome " .. ARGV[a])
   end
@@ -89,14 +99,20 @@ end
 -- Numbers stay the strings they came as: Lua formats numbers slowly.
 -- Returns the completion's code and the task's status.
 local function completeOne(taskKey, idemKey, a)
-  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt, digest =
+  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt, digest, carriedAt =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
+    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
 
-  local f = redis.call("HMGET", taskKey, "status", "attempts", "max_attempts",
+  local f = redis.call("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
     "cancel_requested", "error", "digests")
   local current, attempts, maxAttempts, cancelRequested, hadError, digests =
-    f[1], f[2] or "0", f[3] or "1", f[4] == "1", f[5], f[6]
+    f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
+  -- The carried attempt's own fields, written with the outcome's.
+  local began = nil
+  if carriedAt ~= "" and current == "QUEUED" and attempts == "0" and f[2] == msgId then
+    current, attempts = "RUNNING", "1"
+    began = carriedAt
+  end
   if outcome == "expired" then
     if not waiting[current] then
       return -4, current or "MISSING"
@@ -128,6 +144,10 @@ local function completeOne(taskKey, idemKey, a)
     addEvent(eventsKey, eventsMaxLen, taskId, "SCHEDULED", before, now)
     redis.call("ZADD", delayedKey, due, taskId)
     return 1, "SCHEDULED"
+  end
+
+  if began and outcome ~= "success" then
+    redis.call("HSET", taskKey, "attempts", "1", "started_at", began)
   end
 
   local status = direct[outcome]
@@ -168,6 +188,9 @@ local function completeOne(taskKey, idemKey, a)
   elseif outcome == "expired" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at)
+  elseif began and outcome == "success" then
+    redis.call("HSET", taskKey, "status", status, "attempts", "1", "updated_at", now,
+      "log", log, detailField, detail, timeField, at, "digests", digests, "started_at", began)
   else
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at, "digests", digests)
@@ -240,7 +263,7 @@ end
 
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
-  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 10 * i)
+  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 11 * i)
 end
 
 -- 5. The ACK, then the acknowledged entries leave the stream, so that it

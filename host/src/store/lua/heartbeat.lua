@@ -17,6 +17,9 @@
      its attempt is about to start. An attempt whose task hash names another
      worker, message or attempt (or is gone) was reclaimed elsewhere: it is
      stale, its completion would be refused, and the worker stops it.
+     A carried first attempt (ingest.lua), which no `start` wrote, is
+     this attempt's while the hash is QUEUED with attempts 0 and names its
+     message: it needs its message pending on this worker, as above.
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
@@ -49,8 +52,15 @@ local claim = { "XCLAIM", streamKey, group, consumer, 0 }
 local out = {}
 for i = 4, #KEYS do
   local msgId, attempt = ARGV[2 * i - 4], ARGV[2 * i - 3]
-  local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested")
-  if f[1] == consumer and f[2] == msgId and f[3] == attempt then
+  local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",
+    "status")
+  local mine = f[1] == consumer and f[3] == attempt
+  if not mine and attempt == "1" and f[5] == "QUEUED" and (f[3] or "0") == "0" then
+    -- A carried attempt (ingest.lua): no start wrote it; the hash names
+    -- only its message, and the message pending on this worker is it.
+    mine = true
+  end
+  if mine and f[2] == msgId then
     if #redis.call("XPENDING", streamKey, group, msgId, msgId, 1, consumer) > 0 then
       claim[#claim + 1] = msgId
     end

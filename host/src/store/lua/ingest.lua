@@ -32,7 +32,12 @@
              40% of the append)
     ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
     ARGV[12] the queue's partition count the submitter routed by
-    ARGV[13..] task hash fields as name, value pairs (status is set here)
+    ARGV[13] n: how many of the field pairs from ARGV[18] the stream message
+             carries (the task name, payload and what an attempt needs),
+             "0" for none
+    ARGV[14..] task hash fields as name, value pairs (status and msg_id are
+             set here): attempts and updated_at first, then the n pairs the
+             message carries
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -60,10 +65,17 @@
   XADD trims entries older than the retention.
 
   Expiry: a new task with an expiry is added to the expiry index by its
-  expires_at, which the workers' sweep (expire.lua) reads; when it goes
-  straight to the stream, its message id is kept in the hash's `msg_id`
-  (until a start overwrites it), so that the sweep can delete the message
-  of a task it expires. A task without an expiry costs nothing here.
+  expires_at, which the workers' sweep (expire.lua) reads. A task without
+  an expiry costs nothing here.
+
+  Carried tasks: a task that goes straight to the stream keeps its message
+  id in the hash's `msg_id` (until a start overwrites it), so that a cancel
+  or an expiry can delete the message. When n > 0 the message also carries
+  the task itself, and a worker runs its first attempt from the message
+  alone, with no `start` script: the hash stays QUEUED with attempts 0
+  while it runs, and a reader tells that attempt from its message pending
+  in the group (see store/carried.rs). The host asks for it for every task
+  that goes straight to the stream without an expiry.
 ]]
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -71,6 +83,7 @@ local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 local expiryKey, expiresAt = KEYS[7], ARGV[11]
+local carried = tonumber(ARGV[13])
 
 local partitions = tonumber(redis.call("GET", KEYS[8]) or "1")
 if partitions ~= tonumber(ARGV[12]) then
@@ -116,14 +129,17 @@ local status = "QUEUED"
 if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
-redis.call("HSET", taskKey, "status", status, unpack(ARGV, 13))
 if status == "SCHEDULED" then
+  redis.call("HSET", taskKey, "status", status, unpack(ARGV, 14))
   redis.call("ZADD", delayedKey, runAt, taskId)
 else
-  local msgId = redis.call("XADD", streamKey, "*", "id", taskId)
-  if expiresAt ~= "" then
-    redis.call("HSET", taskKey, "msg_id", msgId)
+  local msgId
+  if carried > 0 then
+    msgId = redis.call("XADD", streamKey, "*", "id", taskId, unpack(ARGV, 18, 17 + 2 * carried))
+  else
+    msgId = redis.call("XADD", streamKey, "*", "id", taskId)
   end
+  redis.call("HSET", taskKey, "status", status, "msg_id", msgId, unpack(ARGV, 14))
 end
 if expiresAt ~= "" then
   redis.call("ZADD", expiryKey, expiresAt, taskId)

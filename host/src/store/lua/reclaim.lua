@@ -30,7 +30,11 @@
      it) and no digest; "-" is appended to the task's `digests`. The next
      attempt (or, with none left, the dead-lettering) then finds it
      counted. The caller's own messages are not archived: it may still be
-     running them.
+     running them. A message that carries its task (ingest.lua) whose hash
+     is still QUEUED with attempts 0 was delivered to the dead worker for
+     its first attempt, which no `start` wrote: it counts as that worker's
+     attempt 1 (RUNNING, then lost as above), whether or not the handler
+     began before the worker died.
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
@@ -97,7 +101,15 @@ local function archiveLost(entries, owners)
     if taskId then
       local taskKey = taskPrefix .. taskId
       local f = redis.call("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
-        "max_attempts", "started_at", "digests")
+        "max_attempts", "started_at", "digests", "expires_at")
+      if f[1] == "QUEUED" and f[3] == msgId and (f[4] or "0") == "0" and not f[8]
+          and #body > 2 then
+        -- A carried first attempt (ingest.lua): the hash is written now as
+        -- start would have, from when the message was delivered.
+        f[1], f[2], f[4] = "RUNNING", owners[msgId], "1"
+        redis.call("HSET", taskKey, "status", "RUNNING", "attempts", "1",
+          "worker", owners[msgId], "updated_at", string.format("%d", now))
+      end
       if f[1] == "RUNNING" and f[2] == owners[msgId] and f[3] == msgId then
         local n = tonumber(f[4] or "0")
         archiveAttempt(taskKey, n, "lost",
