@@ -9,6 +9,7 @@
 //! drives the sweep's store call directly where a worker's other loops
 //! would race the state under test.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -309,12 +310,30 @@ async fn only_tasks_with_an_expiry_are_indexed_and_a_started_one_leaves_the_inde
         .query_async(&mut conn)
         .await?;
     assert_eq!(exists, 0, "a task without an expiry was indexed");
+    // Its hash names its message, which carries the task (store/carried.rs).
     let msg_id: Option<String> = redis::cmd("HGET")
         .arg(keys().task(&plain))
         .arg("msg_id")
         .query_async(&mut conn)
         .await?;
-    assert_eq!(msg_id, None);
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&keys().stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await?;
+    let [(entry, fields)] = entries.as_slice() else {
+        panic!("expected one message, got {entries:?}");
+    };
+    assert_eq!(msg_id.as_ref(), Some(entry));
+    assert_eq!(
+        (
+            fields["id"].as_str(),
+            fields["task"].as_str(),
+            fields["payload"].as_str()
+        ),
+        (plain.as_str(), "echo", "1")
+    );
 
     let timed = dtq
         .submit_new(

@@ -295,10 +295,7 @@ async fn a_dead_workers_task_is_reclaimed_after_the_visibility_timeout() -> Resu
     assert_ne!(task_field(&dtq, &id, "worker").await?, dead_owner);
     // The dead worker's carried attempt 1 was counted, and lost.
     let lost = wait_terminal(&dtq, &id).await?;
-    assert_eq!(
-        lost["attempt_history"][0]["outcome"], "lost",
-        "{lost:#}"
-    );
+    assert_eq!(lost["attempt_history"][0]["outcome"], "lost", "{lost:#}");
     let task = wait_terminal(&dtq, &id).await?;
     assert_eq!(
         (task["status"].as_str(), task["attempts"].as_u64()),

@@ -133,7 +133,12 @@ impl Running {
             id,
             Held {
                 queue: queue.to_owned(),
-                delivery: delivery.clone(),
+                // The message, not the task it may carry (its payload).
+                delivery: Delivery {
+                    msg_id: delivery.msg_id.clone(),
+                    task_id: delivery.task_id.clone(),
+                    carried: None,
+                },
                 attempt: None,
                 cancel: cancel.clone(),
                 stale: stale.clone(),

@@ -19,7 +19,11 @@
      stale, its completion would be refused, and the worker stops it.
      A carried first attempt (ingest.lua), which no `start` wrote, is
      this attempt's while the hash is QUEUED with attempts 0 and names its
-     message: it needs its message pending on this worker, as above.
+     message. Its first beat, with the message pending on this worker,
+     writes the attempt as `start` would have (RUNNING, attempt 1, this
+     worker, started when the message was delivered): an attempt that
+     outlives a beat then looks like any other to readers, reclaim and its
+     completion. One that ends sooner never costs this write.
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
@@ -55,14 +59,19 @@ for i = 4, #KEYS do
   local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",
     "status")
   local mine = f[1] == consumer and f[3] == attempt
-  if not mine and attempt == "1" and f[5] == "QUEUED" and (f[3] or "0") == "0" then
-    -- A carried attempt (ingest.lua): no start wrote it; the hash names
-    -- only its message, and the message pending on this worker is it.
-    mine = true
-  end
-  if mine and f[2] == msgId then
-    if #redis.call("XPENDING", streamKey, group, msgId, msgId, 1, consumer) > 0 then
+  local carried = not mine and attempt == "1" and f[5] == "QUEUED" and (f[3] or "0") == "0"
+  if (mine or carried) and f[2] == msgId then
+    local pending = redis.call("XPENDING", streamKey, group, msgId, msgId, 1, consumer)[1]
+    if pending then
       claim[#claim + 1] = msgId
+      if carried then
+        -- Its first beat: write the attempt as start would have, started
+        -- when the message was delivered (no claim has reset its idle time
+        -- before this beat's).
+        redis.call("HSET", KEYS[i], "status", "RUNNING", "attempts", "1", "worker", consumer,
+          "started_at", string.format("%d", now - pending[3]),
+          "updated_at", string.format("%d", now))
+      end
     end
     out[#out + 1] = f[4] == "1" and 3 or 1
   else

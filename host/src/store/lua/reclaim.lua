@@ -69,6 +69,9 @@ local now = redisTimeMs()
 local settled = now - tickClock(clockKey, now, visibility) >= visibility
 local oldestLive = now - visibility
 
+-- How long each message found idle had been (ms), by message id.
+local idleFor = {}
+
 -- The ids of `owner`'s messages idle longer than the visibility timeout,
 -- at most `count`, appended to `ids`.
 local function idle(owner, count, ids)
@@ -78,6 +81,7 @@ local function idle(owner, count, ids)
   local entries = redis.call("XPENDING", streamKey, group, "IDLE", visibility, "-", "+", count, owner)
   for _, e in ipairs(entries) do
     ids[#ids + 1] = e[1]
+    idleFor[e[1]] = e[3]
   end
 end
 
@@ -104,11 +108,14 @@ local function archiveLost(entries, owners)
         "max_attempts", "started_at", "digests", "expires_at")
       if f[1] == "QUEUED" and f[3] == msgId and (f[4] or "0") == "0" and not f[8]
           and #body > 2 then
-        -- A carried first attempt (ingest.lua): the hash is written now as
-        -- start would have, from when the message was delivered.
-        f[1], f[2], f[4] = "RUNNING", owners[msgId], "1"
+        -- A carried first attempt (ingest.lua) its worker never beat for
+        -- (heartbeat.lua writes the attempt at its first beat): written
+        -- now as start would have, started when the message was
+        -- delivered, which is when it was last idle from.
+        local began = string.format("%d", now - (idleFor[msgId] or 0))
+        f[1], f[2], f[4], f[6] = "RUNNING", owners[msgId], "1", began
         redis.call("HSET", taskKey, "status", "RUNNING", "attempts", "1",
-          "worker", owners[msgId], "updated_at", string.format("%d", now))
+          "worker", owners[msgId], "started_at", began, "updated_at", string.format("%d", now))
       end
       if f[1] == "RUNNING" and f[2] == owners[msgId] and f[3] == msgId then
         local n = tonumber(f[4] or "0")

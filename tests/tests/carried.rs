@@ -1,0 +1,471 @@
+//! Carried tasks (issue 16): a task submitted to run now without an expiry
+//! runs its first attempt from its stream message, with no `start` script,
+//! and everything that reads or changes a task still sees that attempt:
+//! status queries and listings (RUNNING, attempt 1), cancel, the heartbeat,
+//! reclaim after a worker dies, and the completion's staleness check.
+//!
+//! Each test drives the store's calls as a worker makes them (read, start,
+//! heartbeat, complete) where the state between them is what is checked,
+//! against a real redis-server; the reclaim test runs a real worker too.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use dtq_host::store::{
+    CancelOutcome, Code, CompleteOutcome, Completion, CompletionKind, Delivery, QueueKeys,
+    StartDecision, StartedTask, TaskStatus,
+};
+use dtq_tests::Dtq;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Read up to `count` new messages of the default queue as `consumer`, and
+/// start them as a worker does.
+async fn read_and_start(
+    dtq: &Dtq,
+    consumer: &str,
+    count: usize,
+) -> Result<Vec<(Delivery, StartedTask)>> {
+    let store = &dtq.store;
+    store.ensure_group("default").await?;
+    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+    let deliveries = store
+        .read(
+            &mut conn,
+            "default",
+            consumer,
+            count,
+            Duration::from_millis(10),
+        )
+        .await?;
+    let decisions = store
+        .start("default", consumer, &deliveries, dtq_host::ingest::now_ms())
+        .await?;
+    deliveries
+        .into_iter()
+        .zip(decisions)
+        .map(|(delivery, decision)| match decision {
+            StartDecision::Run(task) => Ok((delivery, task)),
+            other => anyhow::bail!("expected a run, got {other:?}"),
+        })
+        .collect()
+}
+
+/// The completion of `task`'s attempt as a worker writes it.
+fn completion(delivery: &Delivery, task: &StartedTask, kind: CompletionKind) -> Completion {
+    Completion {
+        queue: task.queue.clone(),
+        task_id: task.id.clone(),
+        msg_id: delivery.msg_id.clone(),
+        idempotency_key: task.idempotency_key.clone(),
+        kind,
+        detail: "\"done\"".into(),
+        log: String::new(),
+        attempt: task.attempts,
+        retry_at: 0,
+        now: dtq_host::ingest::now_ms(),
+        digest: None,
+        carried_at: task.carried_at,
+    }
+}
+
+async fn hash_field(dtq: &Dtq, id: &str, field: &str) -> Result<Option<String>> {
+    Ok(redis::cmd("HGET")
+        .arg(QueueKeys::new("default").task(id))
+        .arg(field)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?)
+}
+
+/// The statuses of task `id`'s lifecycle events, in order.
+async fn events(dtq: &Dtq, id: &str) -> Result<Vec<String>> {
+    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(QueueKeys::new("default").events)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|(_, kv)| {
+            let field = |name: &str| kv.chunks(2).find(|p| p[0] == name).map(|p| p[1].clone());
+            (field("task_id")? == id).then(|| field("status"))?
+        })
+        .collect())
+}
+
+async fn stream_len(dtq: &Dtq) -> Result<u64> {
+    Ok(redis::cmd("XLEN")
+        .arg(QueueKeys::new("default").stream)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?)
+}
+
+/// The tasks of the default queue a listing shows with `status`.
+async fn listed(dtq: &Dtq, status: &str) -> Result<Vec<Value>> {
+    let (code, body) = dtq
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/queues/default/tasks?status={status}"),
+            None,
+            &[],
+        )
+        .await?;
+    ensure!(code == 200, "{body}");
+    Ok(body["tasks"].as_array().cloned().unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let id = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": {"x": 1}, "max_attempts": 4, "timeout_ms": 1500}),
+            Some("carried-key"),
+        )
+        .await?;
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    // Everything an attempt needs came with the message.
+    assert_eq!(
+        (
+            task.id.as_str(),
+            task.task.as_str(),
+            task.payload.as_str(),
+            task.attempts,
+            task.max_attempts,
+            task.timeout_ms,
+            task.idempotency_key.as_deref(),
+        ),
+        (
+            id.as_str(),
+            "echo",
+            r#"{"x":1}"#,
+            1,
+            4,
+            Some(1500),
+            Some("carried-key")
+        )
+    );
+    assert!(task.carried_at.is_some());
+    // No script wrote it: the hash still says QUEUED, no RUNNING event...
+    assert_eq!(
+        hash_field(&dtq, &id, "status").await?.as_deref(),
+        Some("QUEUED")
+    );
+    assert_eq!(events(&dtq, &id).await?, ["QUEUED"]);
+    // ...but readers see the attempt from the message pending in the group.
+    let shown = dtq.task("default", &id).await?;
+    assert_eq!(
+        (shown["status"].as_str(), shown["attempts"].as_u64()),
+        (Some("RUNNING"), Some(1)),
+        "{shown:#}"
+    );
+    let running = listed(&dtq, "RUNNING").await?;
+    assert_eq!(running.len(), 1, "{running:?}");
+    assert_eq!(
+        (
+            running[0]["task_id"].as_str(),
+            running[0]["attempts"].as_u64()
+        ),
+        (Some(id.as_str()), Some(1))
+    );
+    assert!(listed(&dtq, "QUEUED").await?.is_empty());
+
+    // Its completion writes the attempt with the outcome.
+    let outcome = dtq
+        .store
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
+    let done = dtq.task("default", &id).await?;
+    assert_eq!(
+        (done["status"].as_str(), done["attempts"].as_u64()),
+        (Some("SUCCEEDED"), Some(1)),
+        "{done:#}"
+    );
+    assert_eq!(done["started_at"].as_u64(), task.carried_at, "{done:#}");
+    assert_eq!(done["result"], json!("done"));
+    assert_eq!(events(&dtq, &id).await?, ["QUEUED", "SUCCEEDED"]);
+    assert_eq!(
+        dtq.idem_state("default", "carried-key").await?.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(stream_len(&dtq).await?, 0);
+
+    // The same completion again, or one for another message, is stale.
+    let again = dtq
+        .store
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .await?;
+    assert_eq!(again, [CompleteOutcome::Stale("SUCCEEDED".into())]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let id = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    let forged = Delivery {
+        msg_id: "1-1".into(),
+        ..delivery.clone()
+    };
+    let outcome = dtq
+        .store
+        .complete(&[completion(&forged, &task, CompletionKind::Success)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
+    assert_eq!(hash_field(&dtq, &id, "result").await?, None);
+    // And one of a later attempt, which `start` would have counted.
+    let later = StartedTask {
+        attempts: 2,
+        carried_at: None,
+        ..task.clone()
+    };
+    let outcome = dtq
+        .store
+        .complete(&[completion(&delivery, &later, CompletionKind::Success)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
+    assert_eq!(events(&dtq, &id).await?, ["QUEUED"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let running = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    let waiting = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 2}), None)
+        .await?;
+    assert_eq!(stream_len(&dtq).await?, 2);
+
+    // Delivered: asked to stop, as a RUNNING task is; its worker's beat says so.
+    let now = dtq_host::ingest::now_ms();
+    assert_eq!(
+        dtq.store.cancel("default", &running, now).await?,
+        CancelOutcome::Requested
+    );
+    let beat = dtq
+        .store
+        .heartbeat(
+            "default",
+            "tester",
+            Duration::from_secs(30),
+            &[(delivery.clone(), 1)],
+        )
+        .await?;
+    assert_eq!(beat, [Code::CancelRequested]);
+    let outcome = dtq
+        .store
+        .complete(&[completion(&delivery, &task, CompletionKind::Cancelled)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Cancelled)]);
+
+    // Not delivered: CANCELLED at once, and its message leaves the stream,
+    // so no worker reads it and the depth drops.
+    assert_eq!(
+        dtq.store.cancel("default", &waiting, now).await?,
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(stream_len(&dtq).await?, 0);
+    assert!(read_and_start(&dtq, "tester", 10).await?.is_empty());
+    assert_eq!(dtq.task("default", &waiting).await?["status"], "CANCELLED");
+    assert_eq!(events(&dtq, &waiting).await?, ["QUEUED", "CANCELLED"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let id = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let delivered = dtq_host::ingest::now_ms();
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let beat = dtq
+        .store
+        .heartbeat(
+            "default",
+            "tester",
+            Duration::from_secs(30),
+            &[(delivery.clone(), 1)],
+        )
+        .await?;
+    assert_eq!(beat, [Code::Ok]);
+    assert_eq!(
+        hash_field(&dtq, &id, "status").await?.as_deref(),
+        Some("RUNNING")
+    );
+    assert_eq!(
+        hash_field(&dtq, &id, "attempts").await?.as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        hash_field(&dtq, &id, "worker").await?.as_deref(),
+        Some("tester")
+    );
+    // Started when the message was delivered, not at the beat.
+    let started: u64 = hash_field(&dtq, &id, "started_at")
+        .await?
+        .context("no started_at")?
+        .parse()?;
+    assert!(
+        started + 150 < dtq_host::ingest::now_ms() && started + 100 >= delivered,
+        "started_at {started}, delivered about {delivered}"
+    );
+    // The carried completion is still this attempt's.
+    let outcome = dtq
+        .store
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
+    let done = dtq.task("default", &id).await?;
+    assert_eq!(
+        (done["attempts"].as_u64(), done["started_at"].as_u64()),
+        (Some(1), Some(started)),
+        "{done:#}"
+    );
+    // A beat of another worker for it is stale, before or after.
+    let other = dtq
+        .store
+        .heartbeat(
+            "default",
+            "other",
+            Duration::from_secs(30),
+            &[(delivery, 1)],
+        )
+        .await?;
+    assert_eq!(other, [Code::Stale]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_carried_attempt_whose_worker_died_is_counted_lost_and_run_again() -> Result<()> {
+    let mut dtq = Dtq::start(false, &[]).await?;
+    let id = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": 5, "max_attempts": 2}),
+            None,
+        )
+        .await?;
+    // A worker ("ghost") takes the message and dies before its first beat.
+    let taken = dtq_host::ingest::now_ms();
+    let ghost = read_and_start(&dtq, "ghost", 10).await?;
+    assert_eq!(ghost.len(), 1);
+    // A live worker reclaims it after the visibility timeout (1 s here).
+    dtq.start_worker();
+    let task = dtq
+        .wait_for("default", &id, &["SUCCEEDED", "DEAD_LETTERED"], WAIT)
+        .await?;
+    assert_eq!(
+        (task["status"].as_str(), task["attempts"].as_u64()),
+        (Some("SUCCEEDED"), Some(2)),
+        "{task:#}"
+    );
+    let lost = &task["attempt_history"][0];
+    assert_eq!(
+        (lost["attempt"].as_u64(), lost["outcome"].as_str()),
+        (Some(1), Some("lost")),
+        "{task:#}"
+    );
+    let began = lost["started_at"]
+        .as_u64()
+        .context("the lost attempt has no start")?;
+    assert!(
+        began + 100 >= taken && began < taken + 1_000,
+        "{lost:#}, taken at {taken}"
+    );
+    assert!(
+        lost["duration_ms"].as_u64().is_some_and(|d| d >= 900),
+        "{lost:#}"
+    );
+    // The second attempt went through `start`, with its RUNNING event.
+    assert_eq!(events(&dtq, &id).await?, ["QUEUED", "RUNNING", "SUCCEEDED"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let plain = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let timed = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": 2, "expires_in_ms": 60_000}),
+            None,
+        )
+        .await?;
+    let keyed = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 3}), Some("k"))
+        .await?;
+    dtq.store.ensure_group("default").await?;
+    let mut conn = dtq
+        .store
+        .dedicated_connection(Duration::from_secs(5))
+        .await?;
+    let deliveries = dtq
+        .store
+        .read(
+            &mut conn,
+            "default",
+            "tester",
+            10,
+            Duration::from_millis(10),
+        )
+        .await?;
+    let carried: Vec<(&str, bool)> = deliveries
+        .iter()
+        .map(|d| (d.task_id.as_str(), d.carried.is_some()))
+        .collect();
+    assert_eq!(
+        carried,
+        [
+            (plain.as_str(), true),
+            (timed.as_str(), false),
+            (keyed.as_str(), true)
+        ]
+    );
+    // The one with an expiry goes through `start`, which writes RUNNING.
+    dtq.store
+        .start("default", "tester", &deliveries, dtq_host::ingest::now_ms())
+        .await?;
+    assert_eq!(
+        hash_field(&dtq, &timed, "status").await?.as_deref(),
+        Some("RUNNING")
+    );
+    assert_eq!(
+        hash_field(&dtq, &plain, "status").await?.as_deref(),
+        Some("QUEUED")
+    );
+    assert_eq!(events(&dtq, &timed).await?, ["QUEUED", "RUNNING"]);
+    assert_eq!(events(&dtq, &plain).await?, ["QUEUED"]);
+    Ok(())
+}
