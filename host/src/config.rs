@@ -86,13 +86,16 @@ pub struct Config {
     #[arg(long, env = "DTQ_TASK_RETENTION_S", default_value_t = 7 * 86_400)]
     pub task_retention_s: u64,
 
-    /// Start every task through the `start` script, so that every attempt
-    /// writes a RUNNING event. Off, a task submitted to run now without an
-    /// expiry runs its first attempt from its stream message alone: status
-    /// queries still show it RUNNING, and it costs Redis about half as much
-    /// to drain, but the events stream has no RUNNING for that attempt.
-    #[arg(long, env = "DTQ_RUNNING_EVENTS")]
-    pub running_events: bool,
+    /// Which lifecycle events the queues' event streams get (what live
+    /// events, `dtq watch` and the dashboard's chart show). `terminal`:
+    /// every status change but the RUNNING of a first attempt, which runs
+    /// from its stream message with no `start` script (status queries still
+    /// show it RUNNING). `all`: every status change, every attempt through
+    /// `start` (more Redis work per task). `none`: no events at all (the
+    /// least Redis work; the events endpoint answers 409 EVENTS_OFF). Give
+    /// the API servers and the workers the same value.
+    #[arg(long, env = "DTQ_EVENTS", value_enum, default_value_t = Events::Terminal)]
+    pub events: Events,
 
     /// How long a dead-lettered task is kept (s) before the workers'
     /// retention sweep purges it (task hash, DLQ entry and idempotency
@@ -271,14 +274,28 @@ fn parse_namespace(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// Which lifecycle events are written (`--events`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Events {
+    /// Every status change of every attempt.
+    All,
+    /// Every status change but a carried first attempt's RUNNING.
+    Terminal,
+    /// None.
+    None,
+}
+
 impl Config {
     /// The store's settings.
     pub fn store_settings(&self) -> StoreSettings {
         StoreSettings {
             idem_ttl_s: self.idem_ttl_s,
             task_retention_s: self.task_retention_s,
-            running_events: self.running_events,
-            ..StoreSettings::default()
+            running_events: self.events == Events::All,
+            events_max_len: match self.events {
+                Events::None => 0,
+                _ => StoreSettings::default().events_max_len,
+            },
         }
     }
 

@@ -150,7 +150,7 @@ async fn submit(dtq: &Dtq, body: Value) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn running_events_show_every_attempt_start() -> Result<()> {
-    let dtq = Dtq::start(true, &["--running-events"]).await?;
+    let dtq = Dtq::start(true, &["--events", "all"]).await?;
     let mut events = subscribe(&dtq, "", None).await?;
     let echo = submit(&dtq, json!({"task": "echo", "payload": {"a": 1}})).await?;
     assert_eq!(
@@ -173,6 +173,46 @@ async fn running_events_show_every_attempt_start() -> Result<()> {
             ("SUCCEEDED", 2),
         ])
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_events_off_nothing_is_written_and_the_route_says_so() -> Result<()> {
+    let dtq = Dtq::start(true, &["--events", "none"]).await?;
+    let flaky = submit(
+        &dtq,
+        json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}}),
+    )
+    .await?;
+    let task = dtq
+        .wait_for("default", &flaky, &["SUCCEEDED"], Duration::from_secs(20))
+        .await?;
+    assert_eq!(task["attempts"], 2, "{task:#}");
+    let cancelled = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": 1, "delay_ms": 60_000}),
+            None,
+        )
+        .await?;
+    let (status, body) = dtq
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/default/tasks/{cancelled}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(status, 200, "{body}");
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(QueueKeys::new("default").events)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    assert_eq!(exists, 0, "an events stream was written");
+    let response = dtq
+        .call(reqwest::Method::GET, "/v1/queues/default/events", None, &[])
+        .await?;
+    assert_error(&response, 409, "EVENTS_OFF");
     Ok(())
 }
 

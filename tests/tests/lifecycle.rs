@@ -1005,7 +1005,7 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Result<()> {
     // Every message through `start`, carried ones too: this is its test.
-    let dtq = Dtq::start(false, &["--running-events"]).await?;
+    let dtq = Dtq::start(false, &["--events", "all"]).await?;
     let keys = QueueKeys::new("default");
     let full = submit_ok(
         &dtq,
@@ -1122,7 +1122,7 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
 #[tokio::test(flavor = "multi_thread")]
 async fn start_counts_the_attempt_across_every_digit_boundary() -> Result<()> {
     // Every message through `start`, as a promoted or requeued task's is.
-    let dtq = Dtq::start(false, &["--running-events"]).await?;
+    let dtq = Dtq::start(false, &["--events", "all"]).await?;
     let keys = QueueKeys::new("default");
     let mut conn = dtq.redis.conn().await?;
     let mut ids = Vec::new();

@@ -135,6 +135,8 @@ error_codes! {
     NotDeadLettered = "NOT_DEAD_LETTERED", CONFLICT;
     /// A rollback with no earlier version in the task's history.
     NoEarlierVersion = "NO_EARLIER_VERSION", CONFLICT;
+    /// Live events of a server that writes none (`--events none`).
+    EventsOff = "EVENTS_OFF", CONFLICT;
     /// The body or the payload is over its size limit.
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE;
     /// A deployed module over `--max-module-mib`.

@@ -148,6 +148,7 @@ pub(super) struct EventParams {
     responses(
         (status = 200, description = "Server-Sent Events, without end: `event:` a task's new status with `data:` a `QueueEvent`; `event: gap` with `data:` an `EventGap` when events were missed", content_type = "text/event-stream", body = String),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_EVENT_ID`, `INVALID_QUERY`", body = ErrorBody),
+        (status = 409, description = "`EVENTS_OFF`: the server runs with `--events none`", body = ErrorBody),
         (status = 503, description = "`TOO_MANY_EVENT_STREAMS`, `STORE_UNAVAILABLE`", body = ErrorBody),
     ),
     security(("bearer" = [])),
@@ -160,6 +161,12 @@ pub(super) async fn subscribe(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     authorized(&shared.auth, &headers, Scope::Read, &queue)?;
+    if shared.state.store.settings().events_max_len == 0 {
+        return Err(ApiError::new(
+            ErrorCode::EventsOff,
+            "this server writes no lifecycle events (--events none)",
+        ));
+    }
     let since = resume_point(&headers, params.since.as_deref())?;
     let task = match params.task_id {
         Some(t) if t.is_empty() || t.len() > MAX_TASK_ID_BYTES => {

@@ -22,7 +22,7 @@
 //!   `start`, as every attempt after the first does.
 //!
 //! What a task gives up by this: no RUNNING event for its first attempt
-//! (unless the worker runs with `--running-events`, which sends every
+//! (unless the worker runs with `--events all`, which sends every
 //! delivery through `start`), no `started_at` shown while the first attempt
 //! runs (the completion writes it), and its payload held twice (hash and
 //! message) while it waits.

@@ -90,10 +90,12 @@ pub struct StoreSettings {
     /// TTL of terminal task hashes (s), after which a record that points at
     /// them is stale.
     pub task_retention_s: u64,
-    /// Approximate cap of each queue's events stream.
+    /// Approximate cap of each queue's events stream; 0 writes no events
+    /// (`--events none`).
     pub events_max_len: u64,
     /// Start every delivery with the `start` script, carried ones too (see
-    /// `carried.rs`), so that every attempt has a RUNNING event.
+    /// `carried.rs`), so that every attempt has a RUNNING event
+    /// (`--events all`).
     pub running_events: bool,
 }
 

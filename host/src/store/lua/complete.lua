@@ -37,9 +37,9 @@
     `start` wrote it, so the hash is still QUEUED, attempts 0, naming that
     message. Such a hash is this attempt's (attempt 1): the completion
     writes what `start` would have (attempts, started_at) with the rest,
-    in the same HSET on success. Anything else found (the message reclaimed
-    and started elsewhere, the task completed) is checked as for any
-    attempt.
+    in the same HSET on success. Anything else found (the attempt written
+    by its first heartbeat, the message reclaimed and started elsewhere,
+    the task completed) is checked as for any attempt.
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
@@ -103,6 +103,26 @@ local function completeOne(taskKey, idemKey, a)
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
 
+  -- The common case first, with the least reading: a carried attempt that
+  -- succeeded. It was the task's first, so there is no earlier error to
+  -- clear nor digests to append to. Any other state found (its first beat
+  -- wrote the attempt, or it is not this attempt's) takes the full path.
+  if carriedAt ~= "" and outcome == "success" and attempt == "1" then
+    local c = redis.call("HMGET", taskKey, "status", "msg_id", "attempts")
+    if c[1] == "QUEUED" and c[2] == msgId and (c[3] or "0") == "0" then
+      redis.call("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+        "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
+        "started_at", carriedAt)
+      redis.call("EXPIRE", taskKey, retention)
+      addEvent(eventsKey, eventsMaxLen, taskId, "SUCCEEDED", "1", now)
+      if hasKey then
+        setIdemState(idemKey, taskId, "completed", now)
+      end
+      acks[#acks + 1] = msgId
+      return 1, "SUCCEEDED"
+    end
+  end
+
   local f = redis.call("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
     "cancel_requested", "error", "digests")
   local current, attempts, maxAttempts, cancelRequested, hadError, digests =
@@ -146,7 +166,7 @@ local function completeOne(taskKey, idemKey, a)
     return 1, "SCHEDULED"
   end
 
-  if began and outcome ~= "success" then
+  if began then
     redis.call("HSET", taskKey, "attempts", "1", "started_at", began)
   end
 
@@ -188,9 +208,6 @@ local function completeOne(taskKey, idemKey, a)
   elseif outcome == "expired" then
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at)
-  elseif began and outcome == "success" then
-    redis.call("HSET", taskKey, "status", status, "attempts", "1", "updated_at", now,
-      "log", log, detailField, detail, timeField, at, "digests", digests, "started_at", began)
   else
     redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at, "digests", digests)

@@ -24,9 +24,13 @@ local function setIdemState(idemKey, taskId, state, now)
 end
 
 --[[
-  Shared fragment: append a lifecycle event to the capped events stream.
+  Shared fragment: append a lifecycle event to the capped events stream;
+  a cap of 0 writes none (`--events none`).
 ]]
 local function addEvent(eventsKey, maxLen, taskId, status, attempt, now)
+  if maxLen == "0" or maxLen == 0 then
+    return
+  end
   redis.call("XADD", eventsKey, "MAXLEN", "~", maxLen, "*",
     "task_id", taskId, "status", status, "attempt", attempt, "at", now)
 end
