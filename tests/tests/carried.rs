@@ -180,7 +180,10 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
     // Its completion writes the attempt with the outcome.
     let outcome = dtq
         .store
-        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .complete(
+            "tester",
+            &[completion(&delivery, &task, CompletionKind::Success)],
+        )
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
     let done = dtq.task("default", &id).await?;
@@ -201,7 +204,10 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
     // The same completion again, or one for another message, is stale.
     let again = dtq
         .store
-        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .complete(
+            "tester",
+            &[completion(&delivery, &task, CompletionKind::Success)],
+        )
         .await?;
     assert_eq!(again, [CompleteOutcome::Stale("SUCCEEDED".into())]);
     Ok(())
@@ -224,7 +230,10 @@ async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     };
     let outcome = dtq
         .store
-        .complete(&[completion(&forged, &task, CompletionKind::Success)])
+        .complete(
+            "tester",
+            &[completion(&forged, &task, CompletionKind::Success)],
+        )
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
     assert_eq!(hash_field(&dtq, &id, "result").await?, None);
@@ -236,7 +245,10 @@ async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     };
     let outcome = dtq
         .store
-        .complete(&[completion(&delivery, &later, CompletionKind::Success)])
+        .complete(
+            "tester",
+            &[completion(&delivery, &later, CompletionKind::Success)],
+        )
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
     assert_eq!(events(&dtq, &id).await?, ["QUEUED"]);
@@ -277,7 +289,10 @@ async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one
     assert_eq!(beat, [Code::CancelRequested]);
     let outcome = dtq
         .store
-        .complete(&[completion(&delivery, &task, CompletionKind::Cancelled)])
+        .complete(
+            "tester",
+            &[completion(&delivery, &task, CompletionKind::Cancelled)],
+        )
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Cancelled)]);
 
@@ -341,7 +356,10 @@ async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> 
     // The carried completion is still this attempt's.
     let outcome = dtq
         .store
-        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .complete(
+            "tester",
+            &[completion(&delivery, &task, CompletionKind::Success)],
+        )
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
     let done = dtq.task("default", &id).await?;
@@ -467,5 +485,101 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
     );
     assert_eq!(events(&dtq, &timed).await?, ["QUEUED", "RUNNING"]);
     assert_eq!(events(&dtq, &plain).await?, ["QUEUED"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let id = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": 1, "max_attempts": 3}),
+            None,
+        )
+        .await?;
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    // Twice in one batch: the first is written, the second is stale.
+    let twice = dtq
+        .store
+        .complete(
+            "tester",
+            &[
+                completion(&delivery, &task, CompletionKind::Success),
+                completion(&delivery, &task, CompletionKind::Success),
+            ],
+        )
+        .await?;
+    assert_eq!(
+        twice,
+        [
+            CompleteOutcome::Done(TaskStatus::Succeeded),
+            CompleteOutcome::Stale("SUCCEEDED".into())
+        ]
+    );
+
+    // Another one, whose worker stops beating: another worker reclaims its
+    // message and starts attempt 2; the first worker's success is refused.
+    let id = dtq
+        .submit_new(
+            "default",
+            json!({"task": "echo", "payload": 2, "max_attempts": 3}),
+            None,
+        )
+        .await?;
+    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("one task")?;
+    let visibility = Duration::from_millis(100);
+    // The thief's reclaims tick the queue's liveness clock (as its worker's
+    // loops do, well within half a visibility timeout); nobody counts as
+    // dead until the clock has run a visibility timeout.
+    let deadline = std::time::Instant::now() + WAIT;
+    let reclaimed = loop {
+        let reclaimed = dtq
+            .store
+            .reclaim("default", "thief", visibility, 10)
+            .await?;
+        if !reclaimed.dead.is_empty() {
+            break reclaimed;
+        }
+        ensure!(std::time::Instant::now() < deadline, "never reclaimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(reclaimed.dead.len(), 1, "{reclaimed:?}");
+    let decisions = dtq
+        .store
+        .start(
+            "default",
+            "thief",
+            &reclaimed.dead,
+            dtq_host::ingest::now_ms(),
+        )
+        .await?;
+    assert!(
+        matches!(decisions.as_slice(), [StartDecision::Run(t)] if t.attempts == 2),
+        "{decisions:?}"
+    );
+    let outcome = dtq
+        .store
+        .complete(
+            "tester",
+            &[completion(&delivery, &task, CompletionKind::Success)],
+        )
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Stale("RUNNING".into())]);
+    let shown = dtq.task("default", &id).await?;
+    assert_eq!(
+        (shown["status"].as_str(), shown["attempts"].as_u64()),
+        (Some("RUNNING"), Some(2)),
+        "{shown:#}"
+    );
+    assert_eq!(shown["attempt_history"][0]["outcome"], "lost", "{shown:#}");
     Ok(())
 }

@@ -443,6 +443,7 @@ pub async fn run_with_metrics(
         "completer",
         completion::run(
             shared.store.clone(),
+            shared.consumer.as_str().into(),
             shared.metrics.clone(),
             rx,
             finish.clone(),
