@@ -180,10 +180,7 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
     // Its completion writes the attempt with the outcome.
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &task, CompletionKind::Success)],
-        )
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
     let done = dtq.task("default", &id).await?;
@@ -204,10 +201,7 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
     // The same completion again, or one for another message, is stale.
     let again = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &task, CompletionKind::Success)],
-        )
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
         .await?;
     assert_eq!(again, [CompleteOutcome::Stale("SUCCEEDED".into())]);
     Ok(())
@@ -230,10 +224,7 @@ async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     };
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&forged, &task, CompletionKind::Success)],
-        )
+        .complete(&[completion(&forged, &task, CompletionKind::Success)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
     assert_eq!(hash_field(&dtq, &id, "result").await?, None);
@@ -245,10 +236,7 @@ async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     };
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &later, CompletionKind::Success)],
-        )
+        .complete(&[completion(&delivery, &later, CompletionKind::Success)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Stale("QUEUED".into())]);
     assert_eq!(events(&dtq, &id).await?, ["QUEUED"]);
@@ -289,10 +277,7 @@ async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one
     assert_eq!(beat, [Code::CancelRequested]);
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &task, CompletionKind::Cancelled)],
-        )
+        .complete(&[completion(&delivery, &task, CompletionKind::Cancelled)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Cancelled)]);
 
@@ -356,10 +341,7 @@ async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> 
     // The carried completion is still this attempt's.
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &task, CompletionKind::Success)],
-        )
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
     let done = dtq.task("default", &id).await?;
@@ -491,13 +473,12 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let id = dtq
-        .submit_new(
-            "default",
-            json!({"task": "echo", "payload": 1, "max_attempts": 3}),
-            None,
-        )
-        .await?;
+    dtq.submit_new(
+        "default",
+        json!({"task": "echo", "payload": 1, "max_attempts": 3}),
+        None,
+    )
+    .await?;
     let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
         .await?
         .try_into()
@@ -506,13 +487,10 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
     // Twice in one batch: the first is written, the second is stale.
     let twice = dtq
         .store
-        .complete(
-            "tester",
-            &[
-                completion(&delivery, &task, CompletionKind::Success),
-                completion(&delivery, &task, CompletionKind::Success),
-            ],
-        )
+        .complete(&[
+            completion(&delivery, &task, CompletionKind::Success),
+            completion(&delivery, &task, CompletionKind::Success),
+        ])
         .await?;
     assert_eq!(
         twice,
@@ -568,10 +546,7 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
     );
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[completion(&delivery, &task, CompletionKind::Success)],
-        )
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
         .await?;
     assert_eq!(outcome, [CompleteOutcome::Stale("RUNNING".into())]);
     let shown = dtq.task("default", &id).await?;

@@ -467,22 +467,19 @@ async fn a_stale_completion_writes_nothing() -> Result<()> {
     // (e.g. from a worker whose task was reclaimed) must be refused whole.
     let outcome = dtq
         .store
-        .complete(
-            "tester",
-            &[Completion {
-                idempotency_key: Some("stale-c".into()),
-                ..success(
-                    "default",
-                    &Delivery {
-                        msg_id: "0-1".into(),
-                        task_id: id.clone(),
-                        carried: None,
-                    },
-                    1,
-                    "{}",
-                )
-            }],
-        )
+        .complete(&[Completion {
+            idempotency_key: Some("stale-c".into()),
+            ..success(
+                "default",
+                &Delivery {
+                    msg_id: "0-1".into(),
+                    task_id: id.clone(),
+                    carried: None,
+                },
+                1,
+                "{}",
+            )
+        }])
         .await?;
     assert_eq!(outcome, vec![CompleteOutcome::Stale("QUEUED".into())]);
     assert_eq!(dtq.task("default", &id).await?, before);
@@ -985,10 +982,7 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
         finish(task, delivery, attempt, &format!("{{\"i\":{i}}}"))
     };
     let outcomes = store
-        .complete(
-            "tester",
-            &[completion(1, 1), completion(0, 7), completion(0, 1)],
-        )
+        .complete(&[completion(1, 1), completion(0, 7), completion(0, 1)])
         .await?;
     assert_eq!(
         outcomes,
@@ -1245,10 +1239,7 @@ async fn complete_out_of_order(dtq: &Dtq) -> Result<()> {
     ] {
         let outcomes = dtq
             .store
-            .complete(
-                "tester",
-                &[finish(&tasks[done], &deliveries[done], 1, "null")],
-            )
+            .complete(&[finish(&tasks[done], &deliveries[done], 1, "null")])
             .await?;
         assert_eq!(outcomes, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
         let entries = stream_entries(dtq, &stream).await?;

@@ -606,7 +606,6 @@ impl Store {
     /// Outcomes come back in the order of `completions`.
     pub async fn complete(
         &self,
-        consumer: &str,
         completions: &[Completion],
     ) -> Result<Vec<CompleteOutcome>, StoreError> {
         if completions.is_empty() {
@@ -624,7 +623,7 @@ impl Store {
             .iter()
             .map(|(queue, batch)| {
                 let batch: Vec<&Completion> = batch.iter().map(|&i| &completions[i]).collect();
-                self.completion_call(queue, consumer, &batch)
+                self.completion_call(queue, &batch)
             })
             .collect();
         let replies: Vec<Vec<Value>> = if self.backend.is_cluster() {
@@ -699,7 +698,6 @@ impl Store {
     fn completion_call<'a>(
         &'a self,
         queue: &str,
-        consumer: &str,
         batch: &[&Completion],
     ) -> redis::ScriptInvocation<'a> {
         let keys = QueueKeys::new(queue);
@@ -710,8 +708,7 @@ impl Store {
             .key(&keys.events);
         inv.arg(GROUP)
             .arg(self.settings.task_retention_s)
-            .arg(self.settings.events_max_len)
-            .arg(consumer);
+            .arg(self.settings.events_max_len);
         for c in batch {
             let attempt = match c.kind {
                 CompletionKind::Expired => String::new(),

@@ -25,7 +25,6 @@
 //! only [`MAX_REFUSALS`] times.
 
 use rand::Rng;
-use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +60,6 @@ const WRITERS: usize = 2;
 /// reclaimed and run again.
 pub(super) async fn run(
     store: Store,
-    consumer: Arc<str>,
     metrics: WorkerMetrics,
     mut rx: mpsc::Receiver<Pending>,
     finish: CancellationToken,
@@ -90,7 +88,6 @@ pub(super) async fn run(
         }
         writes.spawn(write(
             store.clone(),
-            consumer.clone(),
             metrics.clone(),
             std::mem::take(&mut batch),
             abandon.clone(),
@@ -104,7 +101,6 @@ pub(super) async fn run(
 /// released when this returns.
 async fn write(
     store: Store,
-    consumer: Arc<str>,
     metrics: WorkerMetrics,
     batch: Vec<Pending>,
     abandon: CancellationToken,
@@ -122,7 +118,7 @@ async fn write(
         metrics: &metrics,
         tasks: &tasks,
     };
-    match write_retrying(&store, &consumer, &completions, counted, &abandon).await {
+    match write_retrying(&store, &completions, counted, &abandon).await {
         Written::Yes => return,
         Written::Abandoned => return,
         Written::Rejected(_) if completions.len() > 1 => {
@@ -138,15 +134,7 @@ async fn write(
             metrics: &metrics,
             tasks: std::slice::from_ref(task),
         };
-        match write_retrying(
-            &store,
-            &consumer,
-            std::slice::from_ref(completion),
-            counted,
-            &abandon,
-        )
-        .await
-        {
+        match write_retrying(&store, std::slice::from_ref(completion), counted, &abandon).await {
             Written::Yes => {}
             Written::Abandoned => return,
             Written::Rejected(e) => rejected(completion, &e),
@@ -177,7 +165,6 @@ struct Counted<'a> {
 
 async fn write_retrying(
     store: &Store,
-    consumer: &str,
     completions: &[Completion],
     counted: Counted<'_>,
     abandon: &CancellationToken,
@@ -185,7 +172,7 @@ async fn write_retrying(
     let mut backoff = Backoff::default();
     let mut refusals = 0;
     let outcomes = loop {
-        let e = match store.complete(consumer, completions).await {
+        let e = match store.complete(completions).await {
             Ok(outcomes) => break outcomes,
             Err(e) => e,
         };

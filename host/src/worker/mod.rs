@@ -443,7 +443,6 @@ pub async fn run_with_metrics(
         "completer",
         completion::run(
             shared.store.clone(),
-            shared.consumer.as_str().into(),
             shared.metrics.clone(),
             rx,
             finish.clone(),

@@ -22,8 +22,7 @@
     ARGV[1] consumer group
     ARGV[2] retention of terminal task hashes (s)
     ARGV[3] events stream max length
-    ARGV[4] consumer (worker) name: the caller
-    then, per completion i, 11 values from ARGV[5 + 11i]:
+    then, per completion i, 11 values from ARGV[4 + 11i]:
       task id; stream message id ("" for a task not in the stream);
       outcome: success | fatal | retry | lost | cancelled | expired | defer;
       result (JSON, for success) or error message; captured log;
@@ -37,17 +36,10 @@
     A carried attempt ran from its stream message alone (ingest.lua): no
     `start` wrote it, so the hash is still QUEUED, attempts 0, naming that
     message. Such a hash is this attempt's (attempt 1): the completion
-    writes what `start` would have (attempts, started_at) with the rest.
-    Anything else found (the attempt written by its first heartbeat, the
-    message reclaimed and started elsewhere, the task completed) is checked
-    as for any attempt.
-
-    A carried attempt that succeeded, the common case, is checked against
-    the group instead of the hash: its message still pending on the caller
-    on its first delivery (one XPENDING for the batch) is still this
-    attempt's, since every other way a carried message can go (a reclaim by
-    another worker or by the caller, which start then runs; an ACK) leaves
-    that. The hash is then written without being read first.
+    writes what `start` would have (attempts, started_at) with the rest,
+    in the same HSET on success. Anything else found (the attempt written
+    by its first heartbeat, the message reclaimed and started elsewhere,
+    the task completed) is checked as for any attempt.
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
@@ -89,7 +81,7 @@
   Events: the new status of each task.
 ]]
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, retention, eventsMaxLen, consumer = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
 
 local DEFER_BASE_MS, DEFER_MAX_MS = 250, 30000
 
@@ -97,11 +89,8 @@ local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 local acks = {}
--- The messages of carried successes still on their first delivery to the
--- caller, filled below before any completion.
-local firsts = {}
 
-for a = 7, #ARGV, 11 do
+for a = 6, #ARGV, 11 do
   if not (direct[ARGV[a]] or failed[ARGV[a]] or ARGV[a] == "defer") then
     return redis.error_reply("ERR unknown outcome " .. ARGV[a])
   end
@@ -114,22 +103,24 @@ local function completeOne(taskKey, idemKey, a)
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
 
-  -- The common case first, with no read: a carried attempt that succeeded,
-  -- its message still on its first delivery to the caller (`firsts`). It
-  -- was the task's first attempt, so there is no earlier error to clear nor
-  -- digests to append to.
-  if carriedAt ~= "" and outcome == "success" and attempt == "1" and firsts[msgId] then
-    firsts[msgId] = nil
-    redis.call("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-      "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
-      "started_at", carriedAt)
-    redis.call("EXPIRE", taskKey, retention)
-    addEvent(eventsKey, eventsMaxLen, taskId, "SUCCEEDED", "1", now)
-    if hasKey then
-      setIdemState(idemKey, taskId, "completed", now)
+  -- The common case first, with the least reading: a carried attempt that
+  -- succeeded. It was the task's first, so there is no earlier error to
+  -- clear nor digests to append to. Any other state found (its first beat
+  -- wrote the attempt, or it is not this attempt's) takes the full path.
+  if carriedAt ~= "" and outcome == "success" and attempt == "1" then
+    local c = redis.call("HMGET", taskKey, "status", "msg_id", "attempts")
+    if c[1] == "QUEUED" and c[2] == msgId and (c[3] or "0") == "0" then
+      redis.call("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+        "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
+        "started_at", carriedAt)
+      redis.call("EXPIRE", taskKey, retention)
+      addEvent(eventsKey, eventsMaxLen, taskId, "SUCCEEDED", "1", now)
+      if hasKey then
+        setIdemState(idemKey, taskId, "completed", now)
+      end
+      acks[#acks + 1] = msgId
+      return 1, "SUCCEEDED"
     end
-    acks[#acks + 1] = msgId
-    return 1, "SUCCEEDED"
   end
 
   local f = redis.call("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
@@ -287,52 +278,9 @@ local function notOlder(ids, from)
   return out
 end
 
--- Whether stream id `x` is older than `y` (both "<ms>-<seq>", decimal
--- without leading zeros): by the length of the ms part, then as strings
--- where that is exact.
-local function older(x, y)
-  local dx, dy = string.find(x, "-", 1, true), string.find(y, "-", 1, true)
-  if dx ~= dy then
-    return dx < dy
-  end
-  if #x == #y then
-    return x < y
-  end
-  local mx, my = string.sub(x, 1, dx), string.sub(y, 1, dy)
-  if mx ~= my then
-    return mx < my
-  end
-  return #x < #y
-end
-
--- The carried successes' messages pending on the caller on their first
--- delivery: one XPENDING over their range, the caller's entries only.
-local lo, hi, carried = nil, nil, 0
-for a = 5, #ARGV, 11 do
-  if ARGV[a + 10] ~= "" and ARGV[a + 2] == "success" and ARGV[a + 1] ~= "" then
-    local id = ARGV[a + 1]
-    if not lo or older(id, lo) then
-      lo = id
-    end
-    if not hi or older(hi, id) then
-      hi = id
-    end
-    carried = carried + 1
-  end
-end
-if lo then
-  -- The caller's other messages in the range come too: room for them.
-  local pending = redis.call("XPENDING", streamKey, group, lo, hi, carried + 1024, consumer)
-  for _, e in ipairs(pending) do
-    if e[4] == 1 then
-      firsts[e[1]] = true
-    end
-  end
-end
-
 local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
-  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 5 + 11 * i)
+  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 11 * i)
 end
 
 -- 5. The ACK, then the acknowledged entries leave the stream, so that it
