@@ -167,7 +167,7 @@ async fn read_and_start(store: &Store, tasks: usize) -> Result<Vec<Vec<(Delivery
     let mut batches = Vec::new();
     let mut read = 0;
     while read < tasks {
-        let deliveries = store
+        let mut deliveries = store
             .read(&mut conn, QUEUE, "bench", BATCH, Duration::from_millis(100))
             .await?;
         ensure!(
@@ -176,7 +176,7 @@ async fn read_and_start(store: &Store, tasks: usize) -> Result<Vec<Vec<(Delivery
         );
         read += deliveries.len();
         let decisions = store
-            .start(QUEUE, "bench", &deliveries, ingest::now_ms())
+            .start(QUEUE, "bench", &mut deliveries, ingest::now_ms())
             .await?;
         let batch = deliveries
             .into_iter()

@@ -30,7 +30,7 @@ async fn read_and_start(
     let store = &dtq.store;
     store.ensure_group("default").await?;
     let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
-    let deliveries = store
+    let mut deliveries = store
         .read(
             &mut conn,
             "default",
@@ -40,7 +40,12 @@ async fn read_and_start(
         )
         .await?;
     let decisions = store
-        .start("default", consumer, &deliveries, dtq_host::ingest::now_ms())
+        .start(
+            "default",
+            consumer,
+            &mut deliveries,
+            dtq_host::ingest::now_ms(),
+        )
         .await?;
     deliveries
         .into_iter()
@@ -431,7 +436,7 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
         .store
         .dedicated_connection(Duration::from_secs(5))
         .await?;
-    let deliveries = dtq
+    let mut deliveries = dtq
         .store
         .read(
             &mut conn,
@@ -455,7 +460,12 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
     );
     // The one with an expiry goes through `start`, which writes RUNNING.
     dtq.store
-        .start("default", "tester", &deliveries, dtq_host::ingest::now_ms())
+        .start(
+            "default",
+            "tester",
+            &mut deliveries,
+            dtq_host::ingest::now_ms(),
+        )
         .await?;
     assert_eq!(
         hash_field(&dtq, &timed, "status").await?.as_deref(),
@@ -519,7 +529,7 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
     // loops do, well within half a visibility timeout); nobody counts as
     // dead until the clock has run a visibility timeout.
     let deadline = std::time::Instant::now() + WAIT;
-    let reclaimed = loop {
+    let mut reclaimed = loop {
         let reclaimed = dtq
             .store
             .reclaim("default", "thief", visibility, 10)
@@ -536,7 +546,7 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
         .start(
             "default",
             "thief",
-            &reclaimed.dead,
+            &mut reclaimed.dead,
             dtq_host::ingest::now_ms(),
         )
         .await?;

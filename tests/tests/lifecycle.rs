@@ -90,11 +90,11 @@ async fn read_and_start(
     let store = &dtq.store;
     store.ensure_group(queue).await?;
     let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
-    let deliveries = store
+    let mut deliveries = store
         .read(&mut conn, queue, consumer, count, Duration::from_millis(10))
         .await?;
     let decisions = store
-        .start(queue, consumer, &deliveries, dtq_host::ingest::now_ms())
+        .start(queue, consumer, &mut deliveries, dtq_host::ingest::now_ms())
         .await?;
     Ok((deliveries, decisions))
 }

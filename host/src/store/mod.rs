@@ -513,33 +513,30 @@ impl Store {
     /// `carried.rs`) runs as its message says, from `now`, with no round
     /// trip, unless the settings ask for RUNNING events; the others in one
     /// `start` script call for the batch. Decisions in the order of
-    /// `deliveries`.
+    /// `deliveries`; the carried tasks are taken out of them (moved into
+    /// the decisions, not copied).
     pub async fn start(
         &self,
         queue: &str,
         consumer: &str,
-        deliveries: &[Delivery],
+        deliveries: &mut [Delivery],
         now: u64,
     ) -> Result<Vec<StartDecision>, StoreError> {
         let every = self.settings.running_events;
-        fn carried(d: &Delivery, every: bool) -> Option<&StartedTask> {
-            d.carried.as_deref().filter(|_| !every)
-        }
-        let scripted: Vec<Delivery> = deliveries
+        let scripted: Vec<&Delivery> = deliveries
             .iter()
-            .filter(|d| carried(d, every).is_none())
-            .cloned()
+            .filter(|d| every || d.carried.is_none())
             .collect();
         let mut started = self
             .start_script(queue, consumer, &scripted, now)
             .await?
             .into_iter();
         deliveries
-            .iter()
-            .map(|d| match carried(d, every) {
+            .iter_mut()
+            .map(|d| match d.carried.take().filter(|_| !every) {
                 Some(task) => Ok(StartDecision::Run(StartedTask {
                     carried_at: Some(now),
-                    ..task.clone()
+                    ..*task
                 })),
                 None => started
                     .next()
@@ -553,7 +550,7 @@ impl Store {
         &self,
         queue: &str,
         consumer: &str,
-        deliveries: &[Delivery],
+        deliveries: &[&Delivery],
         now: u64,
     ) -> Result<Vec<StartDecision>, StoreError> {
         if deliveries.is_empty() {

@@ -297,7 +297,7 @@ impl Shared {
     async fn dispatch(
         self: &Arc<Self>,
         queue: &str,
-        deliveries: Vec<Delivery>,
+        mut deliveries: Vec<Delivery>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
         let holds: Vec<Registration> = deliveries
@@ -307,7 +307,7 @@ impl Shared {
         let now = crate::ingest::now_ms();
         let decisions = match self
             .store
-            .start(queue, &self.consumer, &deliveries, now)
+            .start(queue, &self.consumer, &mut deliveries, now)
             .await
         {
             Ok(decisions) => decisions,
