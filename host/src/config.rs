@@ -88,9 +88,10 @@ pub struct Config {
 
     /// Which lifecycle events the queues' event streams get (what live
     /// events, `dtq watch` and the dashboard's chart show). `terminal`:
-    /// every status change but the RUNNING of a first attempt, which runs
-    /// from its stream message with no `start` script (status queries still
-    /// show it RUNNING). `all`: every status change, every attempt through
+    /// every status change but the RUNNING of a first attempt that runs
+    /// from its stream message with no `start` script, as the first attempt
+    /// of a task submitted to run now without an expiry does (status
+    /// queries still show it RUNNING). `all`: every status change, every attempt through
     /// `start` (more Redis work per task). `none`: no events at all (the
     /// least Redis work; the events endpoint answers 409 EVENTS_OFF). Give
     /// the API servers and the workers the same value.
