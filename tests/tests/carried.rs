@@ -57,6 +57,22 @@ async fn read_and_start(
         .collect()
 }
 
+/// Submit `body` (with `key`) to the default queue and take it as
+/// "tester": its id, delivery and the attempt `start` gave it.
+async fn submit_and_take(
+    dtq: &Dtq,
+    body: Value,
+    key: Option<&str>,
+) -> Result<(String, Delivery, StartedTask)> {
+    let id = dtq.submit_new("default", body, key).await?;
+    let [(delivery, task)] = read_and_start(dtq, "tester", 10)
+        .await?
+        .try_into()
+        .ok()
+        .context("not one task read")?;
+    Ok((id, delivery, task))
+}
+
 /// The completion of `task`'s attempt as a worker writes it.
 fn completion(delivery: &Delivery, task: &StartedTask, kind: CompletionKind) -> Completion {
     Completion {
@@ -124,18 +140,12 @@ async fn listed(dtq: &Dtq, status: &str) -> Result<Vec<Value>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let id = dtq
-        .submit_new(
-            "default",
-            json!({"task": "echo", "payload": {"x": 1}, "max_attempts": 4, "timeout_ms": 1500}),
-            Some("carried-key"),
-        )
-        .await?;
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
+    let (id, delivery, task) = submit_and_take(
+        &dtq,
+        json!({"task": "echo", "payload": {"x": 1}, "max_attempts": 4, "timeout_ms": 1500}),
+        Some("carried-key"),
+    )
+    .await?;
     // Everything an attempt needs came with the message.
     assert_eq!(
         (
@@ -215,14 +225,8 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let id = dtq
-        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
-        .await?;
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
+    let (id, delivery, task) =
+        submit_and_take(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
     let forged = Delivery {
         msg_id: "1-1".into(),
         ..delivery.clone()
@@ -251,14 +255,8 @@ async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let running = dtq
-        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
-        .await?;
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
+    let (running, delivery, task) =
+        submit_and_take(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
     let waiting = dtq
         .submit_new("default", json!({"task": "echo", "payload": 2}), None)
         .await?;
@@ -302,15 +300,9 @@ async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let id = dtq
-        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
-        .await?;
+    let (id, delivery, task) =
+        submit_and_take(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
     let delivered = dtq_host::ingest::now_ms();
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let beat = dtq
         .store
@@ -483,17 +475,12 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    dtq.submit_new(
-        "default",
+    let (_, delivery, task) = submit_and_take(
+        &dtq,
         json!({"task": "echo", "payload": 1, "max_attempts": 3}),
         None,
     )
     .await?;
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
     // Twice in one batch: the first is written, the second is stale.
     let twice = dtq
         .store
@@ -512,18 +499,12 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
 
     // Another one, whose worker stops beating: another worker reclaims its
     // message and starts attempt 2; the first worker's success is refused.
-    let id = dtq
-        .submit_new(
-            "default",
-            json!({"task": "echo", "payload": 2, "max_attempts": 3}),
-            None,
-        )
-        .await?;
-    let [(delivery, task)] = read_and_start(&dtq, "tester", 10)
-        .await?
-        .try_into()
-        .ok()
-        .context("one task")?;
+    let (id, delivery, task) = submit_and_take(
+        &dtq,
+        json!({"task": "echo", "payload": 2, "max_attempts": 3}),
+        None,
+    )
+    .await?;
     let visibility = Duration::from_millis(100);
     // The thief's reclaims tick the queue's liveness clock (as its worker's
     // loops do, well within half a visibility timeout); nobody counts as

@@ -468,12 +468,7 @@ impl Store {
             other => from_value(Some(other))?,
         };
         for (_, entries) in streams {
-            let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
-            for (msg_id, body) in entries {
-                let mut body = body.unwrap_or_default().into_iter();
-                let fields = std::iter::from_fn(|| Some((body.next()?, body.next()?))).collect();
-                out.extend(carried::fresh_delivery(queue, msg_id, fields));
-            }
+            parse_entries(entries, Some(queue), &mut out)?;
         }
         Ok(out)
     }
@@ -504,8 +499,8 @@ impl Store {
             .await?;
         let mut reply = reply.into_iter();
         let mut reclaimed = Reclaimed::default();
-        parse_entries(from_value(reply.next())?, &mut reclaimed.dead)?;
-        parse_entries(from_value(reply.next())?, &mut reclaimed.own)?;
+        parse_entries(from_value(reply.next())?, None, &mut reclaimed.dead)?;
+        parse_entries(from_value(reply.next())?, None, &mut reclaimed.own)?;
         Ok(reclaimed)
     }
 
@@ -1116,23 +1111,29 @@ fn unexpected(script: &str, code: Code) -> StoreError {
     StoreError::Protocol(format!("{script} returned {code:?}, which it never should"))
 }
 
-/// Parse `[[id, [field, value, ...]], ...]` into deliveries. Entries whose
-/// body was deleted (nil) carry no task and are skipped.
-fn parse_entries(entries: Value, out: &mut Vec<Delivery>) -> Result<(), StoreError> {
+/// Parse `[[id, [field, value, ...]], ...]` into deliveries: read fresh
+/// from `queue`'s group when it is given (a message may carry its task,
+/// see `carried.rs`), else reclaimed (never carried: `start` runs those).
+/// Entries whose body was deleted (nil) carry no task and are skipped.
+fn parse_entries(
+    entries: Value,
+    fresh: Option<&str>,
+    out: &mut Vec<Delivery>,
+) -> Result<(), StoreError> {
     let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
     for (msg_id, body) in entries {
-        let body = body.unwrap_or_default();
-        let task_id = body
-            .chunks(2)
-            .find(|kv| kv[0] == "id" && kv.len() == 2)
-            .map(|kv| kv[1].clone());
-        if let Some(task_id) = task_id {
-            out.push(Delivery {
+        let mut body = body.unwrap_or_default().into_iter();
+        let mut fields: HashMap<String, String> =
+            std::iter::from_fn(|| Some((body.next()?, body.next()?))).collect();
+        let delivery = match fresh {
+            Some(queue) => carried::fresh_delivery(queue, msg_id, fields),
+            None => fields.remove("id").map(|task_id| Delivery {
                 msg_id,
                 task_id,
                 carried: None,
-            });
-        }
+            }),
+        };
+        out.extend(delivery);
     }
     Ok(())
 }

@@ -109,7 +109,7 @@ local function completeOne(taskKey, idemKey, a)
   -- wrote the attempt, or it is not this attempt's) takes the full path.
   if carriedAt ~= "" and outcome == "success" and attempt == "1" then
     local c = redis.call("HMGET", taskKey, "status", "msg_id", "attempts")
-    if c[1] == "QUEUED" and c[2] == msgId and (c[3] or "0") == "0" then
+    if carriedFirst(c[1], c[3], c[2], msgId) then
       redis.call("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
         "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
         "started_at", carriedAt)
@@ -129,7 +129,7 @@ local function completeOne(taskKey, idemKey, a)
     f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
   -- The carried attempt's own fields, written with the outcome's.
   local began = nil
-  if carriedAt ~= "" and current == "QUEUED" and attempts == "0" and f[2] == msgId then
+  if carriedAt ~= "" and carriedFirst(current, f[3], f[2], msgId) then
     current, attempts = "RUNNING", "1"
     began = carriedAt
   end

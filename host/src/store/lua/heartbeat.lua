@@ -59,7 +59,7 @@ for i = 4, #KEYS do
   local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",
     "status")
   local mine = f[1] == consumer and f[3] == attempt
-  local carried = not mine and attempt == "1" and f[5] == "QUEUED" and (f[3] or "0") == "0"
+  local carried = not mine and attempt == "1" and carriedFirst(f[5], f[3], f[2], msgId)
   if (mine or carried) and f[2] == msgId then
     local pending = redis.call("XPENDING", streamKey, group, msgId, msgId, 1, consumer)[1]
     if pending then

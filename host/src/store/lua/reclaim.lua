@@ -106,8 +106,7 @@ local function archiveLost(entries, owners)
       local taskKey = taskPrefix .. taskId
       local f = redis.call("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
         "max_attempts", "started_at", "digests", "expires_at")
-      if f[1] == "QUEUED" and f[3] == msgId and (f[4] or "0") == "0" and not f[8]
-          and #body > 2 then
+      if carriedFirst(f[1], f[4], f[3], msgId) and not f[8] and #body > 2 then
         -- A carried first attempt (ingest.lua) its worker never beat for
         -- (heartbeat.lua writes the attempt at its first beat): written
         -- now as start would have, started when the message was

@@ -30,7 +30,7 @@ for i = 2, #KEYS do
   local f = redis.call("HMGET", KEYS[i], "status", "attempts", "msg_id", "expires_at")
   local runner = false
   -- A task with an expiry is never carried: `start` checks the expiry.
-  if f[1] == "QUEUED" and (f[2] or "0") == "0" and f[3] and not f[4] then
+  if f[3] and carriedFirst(f[1], f[2], f[3], f[3]) and not f[4] then
     -- No group yet (no worker has read the queue): nothing is delivered.
     local p = redis.pcall("XPENDING", streamKey, group, f[3], f[3], 1)
     if type(p) == "table" and not p.err and p[1] then
