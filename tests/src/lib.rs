@@ -519,6 +519,36 @@ impl TestRedis {
         Ok(raw.map(|r| serde_json::from_str(&r)).transpose()?)
     }
 
+    /// Every lifecycle event of `queue` (one partition's stream), oldest
+    /// first, as subscribers read them: an entry of a completion batch
+    /// holds several.
+    pub async fn queue_events(&self, queue: &str) -> Result<Vec<dtq_host::store::QueueEvent>> {
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(dtq_host::store::QueueKeys::new(queue).events)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.conn().await?)
+            .await?;
+        let mut events = Vec::new();
+        for (id, body) in entries {
+            let id: dtq_host::store::StreamId = id.parse()?;
+            events.extend(dtq_host::store::QueueEvent::from_entry(id, body));
+        }
+        Ok(events)
+    }
+
+    /// The lifecycle events of task `id` of `queue`, oldest first: (status,
+    /// attempt).
+    pub async fn task_events(&self, queue: &str, id: &str) -> Result<Vec<(String, Option<u64>)>> {
+        Ok(self
+            .queue_events(queue)
+            .await?
+            .into_iter()
+            .filter(|e| e.task_id == id)
+            .map(|e| (e.status, e.attempt))
+            .collect())
+    }
+
     /// Every key, sorted (on a cluster, of every primary).
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut conn = self.conn().await?;

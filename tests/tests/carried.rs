@@ -101,19 +101,8 @@ async fn hash_field(dtq: &Dtq, id: &str, field: &str) -> Result<Option<String>> 
 
 /// The statuses of task `id`'s lifecycle events, in order.
 async fn events(dtq: &Dtq, id: &str) -> Result<Vec<String>> {
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(QueueKeys::new("default").events)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut dtq.redis.conn().await?)
-        .await?;
-    Ok(entries
-        .into_iter()
-        .filter_map(|(_, kv)| {
-            let field = |name: &str| kv.chunks(2).find(|p| p[0] == name).map(|p| p[1].clone());
-            (field("task_id")? == id).then(|| field("status"))?
-        })
-        .collect())
+    let events = dtq.redis.task_events("default", id).await?;
+    Ok(events.into_iter().map(|(status, _)| status).collect())
 }
 
 async fn stream_len(dtq: &Dtq) -> Result<u64> {

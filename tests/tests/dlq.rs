@@ -85,22 +85,8 @@ async fn exists(dtq: &Dtq, id: &str) -> Result<bool> {
 
 /// The statuses of the events of task `id`, in order.
 async fn event_statuses(dtq: &Dtq, id: &str) -> Result<Vec<String>> {
-    let mut conn = dtq.redis.conn().await?;
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(QueueKeys::new("default").events)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await?;
-    Ok(entries
-        .into_iter()
-        .filter(|(_, f)| f.chunks(2).any(|kv| kv[0] == "task_id" && kv[1] == id))
-        .filter_map(|(_, f)| {
-            f.chunks(2)
-                .find(|kv| kv[0] == "status")
-                .map(|kv| kv[1].clone())
-        })
-        .collect())
+    let events = dtq.redis.task_events("default", id).await?;
+    Ok(events.into_iter().map(|(status, _)| status).collect())
 }
 
 async fn requeue(dtq: &Dtq, body: Value) -> Result<(u16, Value)> {

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use dtq_host::sse::{SseEvent, SseReader};
-use dtq_host::store::{QueueKeys, StreamId};
+use dtq_host::store::{
+    CompleteOutcome, Completion, CompletionKind, EventId, QueueKeys, StartDecision,
+};
 use dtq_tests::{Dtq, RedisServer, assert_error};
 use serde_json::{Value, json};
 
@@ -96,13 +98,13 @@ fn data(event: &SseEvent) -> Result<Value> {
         event.event
     );
     let id = event.id.as_deref().context("a status event has an id")?;
-    id.parse::<StreamId>()
+    id.parse::<EventId>()
         .with_context(|| format!("id {id:?}"))?;
     Ok(data)
 }
 
 /// The id of a status event.
-fn id(event: &SseEvent) -> StreamId {
+fn id(event: &SseEvent) -> EventId {
     event
         .id
         .as_deref()
@@ -114,7 +116,7 @@ fn id(event: &SseEvent) -> StreamId {
 /// of each of that task's, in order, and every id seen.
 async fn until_final(events: &mut SseReader, task: &str) -> Result<Vec<(String, u64)>> {
     let mut seen = Vec::new();
-    let mut last: Option<StreamId> = None;
+    let mut last: Option<EventId> = None;
     loop {
         let event = next(events).await?;
         let d = data(&event)?;
@@ -304,6 +306,114 @@ async fn resuming_after_last_event_id_loses_and_repeats_nothing() -> Result<()> 
     let twelfth = submit(&dtq, json!({"task": "echo", "payload": 11})).await?;
     assert_eq!(data(&next(&mut ahead).await?)?["task_id"], json!(twelfth));
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completion_batch_is_one_entry_and_resumes_inside_it() -> Result<()> {
+    // No worker: the test reads, runs and completes the tasks as one, so
+    // that their four completions are one batch.
+    let dtq = Dtq::start(false, &[]).await?;
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(submit(&dtq, json!({"task": "echo", "payload": n})).await?);
+    }
+    let mut live = subscribe(&dtq, "", None).await?;
+    let entries_before = stream_ids(&dtq.redis).await?.len();
+
+    dtq.store.ensure_group("default").await?;
+    let mut conn = dtq.store.dedicated_connection(WAIT).await?;
+    let mut deliveries = dtq
+        .store
+        .read(&mut conn, "default", "test", 16, Duration::from_secs(1))
+        .await?;
+    ensure!(deliveries.len() == 4, "read {} of 4", deliveries.len());
+    let now = dtq_host::ingest::now_ms();
+    let decisions = dtq
+        .store
+        .start("default", "test", &mut deliveries, now)
+        .await?;
+    let completions: Vec<Completion> = deliveries
+        .iter()
+        .zip(decisions)
+        .map(|(delivery, decision)| {
+            let StartDecision::Run(task) = decision else {
+                bail!("{} did not start: {decision:?}", delivery.task_id);
+            };
+            Ok(Completion {
+                queue: "default".into(),
+                task_id: delivery.task_id.clone(),
+                msg_id: delivery.msg_id.clone(),
+                idempotency_key: None,
+                kind: CompletionKind::Success,
+                detail: "null".into(),
+                log: String::new(),
+                attempt: task.attempts,
+                retry_at: 0,
+                now,
+                digest: None,
+                carried_at: task.carried_at,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let outcomes = dtq.store.complete(&completions).await?;
+    ensure!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, CompleteOutcome::Done(_))),
+        "{outcomes:?}"
+    );
+    let entries = stream_ids(&dtq.redis).await?;
+    assert_eq!(entries.len(), entries_before + 1, "one entry for the batch");
+    let entry = entries.last().context("an entry")?;
+
+    // Each event its own id: its place in the entry, but the last.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let event = next(&mut live).await?;
+        let d = data(&event)?;
+        seen.push((event.id.clone().context("an id")?, d["task_id"].clone()));
+    }
+    let want: Vec<(String, Value)> = ["0", "1", "2", ""]
+        .iter()
+        .zip(&ids)
+        .map(|(k, task)| {
+            let id = if k.is_empty() {
+                entry.clone()
+            } else {
+                format!("{entry}.{k}")
+            };
+            (id, json!(task))
+        })
+        .collect();
+    assert_eq!(seen, want);
+    quiet(&mut live).await?;
+
+    // Resumed after the second, with the header or `?since=`: the third
+    // and fourth, nothing repeated.
+    let second = &want[1].0;
+    for (query, header) in [
+        ("", Some(second.as_str())),
+        (&format!("?since={second}"), None),
+    ] {
+        let mut resumed = subscribe(&dtq, query, header).await?;
+        for (id, task) in &want[2..] {
+            let event = next(&mut resumed).await?;
+            assert_eq!(
+                (event.id.as_ref(), &data(&event)?["task_id"]),
+                (Some(id), task)
+            );
+        }
+        quiet(&mut resumed).await?;
+    }
+    // After the last: nothing of the entry.
+    let mut after_all = subscribe(&dtq, "", Some(entry)).await?;
+    quiet(&mut after_all).await?;
+    // The task filter keeps its place inside the entry too.
+    let mut one = subscribe(&dtq, &format!("?task_id={}&since=0", ids[2]), None).await?;
+    assert_eq!(data(&next(&mut one).await?)?["status"], "QUEUED");
+    let event = next(&mut one).await?;
+    assert_eq!(event.id.as_ref(), Some(&want[2].0));
+    quiet(&mut one).await
 }
 
 /// The id of the `n`th (from 1) entry of the default queue's events stream.

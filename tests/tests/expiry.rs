@@ -42,24 +42,8 @@ async fn busy_worker(dtq: &mut Dtq, ms: u64) -> Result<String> {
 
 /// The statuses of `id`'s lifecycle events, in order.
 async fn events_of(dtq: &Dtq, id: &str) -> Result<Vec<String>> {
-    let mut conn = dtq.redis.conn().await?;
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(&keys().events)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await?;
-    Ok(entries
-        .into_iter()
-        .filter_map(|(_, body)| {
-            let field = |name: &str| {
-                body.chunks(2)
-                    .find(|kv| kv[0] == name)
-                    .map(|kv| kv[1].clone())
-            };
-            (field("task_id").as_deref() == Some(id)).then(|| field("status"))?
-        })
-        .collect())
+    let events = dtq.redis.task_events("default", id).await?;
+    Ok(events.into_iter().map(|(status, _)| status).collect())
 }
 
 /// The task ids the ready stream holds a message for.

@@ -45,23 +45,11 @@ async fn stream_entries(dtq: &Dtq, key: &str) -> Result<Vec<(String, Vec<String>
 
 /// The lifecycle events of one task, in order: (status, attempt).
 async fn events(dtq: &Dtq, id: &str) -> Result<Vec<(String, u64)>> {
-    let mut out = Vec::new();
-    for (_, fields) in stream_entries(dtq, &QueueKeys::new("default").events).await? {
-        let get = |name: &str| {
-            fields
-                .chunks(2)
-                .find(|kv| kv[0] == name)
-                .map(|kv| kv[1].clone())
-        };
-        if get("task_id").as_deref() == Some(id) {
-            let status = get("status").unwrap_or_default();
-            let attempt = get("attempt")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or(u64::MAX);
-            out.push((status, attempt));
-        }
-    }
-    Ok(out)
+    let events = dtq.redis.task_events("default", id).await?;
+    Ok(events
+        .into_iter()
+        .map(|(status, attempt)| (status, attempt.unwrap_or(u64::MAX)))
+        .collect())
 }
 
 async fn pending_count(dtq: &Dtq) -> Result<u64> {

@@ -138,29 +138,10 @@ async fn runner(dtq: &Dtq, id: &str) -> Result<Option<String>> {
 
 /// The lifecycle events of task `id`, in order: (status, attempt).
 async fn events(dtq: &Dtq, id: &str) -> Result<Vec<(String, String)>> {
-    let mut conn = dtq.redis.conn().await?;
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(QueueKeys::new("default").events)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await?;
-    Ok(entries
+    let events = dtq.redis.task_events("default", id).await?;
+    Ok(events
         .into_iter()
-        .filter_map(|(_, fields)| {
-            let get = |name: &str| {
-                fields
-                    .chunks(2)
-                    .find(|kv| kv[0] == name)
-                    .map(|kv| kv[1].clone())
-            };
-            (get("task_id").as_deref() == Some(id)).then(|| {
-                (
-                    get("status").unwrap_or_default(),
-                    get("attempt").unwrap_or_default(),
-                )
-            })
-        })
+        .map(|(status, attempt)| (status, attempt.map(|a| a.to_string()).unwrap_or_default()))
         .collect())
 }
 

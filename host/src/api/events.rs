@@ -1,9 +1,11 @@
 //! `GET /v1/queues/{queue}/events`: a queue's lifecycle events, live, as
 //! Server-Sent Events.
 //!
-//! Each event is one entry of the queue's events stream (`dtq:events:{q}`):
-//! `id:` the entry's id, `event:` the task's new status, `data:` `{task_id,
-//! status, attempt, at}`. A client resumes where it left off with the
+//! Each event is one of the queue's events stream (`dtq:events:{q}`), whose
+//! entries hold one event each or, from a batch of completions, several:
+//! `id:` the event's id (the entry's id, `<entry>.<k>` for the `k`-th event
+//! of an entry when more follow it there), `event:` the task's new status,
+//! `data:` `{task_id, status, attempt, at}`. A client resumes where it left off with the
 //! `Last-Event-ID` header (an `EventSource` sends it by itself when it
 //! reconnects) or `?since=<id>`; without either it gets only new events.
 //! `?task_id=` keeps one task's events. A partitioned queue has a stream per
@@ -61,7 +63,7 @@ use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
-use crate::store::{Conn, QueueEvent, Store, StreamId, partition_of_id, partition_queue};
+use crate::store::{Conn, EventId, QueueEvent, Store, partition_of_id, partition_queue};
 
 /// How often a quiet stream gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -74,8 +76,9 @@ const BLOCK: Duration = Duration::from_secs(10);
 /// The response timeout of a subscriber's connection.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Entries one XREAD returns at most: what a subscriber holds in memory.
-const READ_COUNT: usize = 256;
+/// Entries one XREAD returns at most: what a subscriber holds in memory
+/// (an entry of a completion batch holds up to a batch of events).
+const READ_COUNT: usize = 64;
 
 /// Longest pause between reads while Redis fails.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -124,7 +127,7 @@ pub(super) struct StreamsStop(pub(super) CancellationToken);
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EventParams {
-    /// Continue after this entry id (the `Last-Event-ID` header wins).
+    /// Continue after this event id (the `Last-Event-ID` header wins).
     since: Option<String>,
     /// Only this task's events (read from the task's partition).
     task_id: Option<String>,
@@ -196,7 +199,7 @@ pub(super) async fn subscribe(
         )
         .with_details(json!({"partitions": count})));
     }
-    let since: Vec<Option<StreamId>> = match since {
+    let since: Vec<Option<EventId>> = match since {
         None => vec![None; partitions.len()],
         Some(Resume::Each(id)) => vec![Some(id); partitions.len()],
         Some(Resume::Per(ids)) if ids.len() == partitions.len() => {
@@ -276,10 +279,10 @@ pub(super) async fn subscribe(
 enum Resume {
     /// After this id in every stream it reads (an id of one stream, or a
     /// time: `<ms>-0`).
-    Each(StreamId),
+    Each(EventId),
     /// After the id of each partition's stream: an id of a merged stream
     /// (`<id of partition 0>,<id of partition 1>,...`).
-    Per(Vec<StreamId>),
+    Per(Vec<EventId>),
 }
 
 /// Where to continue: the `Last-Event-ID` header, else `?since=`, else
@@ -293,12 +296,12 @@ fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Resum
         return Ok(None);
     };
     let invalid =
-        |e: crate::store::InvalidStreamId| ApiError::new(ErrorCode::InvalidEventId, e.to_string());
+        |e: crate::store::InvalidEventId| ApiError::new(ErrorCode::InvalidEventId, e.to_string());
     if text.contains(',') {
         let ids = text
             .split(',')
             .map(str::parse)
-            .collect::<Result<Vec<StreamId>, _>>()
+            .collect::<Result<Vec<EventId>, _>>()
             .map_err(invalid)?;
         return Ok(Some(Resume::Per(ids)));
     }
@@ -314,8 +317,8 @@ struct PartReader {
     conn: Conn,
     /// The partition's key set (the queue's name for partition 0).
     queue: String,
-    /// The last entry read (sent or filtered out).
-    after: StreamId,
+    /// The last event read (sent or filtered out).
+    after: EventId,
     /// Reads failed in a row.
     failures: u32,
 }
@@ -327,7 +330,13 @@ impl PartReader {
         loop {
             let read = self
                 .store
-                .read_events(&mut self.conn, &self.queue, self.after, READ_COUNT, BLOCK)
+                .read_events(
+                    &mut self.conn,
+                    &self.queue,
+                    &mut self.after,
+                    READ_COUNT,
+                    BLOCK,
+                )
                 .await;
             match read {
                 Ok(events) => {
@@ -335,8 +344,7 @@ impl PartReader {
                         tracing::info!(queue = %self.queue, "event stream: Redis read again");
                         self.failures = 0;
                     }
-                    if let Some(last) = events.last() {
-                        self.after = last.id;
+                    if !events.is_empty() {
                         return events;
                     }
                 }
@@ -384,7 +392,7 @@ enum Source {
     /// resumes from as it is.
     Merged {
         events: mpsc::Receiver<(usize, QueueEvent)>,
-        positions: Vec<StreamId>,
+        positions: Vec<EventId>,
         /// Aborted with the reader.
         _readers: JoinSet<()>,
     },
@@ -449,7 +457,7 @@ impl Reader {
                     positions[i] = event.id;
                     let id = positions
                         .iter()
-                        .map(StreamId::to_string)
+                        .map(EventId::to_string)
                         .collect::<Vec<_>>()
                         .join(",");
                     if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
@@ -492,25 +500,38 @@ mod tests {
 
     #[test]
     fn the_header_wins_over_the_query_and_both_must_be_ids() {
+        let id = |ms, seq| EventId::from(crate::store::StreamId { ms, seq });
         let mut headers = HeaderMap::new();
         assert_eq!(resume_point(&headers, None).ok(), Some(None));
         assert_eq!(
             resume_point(&headers, Some("5-1")).ok(),
-            Some(Some(Resume::Each(StreamId { ms: 5, seq: 1 })))
+            Some(Some(Resume::Each(id(5, 1))))
         );
         headers.insert("last-event-id", HeaderValue::from_static("7-0"));
         assert_eq!(
             resume_point(&headers, Some("5-1")).ok(),
-            Some(Some(Resume::Each(StreamId { ms: 7, seq: 0 })))
+            Some(Some(Resume::Each(id(7, 0))))
+        );
+        // An event inside an entry of several.
+        headers.insert("last-event-id", HeaderValue::from_static("7-0.4"));
+        assert_eq!(
+            resume_point(&headers, None).ok(),
+            Some(Some(Resume::Each(EventId {
+                index: Some(4),
+                ..id(7, 0)
+            })))
         );
         // A merged stream's id: one per partition.
-        headers.insert("last-event-id", HeaderValue::from_static("7-0,0-0,9-2"));
+        headers.insert("last-event-id", HeaderValue::from_static("7-0,0-0,9-2.1"));
         assert_eq!(
             resume_point(&headers, None).ok(),
             Some(Some(Resume::Per(vec![
-                StreamId { ms: 7, seq: 0 },
-                StreamId::default(),
-                StreamId { ms: 9, seq: 2 }
+                id(7, 0),
+                EventId::default(),
+                EventId {
+                    index: Some(1),
+                    ..id(9, 2)
+                }
             ])))
         );
         headers.insert("last-event-id", HeaderValue::from_static("7-0,"));

@@ -1,14 +1,21 @@
 //! A queue's lifecycle events, read back: the capped events stream
-//! (`dtq:events:{q}`) that every script appends to (`addEvent` in
-//! `lua/include/idem.lua`), as live subscribers of `GET
+//! (`dtq:events:{q}`) that every script appends to (`addEvent` and
+//! `addEvents` in `lua/include/idem.lua`), as live subscribers of `GET
 //! /v1/queues/{q}/events` read it.
+//!
+//! An entry holds one event, or several: `complete` writes one entry per
+//! completion batch, each event its four fields in turn (`task_id`,
+//! `status`, `attempt`, `at`), which saves Redis an XADD per task. An
+//! event's id ([`EventId`]) is its entry's id, with the event's place in the
+//! entry when more events follow it there, so that a subscriber resumes
+//! inside an entry without losing or repeating any.
 //!
 //! A subscriber starts at a position ([`Store::events_start`]: after an id
 //! it saw, or after the newest entry) and then blocks in XREAD on a
 //! connection of its own ([`Store::read_events`]), so that its wait never
-//! stalls the shared connection. The stream is capped (`MAXLEN ~`), so a
-//! subscriber that comes back after an id older than what is left has
-//! missed events: [`EventsStart::gap`] says so.
+//! stalls the shared connection. The stream is capped (`MAXLEN ~`, in
+//! entries), so a subscriber that comes back after an id older than what is
+//! left has missed events: [`EventsGap`] says so.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -61,11 +68,97 @@ impl fmt::Display for StreamId {
     }
 }
 
+impl StreamId {
+    /// The id just before this one: reading after it starts at this one.
+    fn before(self) -> StreamId {
+        match (self.ms, self.seq) {
+            (ms, 0) if ms > 0 => StreamId {
+                ms: ms - 1,
+                seq: u64::MAX,
+            },
+            (ms, seq) => StreamId {
+                ms,
+                seq: seq.saturating_sub(1),
+            },
+        }
+    }
+}
+
+/// Where an event is: its entry in the events stream and, in an entry of
+/// several events, its place there. Written `<entry>` for an entry's last
+/// (or only) event and `<entry>.<k>` for its `k`-th (from 0) when more
+/// follow in the same entry: the `id:` of an SSE event, and what a
+/// subscriber resumes after. A bare entry id resumes after the whole entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EventId {
+    /// The entry.
+    pub entry: StreamId,
+    /// The event's place in the entry, `None` for its last.
+    pub index: Option<u32>,
+}
+
+/// In stream order: by entry, then by place in the entry (an entry's last
+/// event, without one, after the others).
+impl Ord for EventId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let place = |index: Option<u32>| index.map_or(u64::MAX, u64::from);
+        (self.entry, place(self.index)).cmp(&(other.entry, place(other.index)))
+    }
+}
+
+impl PartialOrd for EventId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl From<StreamId> for EventId {
+    fn from(entry: StreamId) -> Self {
+        EventId { entry, index: None }
+    }
+}
+
+/// Text that is not an event id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an event id (`<ms>-<seq>`, `<ms>-<seq>.<k>` or `<ms>`, decimal)")]
+pub struct InvalidEventId(pub String);
+
+impl FromStr for EventId {
+    type Err = InvalidEventId;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || InvalidEventId(text.chars().take(64).collect());
+        let (entry, index) = match text.split_once('.') {
+            Some((entry, index)) => {
+                if index.is_empty() || index.len() > 9 || !index.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(bad());
+                }
+                (entry, Some(index.parse().map_err(|_| bad())?))
+            }
+            None => (text, None),
+        };
+        Ok(EventId {
+            entry: entry.parse().map_err(|_| bad())?,
+            index,
+        })
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(k) => write!(f, "{}.{k}", self.entry),
+            None => write!(f, "{}", self.entry),
+        }
+    }
+}
+
 /// One lifecycle event: a task reached `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueEvent {
-    /// The entry's id in the events stream.
-    pub id: StreamId,
+    /// Where it is in the events stream.
+    pub id: EventId,
     /// The task.
     pub task_id: String,
     /// Its new status (`QUEUED`, `RUNNING`, ...).
@@ -87,35 +180,59 @@ impl QueueEvent {
         })
     }
 
-    /// Parse an entry's `[field, value, ...]`; `None` for an entry
-    /// without a task or a status.
-    fn from_entry(id: StreamId, body: Vec<String>) -> Option<QueueEvent> {
+    /// The events of stream entry `id`, whose body is `[field, value,
+    /// ...]`: one event per `task_id` field, with the fields that follow
+    /// it. An event without a status (none is written) is left out.
+    pub fn from_entry(id: StreamId, body: Vec<String>) -> Vec<QueueEvent> {
+        #[derive(Default)]
+        struct Fields {
+            task_id: Option<String>,
+            status: Option<String>,
+            attempt: Option<u64>,
+            at: Option<u64>,
+        }
+        let mut parsed: Vec<Fields> = Vec::new();
         let mut it = body.into_iter();
-        let (mut task_id, mut status, mut attempt, mut at) = (None, None, None, None);
         while let (Some(field), Some(value)) = (it.next(), it.next()) {
+            if field == "task_id" || parsed.is_empty() {
+                parsed.push(Fields::default());
+            }
+            let event = parsed.last_mut().expect("pushed above");
             match field.as_str() {
-                "task_id" => task_id = Some(value),
-                "status" => status = Some(value),
-                "attempt" => attempt = value.parse().ok(),
-                "at" => at = value.parse().ok(),
+                "task_id" => event.task_id = Some(value),
+                "status" => event.status = Some(value),
+                "attempt" => event.attempt = value.parse().ok(),
+                "at" => event.at = value.parse().ok(),
                 _ => {}
             }
         }
-        Some(QueueEvent {
-            id,
-            task_id: task_id?,
-            status: status?,
-            attempt,
-            at,
-        })
+        let parsed: Vec<(String, String, Option<u64>, Option<u64>)> = parsed
+            .into_iter()
+            .filter_map(|f| Some((f.task_id?, f.status?, f.attempt, f.at)))
+            .collect();
+        let last = parsed.len().saturating_sub(1);
+        parsed
+            .into_iter()
+            .enumerate()
+            .map(|(i, (task_id, status, attempt, at))| QueueEvent {
+                id: EventId {
+                    entry: id,
+                    index: (i < last).then(|| u32::try_from(i).unwrap_or(u32::MAX)),
+                },
+                task_id,
+                status,
+                attempt,
+                at,
+            })
+            .collect()
     }
 }
 
 /// Where a subscriber starts reading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventsStart {
-    /// Read the entries after this one.
-    pub after: StreamId,
+    /// Read the events after this one.
+    pub after: EventId,
     /// Entries after the id asked for were trimmed before it could be read.
     pub gap: Option<EventsGap>,
 }
@@ -125,7 +242,7 @@ pub struct EventsStart {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventsGap {
     /// The id the subscriber asked to continue after.
-    pub last_event_id: StreamId,
+    pub last_event_id: EventId,
     /// The oldest entry left, where reading resumes (`None`: the stream
     /// is empty now).
     pub oldest_id: Option<StreamId>,
@@ -183,25 +300,28 @@ impl Store {
     pub async fn events_start(
         &self,
         queue: &str,
-        since: Option<StreamId>,
+        since: Option<EventId>,
     ) -> Result<EventsStart, StoreError> {
         let keys = QueueKeys::new(queue);
         let Some(info) = self.stream_info(&keys.events).await? else {
             // No stream yet: every entry to come is new.
             return Ok(EventsStart {
-                after: StreamId::default(),
+                after: EventId::default(),
                 gap: None,
             });
         };
-        let Some(since) = since.filter(|since| *since <= info.last_generated) else {
+        let Some(since) = since.filter(|since| since.entry <= info.last_generated) else {
             return Ok(EventsStart {
-                after: info.last_generated,
+                after: info.last_generated.into(),
                 gap: None,
             });
         };
+        // Events after one inside an entry are lost with that entry, so a
+        // trim of the entry itself is a gap then too: `trimmed_after` of
+        // the entry says so (its oldest left is newer).
         Ok(EventsStart {
             after: since,
-            gap: info.trimmed_after(since).then_some(EventsGap {
+            gap: info.trimmed_after(since.entry).then_some(EventsGap {
                 last_event_id: since,
                 oldest_id: info.first_entry,
             }),
@@ -258,19 +378,26 @@ impl Store {
         }))
     }
 
-    /// Up to `count` events of `queue` after `after`, blocking up to
-    /// `block` while there are none. `conn` must be a connection of the
-    /// caller's own ([`Store::dedicated_connection`]) whose response
-    /// timeout is longer than `block`.
+    /// The events of up to `count` entries of `queue` after `after`,
+    /// blocking up to `block` while there are none; `after` moves to the
+    /// last event read. `conn` must be a connection of the caller's own
+    /// ([`Store::dedicated_connection`]) whose response timeout is longer
+    /// than `block`.
     pub async fn read_events(
         &self,
         conn: &mut Conn,
         queue: &str,
-        after: StreamId,
+        after: &mut EventId,
         count: usize,
         block: Duration,
     ) -> Result<Vec<QueueEvent>, StoreError> {
         let keys = QueueKeys::new(queue);
+        // After an event inside an entry, the entry is read again and the
+        // events up to that one are skipped.
+        let from = match after.index {
+            Some(_) => after.entry.before(),
+            None => after.entry,
+        };
         let reply: Value = self
             .trip(
                 "events_read",
@@ -281,7 +408,7 @@ impl Store {
                     .arg(block.as_millis() as u64)
                     .arg("STREAMS")
                     .arg(&keys.events)
-                    .arg(after.to_string())
+                    .arg(from.to_string())
                     .query_async(conn),
             )
             .await?;
@@ -302,9 +429,18 @@ impl Store {
                 let id: StreamId = id
                     .parse()
                     .map_err(|e: InvalidStreamId| StoreError::Protocol(e.to_string()))?;
-                // An entry that is not an event (none is written) is
-                // skipped, not sent.
-                events.extend(QueueEvent::from_entry(id, body.unwrap_or_default()));
+                let seen = match after.index {
+                    Some(k) if id == after.entry => Some(k),
+                    _ => None,
+                };
+                // Whatever is skipped or not an event (none is written) is
+                // still read past.
+                *after = id.into();
+                events.extend(
+                    QueueEvent::from_entry(id, body.unwrap_or_default())
+                        .into_iter()
+                        .skip(seen.map_or(0, |k| k as usize + 1)),
+                );
             }
         }
         Ok(events)
@@ -381,7 +517,7 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_becomes_an_event_with_its_numbers() {
+    fn an_entry_becomes_its_events_with_their_numbers_and_places() {
         let id = StreamId { ms: 1, seq: 0 };
         let body = |pairs: &[(&str, &str)]| {
             pairs
@@ -389,7 +525,7 @@ mod tests {
                 .flat_map(|(k, v)| [k.to_string(), v.to_string()])
                 .collect::<Vec<_>>()
         };
-        let event = QueueEvent::from_entry(
+        let events = QueueEvent::from_entry(
             id,
             body(&[
                 ("task_id", "t1"),
@@ -397,19 +533,102 @@ mod tests {
                 ("attempt", "2"),
                 ("at", "99"),
             ]),
-        )
-        .expect("an event");
+        );
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].id, EventId::from(id));
         assert_eq!(
-            event.to_json(),
+            events[0].to_json(),
             json!({"task_id": "t1", "status": "RUNNING", "attempt": 2, "at": 99})
         );
         // An expired task's event has no attempt.
-        let event = QueueEvent::from_entry(
+        let events = QueueEvent::from_entry(
             id,
             body(&[("task_id", "t1"), ("status", "EXPIRED"), ("attempt", "")]),
-        )
-        .expect("an event");
-        assert_eq!(event.attempt, None);
-        assert!(QueueEvent::from_entry(id, body(&[("status", "QUEUED")])).is_none());
+        );
+        assert_eq!(events[0].attempt, None);
+        assert!(QueueEvent::from_entry(id, body(&[("status", "QUEUED")])).is_empty());
+        // A completion batch's entry: each event its place but the last.
+        let events = QueueEvent::from_entry(
+            id,
+            body(&[
+                ("task_id", "a"),
+                ("status", "SUCCEEDED"),
+                ("attempt", "1"),
+                ("at", "5"),
+                ("task_id", "b"),
+                ("status", "RETRYING"),
+                ("attempt", "1"),
+                ("at", "6"),
+                ("task_id", "c"),
+                ("status", "FAILED"),
+                ("attempt", "3"),
+                ("at", "7"),
+            ]),
+        );
+        let seen: Vec<_> = events
+            .iter()
+            .map(|e| {
+                (
+                    e.id.to_string(),
+                    e.task_id.as_str(),
+                    e.status.as_str(),
+                    e.at,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("1-0.0".to_string(), "a", "SUCCEEDED", Some(5)),
+                ("1-0.1".to_string(), "b", "RETRYING", Some(6)),
+                ("1-0".to_string(), "c", "FAILED", Some(7)),
+            ]
+        );
+    }
+
+    #[test]
+    fn event_ids_parse_print_and_resume_inside_an_entry() {
+        let entry = StreamId { ms: 7, seq: 3 };
+        assert_eq!("7-3".parse::<EventId>(), Ok(EventId::from(entry)));
+        let inside: EventId = "7-3.12".parse().expect("valid");
+        assert_eq!(
+            inside,
+            EventId {
+                entry,
+                index: Some(12)
+            }
+        );
+        assert_eq!(inside.to_string(), "7-3.12");
+        assert!(inside < EventId::from(entry));
+        assert!(
+            inside
+                > EventId {
+                    index: Some(11),
+                    ..inside
+                }
+        );
+        assert!(EventId::from(entry.before()) < inside);
+        assert_eq!("7".parse::<EventId>().map(|e| e.entry.ms), Ok(7));
+        for bad in [
+            "",
+            ".1",
+            "7-3.",
+            "7-3.x",
+            "7-3.1.2",
+            "7-3.-1",
+            "x.1",
+            "7-3.9999999999",
+        ] {
+            assert!(bad.parse::<EventId>().is_err(), "{bad:?} parsed");
+        }
+        // Reading resumes from the entry itself: after the one before it.
+        assert_eq!(entry.before(), StreamId { ms: 7, seq: 2 });
+        assert_eq!(
+            StreamId { ms: 7, seq: 0 }.before(),
+            StreamId {
+                ms: 6,
+                seq: u64::MAX
+            }
+        );
     }
 }

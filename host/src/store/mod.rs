@@ -38,7 +38,9 @@ use redis::{FromRedisValue, Value};
 pub use carried::fresh_delivery;
 pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
-pub use events::{EventsGap, EventsStart, InvalidStreamId, QueueEvent, StreamId};
+pub use events::{
+    EventId, EventsGap, EventsStart, InvalidEventId, InvalidStreamId, QueueEvent, StreamId,
+};
 pub use expiry::EXPIRED_ERROR;
 pub use keys::{
     GROUP, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,

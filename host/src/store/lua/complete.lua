@@ -78,7 +78,8 @@
   workers' retention sweep, --dlq-retention-s / --dlq-max, through
   dlq_purge.lua).
 
-  Events: the new status of each task.
+  Events: the new status of each task, one stream entry for the batch
+  (`pushEvent`, include/idem.lua), written before the ACK.
 ]]
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
@@ -114,7 +115,7 @@ local function completeOne(taskKey, idemKey, a)
         "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
         "started_at", carriedAt)
       redis.call("EXPIRE", taskKey, retention)
-      addEvent(eventsKey, eventsMaxLen, taskId, "SUCCEEDED", "1", now)
+      pushEvent(taskId, "SUCCEEDED", "1", now)
       if hasKey then
         setIdemState(idemKey, taskId, "completed", now)
       end
@@ -150,7 +151,7 @@ local function completeOne(taskKey, idemKey, a)
       redis.call("HSET", taskKey, "status", "CANCELLED", "updated_at", now,
         "attempts", before, "error", "cancelled before it ran", "finished_at", now)
       redis.call("EXPIRE", taskKey, retention)
-      addEvent(eventsKey, eventsMaxLen, taskId, "CANCELLED", before, now)
+      pushEvent(taskId, "CANCELLED", before, now)
       if hasKey then
         setIdemState(idemKey, taskId, "failed", now)
       end
@@ -161,7 +162,7 @@ local function completeOne(taskKey, idemKey, a)
     local before = tonumber(attempts) - 1
     redis.call("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
       "attempts", before, "error", detail, "run_at", due)
-    addEvent(eventsKey, eventsMaxLen, taskId, "SCHEDULED", before, now)
+    pushEvent(taskId, "SCHEDULED", before, now)
     redis.call("ZADD", delayedKey, due, taskId)
     return 1, "SCHEDULED"
   end
@@ -219,8 +220,8 @@ local function completeOne(taskKey, idemKey, a)
     redis.call("EXPIRE", taskKey, retention)
   end
 
-  -- 2. The lifecycle event.
-  addEvent(eventsKey, eventsMaxLen, taskId, status, attempts, now)
+  -- 2. The lifecycle event (written for the batch, below).
+  pushEvent(taskId, status, attempts, now)
 
   -- 3. The follow-up write.
   if status == "RETRYING" then
@@ -282,6 +283,9 @@ local out = {}
 for i = 0, (#KEYS - 4) / 2 - 1 do
   out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 11 * i)
 end
+
+-- 2. The batch's lifecycle events, in one entry.
+flushEvents(eventsKey, eventsMaxLen)
 
 -- 5. The ACK, then the acknowledged entries leave the stream, so that it
 -- holds only what is ready or running and its length is that depth. Every

@@ -31,7 +31,7 @@
   field lookups and a length written back): nested, the reply cost Redis
   5 500 instructions more per message.
 
-  Events: RUNNING for each started task.
+  Events: RUNNING for each started task, one stream entry for the batch.
 
   Expiry index: a task with an expiry leaves it here whatever the
   decision (it starts, it is expired by the caller, or it is already
@@ -93,11 +93,12 @@ for i = 4, #KEYS do
       redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempt, "started_at", now,
         "updated_at", now, "worker", consumer, "msg_id", msgId)
       task[ATTEMPTS] = attempt
-      addEvent(eventsKey, eventsMaxLen, taskId, "RUNNING", attempt, now)
+      pushEvent(taskId, "RUNNING", attempt, now)
       emit(1, task)
     end
   end
 end
+flushEvents(eventsKey, eventsMaxLen)
 if #acks > 0 then
   redis.call("XACK", streamKey, group, unpack(acks))
   redis.call("XDEL", streamKey, unpack(acks))
