@@ -11,7 +11,13 @@
 //! 2. **read + start**: the worker's reads (XREADGROUP, batches of 64) and
 //!    the `start` script for each batch;
 //! 3. **complete**: a success completion of each, in the same batches;
-//! 4. the same three steps with an idempotency key per task.
+//! 4. the same three steps with an idempotency key per task, then without
+//!    one under `--events all` (every attempt through `start`, with its
+//!    RUNNING event: the path every task took before carried tasks) and
+//!    under `--events none` (no lifecycle events).
+//!
+//! "Drained" is what a queue's backlog costs Redis per task once submitted:
+//! read, start and complete.
 //!
 //! Only user-space instructions of the server count: not the kernel's
 //! socket work, which callgrind does not see, so these are not a measure of
@@ -88,52 +94,71 @@ async fn bench() -> Result<()> {
         dir,
         seen: HashSet::new(),
     };
-    let config = Config::from_args(["--redis", &redis.url(), "--max-queue-depth", "0"])?;
-    let store = Store::connect(&redis.url(), config.store_settings()).await?;
-    store.ensure_group(QUEUE).await?;
-    let settings = config.ingest_settings();
-
     println!(
         "Redis instructions per task (callgrind, user space only), {tasks} echo tasks, \
          batches of {BATCH}"
     );
-    println!("{:<34} {:>12} {:>12}", "step", "no key", "with key");
-    let mut rows: Vec<(&str, [f64; 2])> = vec![
-        ("submit (one ingest script)", [0.0; 2]),
-        ("read + start", [0.0; 2]),
-        ("complete (success)", [0.0; 2]),
-        ("all three", [0.0; 2]),
+    println!(
+        "{:<34} {:>12} {:>12} {:>14} {:>14}",
+        "step", "no key", "with key", "--events all", "--events none"
+    );
+    let mut rows: Vec<(&str, [f64; COLUMNS.len()])> = vec![
+        ("submit (one ingest script)", [0.0; COLUMNS.len()]),
+        ("read + start", [0.0; COLUMNS.len()]),
+        ("complete (success)", [0.0; COLUMNS.len()]),
+        ("all three", [0.0; COLUMNS.len()]),
+        ("drained (read + start + complete)", [0.0; COLUMNS.len()]),
     ];
     let mut files = Vec::new();
-    for (column, keyed) in [false, true].into_iter().enumerate() {
+    for (column, (name, keyed, events)) in COLUMNS.into_iter().enumerate() {
+        let config = Config::from_args([
+            "--redis",
+            &redis.url(),
+            "--max-queue-depth",
+            "0",
+            "--events",
+            events,
+        ])?;
+        let store = Store::connect(&redis.url(), config.store_settings()).await?;
+        store.ensure_group(QUEUE).await?;
+        let settings = config.ingest_settings();
         counter.step()?;
         submit(&store, &settings, tasks, keyed).await?;
         let (submitted, file) = counter.step()?;
-        files.push((rows[0].0, column, file));
+        files.push((rows[0].0, name, file));
         let batches = read_and_start(&store, tasks).await?;
         let (started, file) = counter.step()?;
-        files.push((rows[1].0, column, file));
+        files.push((rows[1].0, name, file));
         complete(&store, &batches).await?;
         let (completed, file) = counter.step()?;
-        files.push((rows[2].0, column, file));
+        files.push((rows[2].0, name, file));
         let per_task = |n: u64| n as f64 / tasks as f64;
         rows[0].1[column] = per_task(submitted);
         rows[1].1[column] = per_task(started);
         rows[2].1[column] = per_task(completed);
         rows[3].1[column] = per_task(submitted + started + completed);
+        rows[4].1[column] = per_task(started + completed);
     }
-    for (name, [plain, keyed]) in rows {
-        println!("{name:<34} {plain:>12.0} {keyed:>12.0}");
+    for (name, [plain, keyed, all, none]) in rows {
+        println!("{name:<34} {plain:>12.0} {keyed:>12.0} {all:>14.0} {none:>14.0}");
     }
     if kept.is_some() {
         println!("callgrind dumps, kept:");
         for (step, column, file) in files {
-            let key = if column == 0 { "no key" } else { "with key" };
-            println!("  {step}, {key}: {}", file.display());
+            println!("  {step}, {column}: {}", file.display());
         }
     }
     Ok(())
 }
+
+/// The bench's columns: name, whether each task has an idempotency key,
+/// and `--events`. `terminal` is the default.
+const COLUMNS: [(&str, bool, &str); 4] = [
+    ("no key", false, "terminal"),
+    ("with key", true, "terminal"),
+    ("no key, --events all", false, "all"),
+    ("no key, --events none", false, "none"),
+];
 
 /// Submit `tasks` echo tasks, each with its own key when `keyed`.
 async fn submit(
