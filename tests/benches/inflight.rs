@@ -14,7 +14,10 @@
 //! With `DTQ_BENCH_SMAPS=1` it also prints, once every call is in flight,
 //! the process's largest mappings by resident memory (`/proc/self/smaps`):
 //! the pool's linear memories, stacks and tables are mappings of their
-//! own, the rest is the heap.
+//! own, the rest is the heap. The allocator is counted: the bench prints
+//! the live heap per call (what the host itself holds for a call in
+//! flight, before the allocator's own overhead), and with
+//! `DTQ_BENCH_HEAP=1` the allocation sizes holding the most of it.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -25,9 +28,9 @@ use dtq_host::ingest;
 use dtq_tests::{Dtq, env_usize};
 use serde_json::json;
 
-/// The allocator the `dtq` binary uses.
+/// The allocator the `dtq` binary uses, counted.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: heap::Counted = heap::Counted;
 
 const QUEUE: &str = "default";
 
@@ -71,6 +74,8 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     }
 
     let idle = status_kib("VmRSS")?;
+    let heap_idle = heap::live();
+    let mut heap_at_peak = heap_idle;
     std::fs::write("/proc/self/clear_refs", "5").context("reset the peak RSS")?;
     let started = Instant::now();
     dtq.start_worker();
@@ -85,6 +90,10 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
         }
         if all_at.is_none() && in_flight >= calls {
             all_at = Some(started.elapsed());
+            heap_at_peak = heap::live();
+            if std::env::var_os("DTQ_BENCH_HEAP").is_some() {
+                heap::print_sizes();
+            }
             if std::env::var_os("DTQ_BENCH_SMAPS").is_some() {
                 print_mappings()?;
             }
@@ -118,6 +127,13 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
         peak.saturating_sub(idle) as f64 / calls as f64,
         pss_peak as f64 / 1024.0,
         pss_peak.saturating_sub(idle) as f64 / calls as f64,
+    );
+    println!();
+    println!(
+        "Live heap: {:.1} MiB idle, {:.1} MiB with every call in flight ({:.1} KiB per call).",
+        heap_idle as f64 / (1 << 20) as f64,
+        heap_at_peak as f64 / (1 << 20) as f64,
+        heap_at_peak.saturating_sub(heap_idle) as f64 / 1024.0 / calls as f64,
     );
     println!();
     println!(
@@ -188,4 +204,83 @@ fn kib_line(path: &str, field: &str) -> Result<u64> {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .with_context(|| format!("no {field} in {path}"))
+}
+
+/// A count of the heap's live bytes, by allocation size, around the
+/// allocator the `dtq` binary uses: what the host holds per call in flight.
+mod heap {
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::sync::atomic::{AtomicIsize, Ordering};
+
+    /// Sizes are counted in steps of 16 bytes up to this; larger ones in
+    /// one bucket.
+    const COUNTED_SIZES: usize = 64 << 10;
+    const BUCKETS: usize = COUNTED_SIZES / 16 + 1;
+
+    static LIVE: AtomicIsize = AtomicIsize::new(0);
+    static BY_SIZE: [AtomicIsize; BUCKETS] = [const { AtomicIsize::new(0) }; BUCKETS];
+
+    pub(crate) struct Counted;
+
+    fn bucket(size: usize) -> usize {
+        (size.div_ceil(16)).min(BUCKETS - 1)
+    }
+
+    fn add(size: usize, sign: isize) {
+        LIVE.fetch_add(sign * size as isize, Ordering::Relaxed);
+        BY_SIZE[bucket(size)].fetch_add(sign, Ordering::Relaxed);
+    }
+
+    // SAFETY: every method forwards to mimalloc with the caller's layout
+    // and pointer unchanged; the counters are only atomics.
+    unsafe impl GlobalAlloc for Counted {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size(), 1);
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { mimalloc::MiMalloc.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size(), 1);
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            add(layout.size(), -1);
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(layout.size(), -1);
+            add(new_size, 1);
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// Bytes allocated and not freed.
+    pub(crate) fn live() -> usize {
+        LIVE.load(Ordering::Relaxed).max(0) as usize
+    }
+
+    /// The allocation sizes holding the most live bytes.
+    pub(crate) fn print_sizes() {
+        let mut sizes: Vec<(usize, isize)> = BY_SIZE
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i * 16, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        sizes.sort_by_key(|(size, n)| std::cmp::Reverse(*size as isize * n));
+        println!("| size (up to) | live allocations | bytes |");
+        println!("|---:|---:|---:|");
+        for (size, n) in sizes.iter().take(25) {
+            println!(
+                "| {size} | {n} | {:.1} MiB |",
+                (*size as isize * n) as f64 / (1 << 20) as f64
+            );
+        }
+    }
 }

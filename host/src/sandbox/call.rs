@@ -267,13 +267,18 @@ pub(crate) async fn run(
         idempotency_key: call.ctx.idempotency_key.clone(),
         deadline_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
     };
-    let guest = async {
-        let instance = handler.pre.instantiate_async(&mut store).await?;
-        instance
-            .call_handle(&mut store, &wit_ctx, &call.payload)
-            .await
+    // Pinned where it is made: a future passed by value to another is
+    // stored twice in the caller's state (once as the argument, once in the
+    // callee), and this one is the largest part of a call held in flight.
+    let result = {
+        let guest = std::pin::pin!(async {
+            let instance = handler.pre.instantiate_async(&mut store).await?;
+            instance
+                .call_handle(&mut store, &wit_ctx, &call.payload)
+                .await
+        });
+        interruptible(guest, deadline_at, cancel).await
     };
-    let result = interruptible(guest, deadline_at, cancel).await;
 
     let outcome = match result {
         Ok(Ok(value)) if value.len() > limits.max_result_bytes => {
@@ -313,11 +318,10 @@ pub(crate) async fn run(
 /// call that never waits pays for neither (arming a timer can wake the
 /// runtime's timer driver, a system call and a context switch per call).
 async fn interruptible<T>(
-    guest: impl Future<Output = wasmtime::Result<T>>,
+    mut guest: Pin<&mut impl Future<Output = wasmtime::Result<T>>>,
     deadline_at: Instant,
     cancel: &CancelHandle,
 ) -> wasmtime::Result<T> {
-    let mut guest = std::pin::pin!(guest);
     let mut cancelled = std::pin::pin!(cancel.cancelled());
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
     std::future::poll_fn(|cx| {

@@ -92,8 +92,9 @@ pub(crate) struct HostCtx {
     pub(crate) caller: Caller,
     /// When the call is interrupted; Redis retries stop before it.
     pub(crate) deadline_at: Instant,
-    /// The open idempotent operation, whose kv writes are staged.
-    pub(crate) operation: Option<Operation>,
+    /// The open idempotent operation, whose kv writes are staged. Boxed:
+    /// most calls open none, and every call in flight holds this field.
+    pub(crate) operation: Option<Box<Operation>>,
     /// Outbound HTTP requests sent, which count as host calls too.
     pub(crate) http_requests: Arc<std::sync::atomic::AtomicU64>,
 }

@@ -209,7 +209,7 @@ impl HostCtx {
 
     /// The open operation on `key`, taken out of the call; an error when
     /// there is none.
-    fn take_operation(&mut self, key: &str) -> Result<Operation, HostError> {
+    fn take_operation(&mut self, key: &str) -> Result<Box<Operation>, HostError> {
         match self.operation.take() {
             Some(op) if op.key == key => Ok(op),
             other => {
@@ -252,7 +252,7 @@ impl Host for HostCtx {
                 let renewal = tokio::spawn(renew(self.redis.clone(), claim.clone(), token, lease));
                 let mut op = Operation::new(key, claim);
                 op._renewal = Some(AbortOnDrop(renewal));
-                self.operation = Some(op);
+                self.operation = Some(Box::new(op));
                 ClaimState::Run(value.as_deref() == Some("1"))
             }
             "done" => ClaimState::Done(value),

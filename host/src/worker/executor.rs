@@ -50,7 +50,7 @@ pub(super) fn spawn(
 async fn execute(
     shared: Arc<Shared>,
     delivery: Delivery,
-    task: StartedTask,
+    mut task: StartedTask,
     permit: OwnedSemaphorePermit,
     registration: Registration,
 ) {
@@ -60,7 +60,11 @@ async fn execute(
     if task.cancel_requested {
         cancel.cancel();
     }
-    let call = Call {
+    // The call is built where it is moved, and the payload moved out of the
+    // task rather than copied (the completion does not need it): a local
+    // would stay in this future's state while the call runs, and a copy of
+    // the payload would be held by every call in flight.
+    let call = |task: &mut StartedTask| Call {
         task: task.task.clone(),
         ctx: TaskContext {
             task_id: task.id.clone(),
@@ -70,13 +74,13 @@ async fn execute(
             max_attempts: task.max_attempts,
             idempotency_key: task.idempotency_key.clone(),
         },
-        payload: task.payload.clone(),
+        payload: std::mem::take(&mut task.payload),
         deadline: task.timeout_ms.map(Duration::from_millis),
     };
     // Boxed: the call's future is large, and unboxed it would make every
     // executor's future as large, copied whole each time one is spawned.
     let report = tokio::select! {
-        report = Box::pin(shared.sandbox.call(call, &cancel)) => report,
+        report = Box::pin(shared.sandbox.call(call(&mut task), &cancel)) => report,
         () = shared.abandon.cancelled() => {
             cancel.cancel();
             warn!("abandoned at shutdown; the message will be reclaimed");
@@ -103,7 +107,9 @@ async fn execute(
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
     let mut completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
     completion.digest = report.digest;
-    hand_over(&shared, completion, label, permit, registration).await;
+    // Boxed: only now allocated, instead of sizing the state every call in
+    // flight holds by the completion it will build.
+    Box::pin(hand_over(&shared, completion, label, permit, registration)).await;
 }
 
 /// What `/metrics` keeps of a handler call: its duration, and its trap's
