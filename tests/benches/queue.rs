@@ -10,6 +10,9 @@
 //!    measures the same server. The ratio of the two is taken per round, so
 //!    a round's figures share the machine's state, and the verdict is on
 //!    the median.
+//!    One more drain, not timed, counts what this process allocates
+//!    meanwhile (calls and bytes per task: the worker's hot path, the
+//!    probe's polls aside).
 //! 2. **round trips per executed task**: from [`Store::round_trips`] (the
 //!    worker's clones share the counter), cross-checked by Redis: socket
 //!    read events (`total_reads_processed`) and top-level calls
@@ -37,6 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest;
 use dtq_host::store::QueueKeys;
+use dtq_tests::alloc::{Allocated, Counting};
 use dtq_tests::{Dtq, echo_request, env_usize};
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
@@ -49,9 +53,9 @@ const QUEUE: &str = "default";
 const ROUND_SETS: usize = 50_000;
 
 /// The allocator the `dtq` binary uses, so the in-process worker measured
-/// here allocates as it does.
+/// here allocates as it does; counted during the counted drain only.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counting = Counting;
 
 fn main() -> Result<()> {
     // `scripts/bench-peers`: only the drain rounds, on its redis-server.
@@ -175,6 +179,8 @@ struct Round {
     set: f64,
     /// Redis CPU seconds redis-benchmark's SETs took.
     set_cpu: f64,
+    /// What this process allocated during the drain, when counted.
+    allocated: Option<Allocated>,
 }
 
 impl Round {
@@ -187,8 +193,14 @@ impl Round {
     }
 }
 
-/// Submit `tasks` echo tasks, drain them with the worker, then measure SET.
-async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -> Result<Round> {
+/// Submit `tasks` echo tasks, drain them with the worker (counting what
+/// this process allocates meanwhile when `count`), then measure SET.
+async fn round(
+    dtq: &mut Dtq,
+    probe: &mut MultiplexedConnection,
+    tasks: usize,
+    count: bool,
+) -> Result<Round> {
     // --- preload: the submission path, without HTTP --------------------
     let settings = dtq.config.ingest_settings();
     let trips = dtq.store.round_trips();
@@ -218,6 +230,9 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
     let cpu = process_cpu()?;
     let wait = cpu_wait(redis_pid)?;
     let mut polls = 0u64;
+    if count {
+        Counting::start();
+    }
     let started = Instant::now();
     dtq.start_worker();
     let keys = QueueKeys::new(QUEUE);
@@ -239,6 +254,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drain = started.elapsed();
+    let allocated = count.then(Counting::stop);
     let trips = dtq.store.round_trips() - trips;
     let worker_cpu = process_cpu()? - cpu;
     let redis_wait = cpu_wait(redis_pid)? - wait;
@@ -271,6 +287,7 @@ async fn round(dtq: &mut Dtq, probe: &mut MultiplexedConnection, tasks: usize) -
         redis_wait,
         set,
         set_cpu,
+        allocated,
     })
 }
 
@@ -337,7 +354,7 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "worker cores"
     );
     for i in 1..=rounds {
-        let r = round(&mut dtq, &mut probe, tasks).await?;
+        let r = round(&mut dtq, &mut probe, tasks, false).await?;
         let secs = r.drain.as_secs_f64();
         println!(
             "{i:>5} {:>10.0} {:>9.2} {:>10.0} {:>8.3} {:>11.2} {:>11.0}% {:>12.2}",
@@ -351,6 +368,10 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         );
         all.push(r);
     }
+    // --- what this process allocates per task: one more drain, counted,
+    // apart from the timed ones ------------------------------------------
+    let counted = round(&mut dtq, &mut probe, tasks, true).await?;
+    let allocated = counted.allocated.unwrap_or_default();
 
     // --- the drain figures, over all rounds -------------------------------
     let drained = (tasks * rounds) as f64;
@@ -492,6 +513,14 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     info(
         "  this process's CPU per task (µs)",
         format!("{:.1}", worker_cpu / drained * 1e6),
+    );
+    info(
+        "  this process's allocations per task (one more drain, counted)",
+        format!(
+            "{:.1} ({:.0} bytes)",
+            allocated.allocations as f64 / tasks as f64,
+            allocated.bytes as f64 / tasks as f64
+        ),
     );
     let per_task = drain_trips / drained;
     row(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod alloc;
 pub mod cluster;
 pub mod polyglot;
 pub mod process;
