@@ -3,9 +3,10 @@
 //! `addEvents` in `lua/include/idem.lua`), as live subscribers of `GET
 //! /v1/queues/{q}/events` read it.
 //!
-//! An entry holds one event, or several: `complete` writes one entry per
-//! completion batch, each event its four fields in turn (`task_id`,
-//! `status`, `attempt`, `at`), which saves Redis an XADD per task. An
+//! An entry holds one event, with its four fields (`task_id`, `status`,
+//! `attempt`, `at`), or several: `complete` and `start` write one entry per
+//! batch, a pair per event (the task id, then `<status> <attempt> <at>`),
+//! which saves Redis an XADD per task. An
 //! event's id ([`EventId`]) is its entry's id, with the event's place in the
 //! entry when more events follow it there, so that a subscriber resumes
 //! inside an entry without losing or repeating any.
@@ -181,8 +182,9 @@ impl QueueEvent {
     }
 
     /// The events of stream entry `id`, whose body is `[field, value,
-    /// ...]`: one event per `task_id` field, with the fields that follow
-    /// it. An event without a status (none is written) is left out.
+    /// ...]`: one event's four fields, or a batch's pairs of a task id and
+    /// `<status> <attempt> <at>`. An event without a status (none is
+    /// written) is left out.
     pub fn from_entry(id: StreamId, body: Vec<String>) -> Vec<QueueEvent> {
         #[derive(Default)]
         struct Fields {
@@ -191,10 +193,23 @@ impl QueueEvent {
             attempt: Option<u64>,
             at: Option<u64>,
         }
+        let one = body
+            .first()
+            .is_some_and(|f| matches!(f.as_str(), "task_id" | "status" | "attempt" | "at"));
         let mut parsed: Vec<Fields> = Vec::new();
         let mut it = body.into_iter();
         while let (Some(field), Some(value)) = (it.next(), it.next()) {
-            if field == "task_id" || parsed.is_empty() {
+            if !one {
+                let mut parts = value.splitn(3, ' ');
+                parsed.push(Fields {
+                    task_id: Some(field),
+                    status: parts.next().filter(|s| !s.is_empty()).map(str::to_owned),
+                    attempt: parts.next().and_then(|a| a.parse().ok()),
+                    at: parts.next().and_then(|a| a.parse().ok()),
+                });
+                continue;
+            }
+            if parsed.is_empty() {
                 parsed.push(Fields::default());
             }
             let event = parsed.last_mut().expect("pushed above");
@@ -547,22 +562,14 @@ mod tests {
         );
         assert_eq!(events[0].attempt, None);
         assert!(QueueEvent::from_entry(id, body(&[("status", "QUEUED")])).is_empty());
-        // A completion batch's entry: each event its place but the last.
+        // A batch's entry: each event its place but the last.
         let events = QueueEvent::from_entry(
             id,
             body(&[
-                ("task_id", "a"),
-                ("status", "SUCCEEDED"),
-                ("attempt", "1"),
-                ("at", "5"),
-                ("task_id", "b"),
-                ("status", "RETRYING"),
-                ("attempt", "1"),
-                ("at", "6"),
-                ("task_id", "c"),
-                ("status", "FAILED"),
-                ("attempt", "3"),
-                ("at", "7"),
+                ("a", "SUCCEEDED 1 5"),
+                ("b", "RETRYING 1 6"),
+                ("c", "FAILED 3 7"),
+                ("d", "EXPIRED  8"),
             ]),
         );
         let seen: Vec<_> = events
@@ -581,9 +588,12 @@ mod tests {
             [
                 ("1-0.0".to_string(), "a", "SUCCEEDED", Some(5)),
                 ("1-0.1".to_string(), "b", "RETRYING", Some(6)),
-                ("1-0".to_string(), "c", "FAILED", Some(7)),
+                ("1-0.2".to_string(), "c", "FAILED", Some(7)),
+                ("1-0".to_string(), "d", "EXPIRED", Some(8)),
             ]
         );
+        assert_eq!(events[2].attempt, Some(3));
+        assert_eq!(events[3].attempt, None);
     }
 
     #[test]
