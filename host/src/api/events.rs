@@ -1,21 +1,22 @@
 //! `GET /v1/queues/{queue}/events`: a queue's lifecycle events, live, as
 //! Server-Sent Events.
 //!
-//! Each event is one of the queue's events stream (`dtq:events:{q}`), whose
-//! entries hold one event each or, from a batch of completions, several:
-//! `id:` the event's id (the entry's id, `<entry>.<k>` for the `k`-th event
-//! of an entry when more follow it there), `event:` the task's new status,
-//! `data:` `{task_id, status, attempt, at}`. A client resumes where it left off with the
-//! `Last-Event-ID` header (an `EventSource` sends it by itself when it
-//! reconnects) or `?since=<id>`; without either it gets only new events.
-//! `?task_id=` keeps one task's events. A partitioned queue has a stream per
-//! partition: `?partition=i` follows partition `i`'s, a `task_id` its
-//! task's, and neither every partition's, merged (each partition's events
-//! in their order; the event id is then where each partition stands,
-//! `<id 0>,<id 1>,...`, which resumes as any id does). The stream is capped, so a client
-//! that resumes after an id older than what is left first gets `event:
-//! gap` (`data: {last_event_id, oldest_id}`): it missed events, and reading
-//! goes on from the oldest entry left.
+//! Each event comes from the queue's events stream (`dtq:events:{q}`),
+//! whose entries hold one event each or, from a batch, several: `id:` the
+//! event's id (the entry's id, `<entry>.<k>` for the `k`-th event of an
+//! entry when more follow it there), `event:` the task's new status,
+//! `data:` `{task_id, status, attempt, at}`. A client resumes where it left
+//! off with the `Last-Event-ID` header (an `EventSource` sends it by itself
+//! when it reconnects) or `?since=<id>`; without either it gets only new
+//! events. `?task_id=` keeps one task's events. A partitioned queue has a
+//! stream per partition: `?partition=i` follows partition `i`'s, a
+//! `task_id` its task's, and neither every partition's, merged (each
+//! partition's events in their order; the event id is then where each
+//! partition stands, `<id 0>,<id 1>,...`, which resumes as any id does).
+//! The stream is capped, so a client that resumes after an id older than
+//! what is left first gets `event: gap` (`data: {last_event_id,
+//! oldest_id}`): it missed events, and reading goes on from the oldest
+//! entry left.
 //!
 //! # Costs and bounds
 //!

@@ -438,6 +438,9 @@ impl Store {
             other => from_value(Some(other))?,
         };
         let mut events = Vec::new();
+        // Moved only once the whole reply is read, so that a reply that
+        // cannot be read loses nothing.
+        let mut last = *after;
         for (_, entries) in streams {
             let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
             for (id, body) in entries {
@@ -450,7 +453,7 @@ impl Store {
                 };
                 // Whatever is skipped or not an event (none is written) is
                 // still read past.
-                *after = id.into();
+                last = id.into();
                 events.extend(
                     QueueEvent::from_entry(id, body.unwrap_or_default())
                         .into_iter()
@@ -458,6 +461,7 @@ impl Store {
                 );
             }
         }
+        *after = last;
         Ok(events)
     }
 }
