@@ -559,6 +559,29 @@ impl TestRedis {
     }
 }
 
+/// The completion of `task`'s attempt, ended as `kind`, as a worker writes
+/// it.
+pub fn completion(
+    delivery: &dtq_host::store::Delivery,
+    task: &dtq_host::store::StartedTask,
+    kind: dtq_host::store::CompletionKind,
+) -> dtq_host::store::Completion {
+    dtq_host::store::Completion {
+        queue: task.queue.clone(),
+        task_id: task.id.clone(),
+        msg_id: delivery.msg_id.clone(),
+        idempotency_key: task.idempotency_key.clone(),
+        kind,
+        detail: "\"done\"".into(),
+        log: String::new(),
+        attempt: task.attempts,
+        retry_at: 0,
+        now: dtq_host::ingest::now_ms(),
+        digest: None,
+        carried_at: task.carried_at,
+    }
+}
+
 /// A whole dtq in this process: a fresh `redis-server`, the HTTP API on a
 /// free loopback port, and (optionally) a worker running the example
 /// handlers, with test-friendly timings (retries in tens of ms, a one-second
@@ -616,6 +639,44 @@ fn test_flags(redis_url: &str) -> Vec<String> {
 }
 
 impl Dtq {
+    /// Read up to `count` new messages of the default queue as `consumer`
+    /// and start them, as a worker does (no worker need run): each delivery
+    /// with its started task. A message that does not start is an error.
+    pub async fn read_and_start(
+        &self,
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<(dtq_host::store::Delivery, dtq_host::store::StartedTask)>> {
+        let store = &self.store;
+        store.ensure_group("default").await?;
+        let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
+        let mut deliveries = store
+            .read(
+                &mut conn,
+                "default",
+                consumer,
+                count,
+                Duration::from_millis(10),
+            )
+            .await?;
+        let decisions = store
+            .start(
+                "default",
+                consumer,
+                &mut deliveries,
+                dtq_host::ingest::now_ms(),
+            )
+            .await?;
+        deliveries
+            .into_iter()
+            .zip(decisions)
+            .map(|(delivery, decision)| match decision {
+                dtq_host::store::StartDecision::Run(task) => Ok((delivery, task)),
+                other => bail!("expected a run, got {other:?}"),
+            })
+            .collect()
+    }
+
     /// Start Redis and the API, and a worker unless `with_worker` is false
     /// (tests that need tasks to stay queued start it later with
     /// [`Dtq::start_worker`]). `flags` are extra `dtq serve` flags.

@@ -12,50 +12,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use dtq_host::store::{
-    CancelOutcome, Code, CompleteOutcome, Completion, CompletionKind, Delivery, QueueKeys,
-    StartDecision, StartedTask, TaskStatus,
+    CancelOutcome, Code, CompleteOutcome, CompletionKind, Delivery, QueueKeys, StartDecision,
+    StartedTask, TaskStatus,
 };
-use dtq_tests::Dtq;
+use dtq_tests::{Dtq, completion};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Read up to `count` new messages of the default queue as `consumer`, and
-/// start them as a worker does.
-async fn read_and_start(
-    dtq: &Dtq,
-    consumer: &str,
-    count: usize,
-) -> Result<Vec<(Delivery, StartedTask)>> {
-    let store = &dtq.store;
-    store.ensure_group("default").await?;
-    let mut conn = store.dedicated_connection(Duration::from_secs(5)).await?;
-    let mut deliveries = store
-        .read(
-            &mut conn,
-            "default",
-            consumer,
-            count,
-            Duration::from_millis(10),
-        )
-        .await?;
-    let decisions = store
-        .start(
-            "default",
-            consumer,
-            &mut deliveries,
-            dtq_host::ingest::now_ms(),
-        )
-        .await?;
-    deliveries
-        .into_iter()
-        .zip(decisions)
-        .map(|(delivery, decision)| match decision {
-            StartDecision::Run(task) => Ok((delivery, task)),
-            other => anyhow::bail!("expected a run, got {other:?}"),
-        })
-        .collect()
-}
 
 /// Submit `body` (with `key`) to the default queue and take it as
 /// "tester": its id, delivery and the attempt `start` gave it.
@@ -65,30 +28,13 @@ async fn submit_and_take(
     key: Option<&str>,
 ) -> Result<(String, Delivery, StartedTask)> {
     let id = dtq.submit_new("default", body, key).await?;
-    let [(delivery, task)] = read_and_start(dtq, "tester", 10)
+    let [(delivery, task)] = dtq
+        .read_and_start("tester", 10)
         .await?
         .try_into()
         .ok()
         .context("not one task read")?;
     Ok((id, delivery, task))
-}
-
-/// The completion of `task`'s attempt as a worker writes it.
-fn completion(delivery: &Delivery, task: &StartedTask, kind: CompletionKind) -> Completion {
-    Completion {
-        queue: task.queue.clone(),
-        task_id: task.id.clone(),
-        msg_id: delivery.msg_id.clone(),
-        idempotency_key: task.idempotency_key.clone(),
-        kind,
-        detail: "\"done\"".into(),
-        log: String::new(),
-        attempt: task.attempts,
-        retry_at: 0,
-        now: dtq_host::ingest::now_ms(),
-        digest: None,
-        carried_at: task.carried_at,
-    }
 }
 
 async fn hash_field(dtq: &Dtq, id: &str, field: &str) -> Result<Option<String>> {
@@ -280,7 +226,7 @@ async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one
         CancelOutcome::Cancelled
     );
     assert_eq!(stream_len(&dtq).await?, 0);
-    assert!(read_and_start(&dtq, "tester", 10).await?.is_empty());
+    assert!(dtq.read_and_start("tester", 10).await?.is_empty());
     assert_eq!(dtq.task("default", &waiting).await?["status"], "CANCELLED");
     assert_eq!(events(&dtq, &waiting).await?, ["QUEUED", "CANCELLED"]);
     Ok(())
@@ -362,7 +308,7 @@ async fn a_carried_attempt_whose_worker_died_is_counted_lost_and_run_again() -> 
         .await?;
     // A worker ("ghost") takes the message and dies before its first beat.
     let taken = dtq_host::ingest::now_ms();
-    let ghost = read_and_start(&dtq, "ghost", 10).await?;
+    let ghost = dtq.read_and_start("ghost", 10).await?;
     assert_eq!(ghost.len(), 1);
     // A live worker reclaims it after the visibility timeout (1 s here).
     dtq.start_worker();

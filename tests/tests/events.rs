@@ -10,10 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use dtq_host::sse::{SseEvent, SseReader};
-use dtq_host::store::{
-    CompleteOutcome, Completion, CompletionKind, EventId, QueueKeys, StartDecision,
-};
-use dtq_tests::{Dtq, RedisServer, assert_error};
+use dtq_host::store::{CompleteOutcome, CompletionKind, EventId, QueueKeys};
+use dtq_tests::{Dtq, RedisServer, assert_error, completion};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -320,41 +318,12 @@ async fn a_completion_batch_is_one_entry_and_resumes_inside_it() -> Result<()> {
     let mut live = subscribe(&dtq, "", None).await?;
     let entries_before = stream_ids(&dtq.redis).await?.len();
 
-    dtq.store.ensure_group("default").await?;
-    let mut conn = dtq.store.dedicated_connection(WAIT).await?;
-    let mut deliveries = dtq
-        .store
-        .read(&mut conn, "default", "test", 16, Duration::from_secs(1))
-        .await?;
-    ensure!(deliveries.len() == 4, "read {} of 4", deliveries.len());
-    let now = dtq_host::ingest::now_ms();
-    let decisions = dtq
-        .store
-        .start("default", "test", &mut deliveries, now)
-        .await?;
-    let completions: Vec<Completion> = deliveries
+    let taken = dtq.read_and_start("test", 16).await?;
+    ensure!(taken.len() == 4, "read {} of 4", taken.len());
+    let completions: Vec<_> = taken
         .iter()
-        .zip(decisions)
-        .map(|(delivery, decision)| {
-            let StartDecision::Run(task) = decision else {
-                bail!("{} did not start: {decision:?}", delivery.task_id);
-            };
-            Ok(Completion {
-                queue: "default".into(),
-                task_id: delivery.task_id.clone(),
-                msg_id: delivery.msg_id.clone(),
-                idempotency_key: None,
-                kind: CompletionKind::Success,
-                detail: "null".into(),
-                log: String::new(),
-                attempt: task.attempts,
-                retry_at: 0,
-                now,
-                digest: None,
-                carried_at: task.carried_at,
-            })
-        })
-        .collect::<Result<_>>()?;
+        .map(|(delivery, task)| completion(delivery, task, CompletionKind::Success))
+        .collect();
     let outcomes = dtq.store.complete(&completions).await?;
     ensure!(
         outcomes
