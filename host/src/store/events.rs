@@ -1,15 +1,15 @@
 //! A queue's lifecycle events, read back: the capped events stream
-//! (`dtq:events:{q}`) that every script appends to (`addEvent` and
-//! `addEvents` in `lua/include/idem.lua`), as live subscribers of `GET
-//! /v1/queues/{q}/events` read it.
+//! (`dtq:events:{q}`) that every script appends to (`addEvent`, or
+//! `pushEvent` and `flushEvents`, in `lua/include/idem.lua`), as live
+//! subscribers of `GET /v1/queues/{q}/events` read it.
 //!
 //! An entry holds one event, with its four fields (`task_id`, `status`,
 //! `attempt`, `at`), or several: `complete` and `start` write one entry per
 //! batch, a pair per event (the task id, then `<status> <attempt> <at>`),
-//! which saves Redis an XADD per task. An
-//! event's id ([`EventId`]) is its entry's id, with the event's place in the
-//! entry when more events follow it there, so that a subscriber resumes
-//! inside an entry without losing or repeating any.
+//! which saves Redis an XADD per task. An event's id ([`EventId`]) is its
+//! entry's id, with the event's place in the entry when more events follow
+//! it there, so that a subscriber resumes inside an entry without losing or
+//! repeating any.
 //!
 //! A subscriber starts at a position ([`Store::events_start`]: after an id
 //! it saw, or after the newest entry) and then blocks in XREAD on a
@@ -49,12 +49,7 @@ impl FromStr for StreamId {
     /// `<ms>-<seq>`, or `<ms>` (sequence 0); decimal digits only.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let bad = || InvalidStreamId(text.chars().take(64).collect());
-        let number = |part: &str| {
-            if part.is_empty() || part.len() > 20 || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad());
-            }
-            part.parse::<u64>().map_err(|_| bad())
-        };
+        let number = |part: &str| decimal(part).ok_or_else(bad);
         let (ms, seq) = match text.split_once('-') {
             Some((ms, seq)) => (number(ms)?, number(seq)?),
             None => (number(text)?, 0),
@@ -83,6 +78,14 @@ impl StreamId {
             },
         }
     }
+}
+
+/// `text` as a decimal number: digits only, no sign, no spaces.
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// Where an event is: its entry in the events stream and, in an entry of
@@ -131,11 +134,8 @@ impl FromStr for EventId {
         let bad = || InvalidEventId(text.chars().take(64).collect());
         let (entry, index) = match text.split_once('.') {
             Some((entry, index)) => {
-                if index.is_empty() || index.len() > 9 || !index.bytes().all(|b| b.is_ascii_digit())
-                {
-                    return Err(bad());
-                }
-                (entry, Some(index.parse().map_err(|_| bad())?))
+                let index = decimal(index).and_then(|k| u32::try_from(k).ok());
+                (entry, Some(index.ok_or_else(bad)?))
             }
             None => (text, None),
         };
@@ -186,47 +186,37 @@ impl QueueEvent {
     /// `<status> <attempt> <at>`. An event without a status (none is
     /// written) is left out.
     pub fn from_entry(id: StreamId, body: Vec<String>) -> Vec<QueueEvent> {
-        #[derive(Default)]
-        struct Fields {
-            task_id: Option<String>,
-            status: Option<String>,
-            attempt: Option<u64>,
-            at: Option<u64>,
-        }
-        let one = body
+        let single = body
             .first()
             .is_some_and(|f| matches!(f.as_str(), "task_id" | "status" | "attempt" | "at"));
-        let mut parsed: Vec<Fields> = Vec::new();
-        let mut it = body.into_iter();
-        while let (Some(field), Some(value)) = (it.next(), it.next()) {
-            if !one {
+        let mut pairs = body.into_iter();
+        // (task id, status, attempt, at) of each event, in order.
+        let mut found = Vec::new();
+        if single {
+            let (mut task_id, mut status, mut attempt, mut at) = (None, None, None, None);
+            while let (Some(field), Some(value)) = (pairs.next(), pairs.next()) {
+                match field.as_str() {
+                    "task_id" => task_id = Some(value),
+                    "status" => status = Some(value),
+                    "attempt" => attempt = value.parse().ok(),
+                    "at" => at = value.parse().ok(),
+                    _ => {}
+                }
+            }
+            found.extend(task_id.zip(status).map(|(t, s)| (t, s, attempt, at)));
+        } else {
+            while let (Some(task_id), Some(value)) = (pairs.next(), pairs.next()) {
                 let mut parts = value.splitn(3, ' ');
-                parsed.push(Fields {
-                    task_id: Some(field),
-                    status: parts.next().filter(|s| !s.is_empty()).map(str::to_owned),
-                    attempt: parts.next().and_then(|a| a.parse().ok()),
-                    at: parts.next().and_then(|a| a.parse().ok()),
-                });
-                continue;
-            }
-            if parsed.is_empty() {
-                parsed.push(Fields::default());
-            }
-            let event = parsed.last_mut().expect("pushed above");
-            match field.as_str() {
-                "task_id" => event.task_id = Some(value),
-                "status" => event.status = Some(value),
-                "attempt" => event.attempt = value.parse().ok(),
-                "at" => event.at = value.parse().ok(),
-                _ => {}
+                let Some(status) = parts.next().filter(|s| !s.is_empty()) else {
+                    continue;
+                };
+                let mut number = || parts.next().and_then(|n| n.parse().ok());
+                let (attempt, at) = (number(), number());
+                found.push((task_id, status.to_owned(), attempt, at));
             }
         }
-        let parsed: Vec<(String, String, Option<u64>, Option<u64>)> = parsed
-            .into_iter()
-            .filter_map(|f| Some((f.task_id?, f.status?, f.attempt, f.at)))
-            .collect();
-        let last = parsed.len().saturating_sub(1);
-        parsed
+        let last = found.len().saturating_sub(1);
+        found
             .into_iter()
             .enumerate()
             .map(|(i, (task_id, status, attempt, at))| QueueEvent {
