@@ -25,16 +25,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest;
+use dtq_tests::alloc::Counting;
 use dtq_tests::{Dtq, env_usize};
 use serde_json::json;
 
-/// The allocator the `dtq` binary uses, counted.
+/// The allocator the `dtq` binary uses, counted from the start of `main`.
 #[global_allocator]
-static ALLOCATOR: heap::Counted = heap::Counted;
+static ALLOCATOR: Counting = Counting;
 
 const QUEUE: &str = "default";
 
 fn main() -> Result<()> {
+    Counting::start();
     let calls = env_usize("DTQ_BENCH_INFLIGHT", 10_000)?;
     let wait_ms = env_usize("DTQ_BENCH_WAIT_MS", 20_000)?;
     tokio::runtime::Builder::new_multi_thread()
@@ -74,7 +76,7 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     }
 
     let idle = status_kib("VmRSS")?;
-    let heap_idle = heap::live();
+    let heap_idle = Counting::live();
     let mut heap_at_peak = heap_idle;
     std::fs::write("/proc/self/clear_refs", "5").context("reset the peak RSS")?;
     let started = Instant::now();
@@ -90,9 +92,9 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
         }
         if all_at.is_none() && in_flight >= calls {
             all_at = Some(started.elapsed());
-            heap_at_peak = heap::live();
+            heap_at_peak = Counting::live();
             if std::env::var_os("DTQ_BENCH_HEAP").is_some() {
-                heap::print_sizes();
+                print_heap_sizes();
             }
             if std::env::var_os("DTQ_BENCH_SMAPS").is_some() {
                 print_mappings()?;
@@ -206,81 +208,16 @@ fn kib_line(path: &str, field: &str) -> Result<u64> {
         .with_context(|| format!("no {field} in {path}"))
 }
 
-/// A count of the heap's live bytes, by allocation size, around the
-/// allocator the `dtq` binary uses: what the host holds per call in flight.
-mod heap {
-    use std::alloc::{GlobalAlloc, Layout};
-    use std::sync::atomic::{AtomicIsize, Ordering};
-
-    /// Sizes are counted in steps of 16 bytes up to this; larger ones in
-    /// one bucket.
-    const COUNTED_SIZES: usize = 64 << 10;
-    const BUCKETS: usize = COUNTED_SIZES / 16 + 1;
-
-    static LIVE: AtomicIsize = AtomicIsize::new(0);
-    static BY_SIZE: [AtomicIsize; BUCKETS] = [const { AtomicIsize::new(0) }; BUCKETS];
-
-    pub(crate) struct Counted;
-
-    fn bucket(size: usize) -> usize {
-        (size.div_ceil(16)).min(BUCKETS - 1)
-    }
-
-    fn add(size: usize, sign: isize) {
-        LIVE.fetch_add(sign * size as isize, Ordering::Relaxed);
-        BY_SIZE[bucket(size)].fetch_add(sign, Ordering::Relaxed);
-    }
-
-    // SAFETY: every method forwards to mimalloc with the caller's layout
-    // and pointer unchanged; the counters are only atomics.
-    unsafe impl GlobalAlloc for Counted {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            add(layout.size(), 1);
-            // SAFETY: the caller's contract, forwarded.
-            unsafe { mimalloc::MiMalloc.alloc(layout) }
-        }
-
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            add(layout.size(), 1);
-            // SAFETY: the caller's contract, forwarded.
-            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
-        }
-
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            add(layout.size(), -1);
-            // SAFETY: the caller's contract, forwarded.
-            unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
-        }
-
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            add(layout.size(), -1);
-            add(new_size, 1);
-            // SAFETY: the caller's contract, forwarded.
-            unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
-        }
-    }
-
-    /// Bytes allocated and not freed.
-    pub(crate) fn live() -> usize {
-        LIVE.load(Ordering::Relaxed).max(0) as usize
-    }
-
-    /// The allocation sizes holding the most live bytes.
-    pub(crate) fn print_sizes() {
-        let mut sizes: Vec<(usize, isize)> = BY_SIZE
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (i * 16, n.load(Ordering::Relaxed)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        sizes.sort_by_key(|(size, n)| std::cmp::Reverse(*size as isize * n));
-        println!("| size (up to) | live allocations | bytes |");
-        println!("|---:|---:|---:|");
-        for (size, n) in sizes.iter().take(25) {
-            println!(
-                "| {size} | {n} | {:.1} MiB |",
-                (*size as isize * n) as f64 / (1 << 20) as f64
-            );
-        }
+/// The allocation sizes holding the most live bytes.
+fn print_heap_sizes() {
+    let mut sizes = Counting::live_by_size();
+    sizes.sort_by_key(|(size, n)| std::cmp::Reverse(*size as isize * n));
+    println!("| size (up to) | live allocations | bytes |");
+    println!("|---:|---:|---:|");
+    for (size, n) in sizes.iter().take(25) {
+        println!(
+            "| {size} | {n} | {:.1} MiB |",
+            (*size as isize * n) as f64 / (1 << 20) as f64
+        );
     }
 }
