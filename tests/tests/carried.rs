@@ -158,6 +158,64 @@ async fn a_carried_attempt_runs_without_start_and_reads_as_running() -> Result<(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn one_batch_of_keyed_and_keyless_successes_settles_each_tasks_own_record() -> Result<()> {
+    // Only keyed completions name a record in the script's keys, so the
+    // script pairs records with completions by counting: every keyed task
+    // must end with its own record completed. A success that logged
+    // nothing writes no log; one that logged keeps it.
+    let dtq = Dtq::start(false, &[]).await?;
+    let keys = [
+        Some("mixed-0"),
+        None,
+        Some("mixed-2"),
+        None,
+        Some("mixed-4"),
+    ];
+    let mut ids = Vec::new();
+    for (n, key) in keys.iter().enumerate() {
+        ids.push(
+            dtq.submit_new("default", json!({"task": "echo", "payload": n}), *key)
+                .await?,
+        );
+    }
+    let taken = dtq.read_and_start("tester", 10).await?;
+    ensure!(taken.len() == keys.len(), "read {} tasks", taken.len());
+    let completions: Vec<_> = taken
+        .iter()
+        .map(|(delivery, task)| {
+            let mut c = completion(delivery, task, CompletionKind::Success);
+            if task.idempotency_key.as_deref() == Some("mixed-2") {
+                c.log = "said hello\n".into();
+            }
+            c
+        })
+        .collect();
+    let outcomes = dtq.store.complete(&completions).await?;
+    assert_eq!(
+        outcomes,
+        vec![CompleteOutcome::Done(TaskStatus::Succeeded); keys.len()]
+    );
+    for key in keys.iter().flatten() {
+        assert_eq!(
+            dtq.idem_state("default", key).await?.as_deref(),
+            Some("completed"),
+            "record {key}"
+        );
+    }
+    for (id, key) in ids.iter().zip(keys) {
+        let shown = dtq.task("default", id).await?;
+        assert_eq!(shown["status"], "SUCCEEDED", "{shown:#}");
+        if key == Some("mixed-2") {
+            assert_eq!(shown["log"], "said hello\n", "{shown:#}");
+        } else {
+            assert_eq!(hash_field(&dtq, id, "log").await?, None, "task {id}");
+            assert_eq!(shown["log"], Value::Null, "{shown:#}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     let (id, delivery, task) =

@@ -950,6 +950,103 @@ async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn one_batch_reads_each_completions_own_values_whatever_its_shape() -> Result<()> {
+    // A completion sends only what its outcome reads: no attempt for a
+    // carried one, a retry time only for a failed one. One batch of every
+    // shape, interleaved, must write each task from its own values.
+    let dtq = Dtq::start(false, &[]).await?;
+    let later = json!(600_000);
+    let submissions = [
+        (
+            "a",
+            json!({"task": "echo", "payload": "a"}),
+            Some("shape-a"),
+        ),
+        (
+            "b",
+            json!({"task": "echo", "payload": "b", "max_attempts": 3}),
+            None,
+        ),
+        (
+            "c",
+            json!({"task": "echo", "payload": "c", "expires_in_ms": later}),
+            None,
+        ),
+        (
+            "d",
+            json!({"task": "echo", "payload": "d", "max_attempts": 3, "expires_in_ms": later}),
+            Some("shape-d"),
+        ),
+        ("e", json!({"task": "echo", "payload": "e"}), None),
+    ];
+    let mut ids = Vec::new();
+    for (_, body, key) in &submissions {
+        ids.push(submit_ok(&dtq, body.clone(), *key).await?);
+    }
+    let taken = dtq.read_and_start("tester", 10).await?;
+    assert_eq!(taken.len(), ids.len());
+    let now = dtq_host::ingest::now_ms();
+    let retry_b = now + 111_000;
+    let retry_d = now + 222_000;
+    let completions: Vec<Completion> = taken
+        .iter()
+        .map(|(delivery, task)| {
+            let name = submissions[ids.iter().position(|id| *id == task.id).unwrap()].0;
+            let mut c = dtq_tests::completion(delivery, task, CompletionKind::Success);
+            c.detail = format!("\"{name}\"");
+            match name {
+                "b" => (c.kind, c.retry_at) = (CompletionKind::Retry, retry_b),
+                "c" => c.kind = CompletionKind::Fatal,
+                "d" => (c.kind, c.retry_at) = (CompletionKind::Retry, retry_d),
+                _ => {}
+            }
+            c
+        })
+        .collect();
+    // Carried (a, b, e) and begun by `start` (c, d: they have an expiry).
+    let carried: Vec<bool> = taken.iter().map(|(_, t)| t.carried_at.is_some()).collect();
+    assert_eq!(carried, [true, true, false, false, true]);
+    let outcomes = dtq.store.complete(&completions).await?;
+    use TaskStatus::*;
+    assert_eq!(
+        outcomes,
+        [Succeeded, Retrying, Failed, Retrying, Succeeded].map(CompleteOutcome::Done)
+    );
+    // Each task's status, attempt, the field its outcome wrote, and its
+    // retry time for the two that retry.
+    let want = [
+        ("SUCCEEDED", "result", json!("a"), None),
+        ("RETRYING", "error", json!("\"b\""), Some(retry_b)),
+        ("FAILED", "error", json!("\"c\""), None),
+        ("RETRYING", "error", json!("\"d\""), Some(retry_d)),
+        ("SUCCEEDED", "result", json!("e"), None),
+    ];
+    for (id, (status, field, value, run_at)) in ids.iter().zip(want) {
+        let shown = dtq.task("default", id).await?;
+        assert_eq!(
+            (
+                shown["status"].as_str(),
+                shown["attempts"].as_u64(),
+                &shown[field],
+                shown["run_at"].as_u64()
+            ),
+            (Some(status), Some(1), &value, run_at),
+            "{shown:#}"
+        );
+    }
+    // a's record completed; d's stays processing while it retries.
+    assert_eq!(
+        dtq.idem_state("default", "shape-a").await?.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(
+        dtq.idem_state("default", "shape-d").await?.as_deref(),
+        Some("processing")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     let store = &dtq.store;
@@ -972,11 +1069,13 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
     let outcomes = store
         .complete(&[completion(1, 1), completion(0, 7), completion(0, 1)])
         .await?;
+    // Attempt 7 is not the carried attempt (always attempt 1) that the
+    // task's hash, QUEUED, stands for: stale, with the status found.
     assert_eq!(
         outcomes,
         vec![
             CompleteOutcome::Done(TaskStatus::Succeeded),
-            CompleteOutcome::Stale("RUNNING".into()),
+            CompleteOutcome::Stale("QUEUED".into()),
             CompleteOutcome::Done(TaskStatus::Succeeded),
         ]
     );

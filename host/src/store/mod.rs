@@ -704,23 +704,38 @@ impl Store {
             .arg(self.settings.task_retention_s)
             .arg(self.settings.events_max_len);
         for c in batch {
-            let attempt = match c.kind {
-                CompletionKind::Expired => String::new(),
-                _ => c.attempt.to_string(),
-            };
-            inv.key(keys.task(&c.task_id))
-                .key(keys.idempotency(c.idempotency_key.as_deref()))
-                .arg(&c.task_id)
+            inv.key(keys.task(&c.task_id));
+        }
+        // Only the completions with a key name a record (complete.lua).
+        for key in batch.iter().filter_map(|c| c.idempotency_key.as_deref()) {
+            inv.key(keys.idempotency(Some(key)));
+        }
+        // Each sends only what its outcome reads (complete.lua): the
+        // attempt unless it is a carried one (attempt 1), the retry time
+        // only for a failed attempt.
+        for c in batch {
+            let carried_at = c.carried_at.filter(|_| c.attempt == 1);
+            inv.arg(&c.task_id)
                 .arg(&c.msg_id)
                 .arg(c.kind.as_str())
                 .arg(&c.detail)
                 .arg(&c.log)
                 .arg(c.now)
                 .arg(flag(c.idempotency_key.is_some()))
-                .arg(attempt)
-                .arg(c.retry_at)
                 .arg(c.digest.as_deref().unwrap_or(""))
-                .arg(c.carried_at.map(|at| at.to_string()).unwrap_or_default());
+                .arg(carried_at.map(|at| at.to_string()).unwrap_or_default());
+            match (carried_at, c.kind) {
+                (Some(_), _) => {}
+                (None, CompletionKind::Expired) => {
+                    inv.arg("");
+                }
+                (None, _) => {
+                    inv.arg(c.attempt);
+                }
+            }
+            if matches!(c.kind, CompletionKind::Retry | CompletionKind::Lost) {
+                inv.arg(c.retry_at);
+            }
         }
         inv
     }

@@ -15,31 +15,37 @@
     KEYS[2] delayed set       dtq:delayed:{q}
     KEYS[3] dead-letter set   dtq:dlq:{q}
     KEYS[4] events stream     dtq:events:{q}
-    then, per completion i (from 0):
-    KEYS[5 + 2i] task hash            dtq:task:{q}:<id>
-    KEYS[6 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
+    KEYS[5 + i]  the task hash of completion i (from 0), dtq:task:{q}:<id>
+    then the idempotency records dtq:idempotency:{q}:<key> of the
+    completions that have a key, in their order (none for the others)
 
     ARGV[1] consumer group
     ARGV[2] retention of terminal task hashes (s)
     ARGV[3] events stream max length
-    then, per completion i, 11 values from ARGV[4 + 11i]:
+    then, per completion in order, from ARGV[4]:
       task id; stream message id ("" for a task not in the stream);
       outcome: success | fatal | retry | lost | cancelled | expired | defer;
       result (JSON, for success) or error message; captured log;
-      now (ms since epoch); "1" when the task has an idempotency key;
-      the attempt this completion belongs to ("" for expired);
-      retry due time (ms since epoch), used when the outcome retries;
+      now (ms since epoch); "1" when the task has an idempotency key (its
+      record is the next of the records in KEYS), else "0";
       digest of the module the attempt ran ("" when unknown);
       when a carried attempt started (ms since epoch), "" for an attempt
-      `start` began
+      `start` began;
+      then, but for a carried attempt (which is always attempt 1), the
+      attempt this completion belongs to ("" for expired);
+      then, for retry and lost only, the retry due time (ms since epoch).
+    A completion sends only what its outcome reads: every value sent costs
+    Redis a parse and a Lua string.
 
     A carried attempt ran from its stream message alone (ingest.lua): no
     `start` wrote it, so the hash is still QUEUED, attempts 0, naming that
     message. Such a hash is this attempt's (attempt 1): the completion
     writes what `start` would have (attempts, started_at) with the rest,
-    in the same HSET on success. Anything else found (the attempt written
-    by its first heartbeat, the message reclaimed and started elsewhere,
-    the task completed) is checked as for any attempt.
+    in the same HSET on success, where an empty log is not written: the
+    hash has none yet, and a reader takes a missing log as empty. Anything
+    else found (the attempt written by its first heartbeat, the message
+    reclaimed and started elsewhere, the task completed) is checked as for
+    any attempt.
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
@@ -81,6 +87,10 @@
   Events: the new status of each task, one stream entry for the batch
   (`pushEvent`, include/idem.lua), written before the ACK.
 ]]
+-- Locals, not globals: a global is a table lookup at each use, and the
+-- loop below reads ARGV a dozen times per completion.
+local KEYS, ARGV, rcall = KEYS, ARGV, redis.call
+
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
 
@@ -91,30 +101,60 @@ local failed = { retry = true, lost = true }
 local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
 local acks = {}
 
-for a = 6, #ARGV, 11 do
-  if not (direct[ARGV[a]] or failed[ARGV[a]] or ARGV[a] == "defer") then
-    return redis.error_reply("ERR unknown outcome " .. ARGV[a])
+-- Where each completion's values start in ARGV; every outcome is checked
+-- before anything is written.
+local starts, count = {}, 0
+local a, argc = 4, #ARGV
+while a <= argc do
+  local outcome = ARGV[a + 2]
+  if not (direct[outcome] or failed[outcome] or outcome == "defer") then
+    return redis.error_reply("ERR unknown outcome " .. tostring(outcome))
+  end
+  count = count + 1
+  starts[count] = a
+  a = a + 9
+  if ARGV[a - 1] == "" then
+    a = a + 1
+  end
+  if failed[outcome] then
+    a = a + 1
   end
 end
 
 -- Numbers stay the strings they came as: Lua formats numbers slowly.
 -- Returns the completion's code and the task's status.
 local function completeOne(taskKey, idemKey, a)
-  local taskId, msgId, outcome, detail, log, now, hasKey, attempt, retryAt, digest, carriedAt =
+  local taskId, msgId, outcome, detail, log, now, hasKey, digest, carriedAt =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10]
+    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
+  local attempt, retryAt = "1", nil
+  a = a + 9
+  if carriedAt == "" then
+    attempt, a = ARGV[a], a + 1
+  end
+  if failed[outcome] then
+    retryAt = ARGV[a]
+  end
 
   -- The common case first, with the least reading: a carried attempt that
   -- succeeded. It was the task's first, so there is no earlier error to
   -- clear nor digests to append to. Any other state found (its first beat
   -- wrote the attempt, or it is not this attempt's) takes the full path.
-  if carriedAt ~= "" and outcome == "success" and attempt == "1" then
-    local c = redis.call("HMGET", taskKey, "status", "msg_id", "attempts")
+  if carriedAt ~= "" and outcome == "success" then
+    local c = rcall("HMGET", taskKey, "status", "msg_id", "attempts")
     if carriedFirst(c[1], c[3], c[2], msgId) then
-      redis.call("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-        "log", log, "result", detail, "finished_at", now, "digests", digest ~= "" and digest or "-",
-        "started_at", carriedAt)
-      redis.call("EXPIRE", taskKey, retention)
+      digest = digest ~= "" and digest or "-"
+      -- Each field the hash lacks costs a scan of it and an append: a
+      -- handler that logged nothing adds no `log`.
+      if log == "" then
+        rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+          "result", detail, "finished_at", now, "digests", digest, "started_at", carriedAt)
+      else
+        rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+          "log", log, "result", detail, "finished_at", now, "digests", digest,
+          "started_at", carriedAt)
+      end
+      rcall("EXPIRE", taskKey, retention)
       pushEvent(taskId, "SUCCEEDED", "1", now)
       if hasKey then
         setIdemState(idemKey, taskId, "completed", now)
@@ -124,7 +164,7 @@ local function completeOne(taskKey, idemKey, a)
     end
   end
 
-  local f = redis.call("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
+  local f = rcall("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
     "cancel_requested", "error", "digests")
   local current, attempts, maxAttempts, cancelRequested, hadError, digests =
     f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
@@ -148,27 +188,27 @@ local function completeOne(taskKey, idemKey, a)
     end
     if cancelRequested then
       local before = tonumber(attempts) - 1
-      redis.call("HSET", taskKey, "status", "CANCELLED", "updated_at", now,
+      rcall("HSET", taskKey, "status", "CANCELLED", "updated_at", now,
         "attempts", before, "error", "cancelled before it ran", "finished_at", now)
-      redis.call("EXPIRE", taskKey, retention)
+      rcall("EXPIRE", taskKey, retention)
       pushEvent(taskId, "CANCELLED", before, now)
       if hasKey then
         setIdemState(idemKey, taskId, "failed", now)
       end
       return 1, "CANCELLED"
     end
-    local n = redis.call("HINCRBY", taskKey, "deferrals", 1)
+    local n = rcall("HINCRBY", taskKey, "deferrals", 1)
     local due = tonumber(now) + math.min(DEFER_BASE_MS * 2 ^ math.min(n - 1, 16), DEFER_MAX_MS)
     local before = tonumber(attempts) - 1
-    redis.call("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
+    rcall("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
       "attempts", before, "error", detail, "run_at", due)
     pushEvent(taskId, "SCHEDULED", before, now)
-    redis.call("ZADD", delayedKey, due, taskId)
+    rcall("ZADD", delayedKey, due, taskId)
     return 1, "SCHEDULED"
   end
 
   if began then
-    redis.call("HSET", taskKey, "attempts", "1", "started_at", began)
+    rcall("HSET", taskKey, "attempts", "1", "started_at", began)
   end
 
   local status = direct[outcome]
@@ -190,7 +230,7 @@ local function completeOne(taskKey, idemKey, a)
   end
   local counted = false
   if outcome == "lost" then
-    counted = redis.call("HEXISTS", taskKey, "attempt:" .. attempt) == 1
+    counted = rcall("HEXISTS", taskKey, "attempt:" .. attempt) == 1
   end
   if outcome ~= "expired" and not counted then
     if digest == "" then
@@ -201,23 +241,23 @@ local function completeOne(taskKey, idemKey, a)
   if status == "RETRYING" then
     local lostLog = outcome ~= "lost" and log or nil
     archiveAttempt(taskKey, tonumber(attempt), outcome, detail, lostLog,
-      redis.call("HGET", taskKey, "started_at"), now, digest)
+      rcall("HGET", taskKey, "started_at"), now, digest)
   end
   if outcome == "lost" then
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, detailField, detail,
+    rcall("HSET", taskKey, "status", status, "updated_at", now, detailField, detail,
       timeField, at, "digests", digests)
   elseif outcome == "expired" then
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
+    rcall("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at)
   else
-    redis.call("HSET", taskKey, "status", status, "updated_at", now, "log", log,
+    rcall("HSET", taskKey, "status", status, "updated_at", now, "log", log,
       detailField, detail, timeField, at, "digests", digests)
   end
   if status == "SUCCEEDED" and hadError then
-    redis.call("HDEL", taskKey, "error")
+    rcall("HDEL", taskKey, "error")
   end
   if status ~= "RETRYING" and status ~= "DEAD_LETTERED" then
-    redis.call("EXPIRE", taskKey, retention)
+    rcall("EXPIRE", taskKey, retention)
   end
 
   -- 2. The lifecycle event (written for the batch, below).
@@ -225,9 +265,9 @@ local function completeOne(taskKey, idemKey, a)
 
   -- 3. The follow-up write.
   if status == "RETRYING" then
-    redis.call("ZADD", delayedKey, retryAt, taskId)
+    rcall("ZADD", delayedKey, retryAt, taskId)
   elseif status == "DEAD_LETTERED" then
-    redis.call("ZADD", dlqKey, now, taskId)
+    rcall("ZADD", dlqKey, now, taskId)
   end
 
   -- 4. The idempotency record: a retrying task stays "processing".
@@ -241,7 +281,7 @@ local function completeOne(taskKey, idemKey, a)
     acks[#acks + 1] = msgId
   end
   if outcome == "expired" then
-    redis.call("ZREM", delayedKey, taskId)
+    rcall("ZREM", delayedKey, taskId)
   end
   return 1, status
 end
@@ -280,8 +320,13 @@ local function notOlder(ids, from)
 end
 
 local out = {}
-for i = 0, (#KEYS - 4) / 2 - 1 do
-  out[2 * i + 1], out[2 * i + 2] = completeOne(KEYS[5 + 2 * i], KEYS[6 + 2 * i], 4 + 11 * i)
+local record = 5 + count
+for i = 1, count do
+  local first, idemKey = starts[i], nil
+  if ARGV[first + 6] == "1" then
+    idemKey, record = KEYS[record], record + 1
+  end
+  out[2 * i - 1], out[2 * i] = completeOne(KEYS[4 + i], idemKey, first)
 end
 
 -- 2. The batch's lifecycle events, in one entry.
@@ -294,15 +339,15 @@ flushEvents(eventsKey, eventsMaxLen)
 -- MINID removes those, usually most of this batch, far cheaper than
 -- deleting them one by one; XDEL removes the rest.
 if #acks > 0 then
-  redis.call("XACK", streamKey, group, unpack(acks))
-  local oldest = redis.call("XPENDING", streamKey, group, "-", "+", 1)[1]
+  rcall("XACK", streamKey, group, unpack(acks))
+  local oldest = rcall("XPENDING", streamKey, group, "-", "+", 1)[1]
   local rest = acks
   if oldest then
-    redis.call("XTRIM", streamKey, "MINID", oldest[1])
+    rcall("XTRIM", streamKey, "MINID", oldest[1])
     rest = notOlder(acks, oldest[1])
   end
   if #rest > 0 then
-    redis.call("XDEL", streamKey, unpack(rest))
+    rcall("XDEL", streamKey, unpack(rest))
   end
 end
 return out
