@@ -36,8 +36,8 @@
 //! - `outcome`, `class`, `state`, `operation`: fixed lists in this crate;
 //! - `digest`: one per loaded handler.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -210,15 +210,15 @@ impl TrapClass {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabels {
-    queue: String,
-    task: String,
+    queue: Arc<str>,
+    task: Arc<str>,
     outcome: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TaskLabels {
-    queue: String,
-    task: String,
+    queue: Arc<str>,
+    task: Arc<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -275,6 +275,32 @@ impl RedisLatency {
     }
 }
 
+/// Label values, one shared string per distinct value: the worker's
+/// series are looked up per task with labels cloned from here, not built
+/// as new strings each time. Holds no more values than the series do.
+#[derive(Clone, Default)]
+struct LabelValues(Arc<RwLock<HashSet<Arc<str>>>>);
+
+impl LabelValues {
+    fn get(&self, value: &str) -> Arc<str> {
+        if let Some(known) = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(value)
+        {
+            return known.clone();
+        }
+        let mut values = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = values.get(value) {
+            return known.clone();
+        }
+        let value: Arc<str> = value.into();
+        values.insert(value.clone());
+        value
+    }
+}
+
 /// What names a `task` label may take: the tasks this process knows.
 #[derive(Clone, Default)]
 struct TaskNames {
@@ -285,7 +311,7 @@ struct TaskNames {
 
 impl TaskNames {
     /// `task` if this process knows it, else [`OTHER`].
-    fn label(&self, task: &str) -> String {
+    fn label<'a>(&self, task: &'a str) -> &'a str {
         let loaded = || {
             self.sandbox
                 .read()
@@ -294,9 +320,9 @@ impl TaskNames {
                 .is_some_and(|s| s.has_handler(task))
         };
         if self.catalog.has(task) || loaded() {
-            task.to_owned()
+            task
         } else {
-            OTHER.to_owned()
+            OTHER
         }
     }
 
@@ -320,6 +346,7 @@ pub struct WorkerMetrics {
     in_flight: Gauge,
     slots: Gauge,
     names: TaskNames,
+    values: LabelValues,
 }
 
 impl WorkerMetrics {
@@ -331,6 +358,7 @@ impl WorkerMetrics {
             in_flight: Gauge::default(),
             slots: Gauge::default(),
             names,
+            values: LabelValues::default(),
         };
         // Every class from the start, so a first trap is a rise from 0.
         for class in TrapClass::ALL {
@@ -348,17 +376,17 @@ impl WorkerMetrics {
 
     /// The `task` label of task name `task`: itself if this process knows
     /// it, else [`OTHER`].
-    pub fn task_label(&self, task: &str) -> String {
-        self.names.label(task)
+    pub fn task_label(&self, task: &str) -> Arc<str> {
+        self.values.get(self.names.label(task))
     }
 
     /// One completion written, of `queue` and `task` (a label from
     /// [`WorkerMetrics::task_label`]).
-    pub fn count_outcome(&self, queue: &str, task: &str, outcome: AttemptOutcome) {
+    pub fn count_outcome(&self, queue: &str, task: &Arc<str>, outcome: AttemptOutcome) {
         self.outcomes
             .get_or_create(&OutcomeLabels {
-                queue: queue.to_owned(),
-                task: task.to_owned(),
+                queue: self.values.get(queue),
+                task: task.clone(),
                 outcome: outcome.as_str(),
             })
             .inc();
@@ -366,11 +394,11 @@ impl WorkerMetrics {
 
     /// One handler call of `queue` and `task` (a label) that took
     /// `elapsed`.
-    pub fn observe_call(&self, queue: &str, task: &str, elapsed: Duration) {
+    pub fn observe_call(&self, queue: &str, task: &Arc<str>, elapsed: Duration) {
         self.durations
             .get_or_create(&TaskLabels {
-                queue: queue.to_owned(),
-                task: task.to_owned(),
+                queue: self.values.get(queue),
+                task: task.clone(),
             })
             .observe(elapsed.as_secs_f64());
     }
@@ -631,7 +659,21 @@ mod tests {
     #[test]
     fn a_task_this_process_does_not_know_is_other() {
         let metrics = WorkerMetrics::detached();
-        assert_eq!(metrics.task_label("anything"), OTHER);
+        assert_eq!(&*metrics.task_label("anything"), OTHER);
+    }
+
+    #[test]
+    fn a_label_value_is_one_shared_string() {
+        let values = LabelValues::default();
+        let first = values.get("emails");
+        assert!(Arc::ptr_eq(&first, &values.get("emails")));
+        assert_eq!(&*values.get("reports"), "reports");
+        assert!(!Arc::ptr_eq(&first, &values.get("reports")));
+        let metrics = WorkerMetrics::detached();
+        assert!(Arc::ptr_eq(
+            &metrics.task_label("anything"),
+            &metrics.task_label("something else")
+        ));
     }
 
     #[test]

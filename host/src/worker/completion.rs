@@ -24,6 +24,8 @@
 //! as "not now" (loading, busy, out of memory, failover) are retried, but
 //! only [`MAX_REFUSALS`] times.
 
+use std::sync::Arc;
+
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
@@ -43,7 +45,7 @@ const MAX_BATCH: usize = 128;
 pub(super) struct Pending {
     pub(super) completion: Completion,
     /// Its task's label in `/metrics` (the task name, or `other`).
-    pub(super) task: String,
+    pub(super) task: Arc<str>,
     pub(super) slot: OwnedSemaphorePermit,
     /// The message's entry in the running set.
     pub(super) registration: Registration,
@@ -160,7 +162,7 @@ enum Written {
 #[derive(Clone, Copy)]
 struct Counted<'a> {
     metrics: &'a WorkerMetrics,
-    tasks: &'a [String],
+    tasks: &'a [Arc<str>],
 }
 
 async fn write_retrying(

@@ -115,7 +115,7 @@ async fn execute(
 /// What `/metrics` keeps of a handler call: its duration, and its trap's
 /// class if it trapped. A call that found no handler ran nothing and counts
 /// for neither (its attempt is deferred).
-fn record_call(metrics: &WorkerMetrics, queue: &str, task: &str, report: &CallReport) {
+fn record_call(metrics: &WorkerMetrics, queue: &str, task: &Arc<str>, report: &CallReport) {
     if let Outcome::Trapped(trap) = &report.outcome {
         match TrapClass::of(trap) {
             Some(class) => metrics.count_trap(class),
@@ -152,7 +152,7 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
 async fn hand_over(
     shared: &Shared,
     completion: Completion,
-    task: String,
+    task: Arc<str>,
     slot: OwnedSemaphorePermit,
     registration: Registration,
 ) {
