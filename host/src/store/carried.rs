@@ -29,8 +29,7 @@
 //!
 //! [`Store::start`]: super::Store::start
 
-use std::collections::HashMap;
-
+use super::entries::Fields;
 use super::types::{Delivery, NewTask, StartedTask};
 
 /// The hash fields a message carries, in the order `Store::ingest_call`
@@ -47,13 +46,9 @@ pub(super) fn carried_fields(new: &NewTask) -> usize {
 
 /// The task a message's fields carry, if they do (see [`carried_fields`]):
 /// attempt 1 of task `id` of `queue`.
-pub(super) fn carried_task(
-    queue: &str,
-    id: &str,
-    fields: &mut HashMap<String, String>,
-) -> Option<StartedTask> {
-    let task = fields.remove("task")?;
-    let payload = fields.remove("payload")?;
+pub(super) fn carried_task(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTask> {
+    let task = fields.take("task")?;
+    let payload = fields.take("payload")?;
     Some(StartedTask {
         id: id.to_owned(),
         queue: queue.to_owned(),
@@ -65,7 +60,7 @@ pub(super) fn carried_task(
             .and_then(|v| v.parse().ok())
             .unwrap_or(1),
         timeout_ms: fields.get("timeout_ms").and_then(|v| v.parse().ok()),
-        idempotency_key: fields.remove("idempotency_key").filter(|k| !k.is_empty()),
+        idempotency_key: fields.take("idempotency_key").filter(|k| !k.is_empty()),
         cancel_requested: false,
         carried_at: None,
     })
@@ -74,12 +69,8 @@ pub(super) fn carried_task(
 /// The delivery of a message read fresh from `queue`'s group (never a
 /// reclaimed one): `None` for a message without a task id, which is not
 /// one of ours to run.
-pub fn fresh_delivery(
-    queue: &str,
-    msg_id: String,
-    mut fields: HashMap<String, String>,
-) -> Option<Delivery> {
-    let task_id = fields.remove("id")?;
+pub(super) fn fresh_delivery(queue: &str, msg_id: String, mut fields: Fields) -> Option<Delivery> {
+    let task_id = fields.take("id")?;
     let carried = carried_task(queue, &task_id, &mut fields).map(Box::new);
     Some(Delivery {
         msg_id,
@@ -94,14 +85,13 @@ mod tests {
 
     #[test]
     fn a_message_carries_a_task_only_with_its_name_and_payload() {
-        let mut fields: HashMap<String, String> = [
+        let mut fields: Fields = [
             ("task", "echo"),
             ("payload", "{}"),
             ("max_attempts", "3"),
             ("timeout_ms", "500"),
         ]
         .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         let task = carried_task("q", "t1", &mut fields.clone()).expect("carried");
         assert_eq!(
@@ -109,7 +99,7 @@ mod tests {
             (1, 3, Some(500))
         );
         assert_eq!(task.idempotency_key, None);
-        fields.remove("payload");
+        fields.take("payload");
         assert!(carried_task("q", "t1", &mut fields).is_none());
     }
 }

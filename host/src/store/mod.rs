@@ -17,6 +17,7 @@ mod batch;
 mod carried;
 mod conn;
 mod dlq;
+mod entries;
 mod events;
 mod expiry;
 mod keys;
@@ -35,9 +36,9 @@ use std::time::{Duration, Instant};
 
 use redis::{FromRedisValue, Value};
 
-pub use carried::fresh_delivery;
 pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
+pub(crate) use entries::fresh_deliveries;
 pub use events::{
     EventId, EventsGap, EventsStart, InvalidEventId, InvalidStreamId, QueueEvent, StreamId,
 };
@@ -458,21 +459,7 @@ impl Store {
                     .query_async(conn),
             )
             .await?;
-        let mut out = Vec::new();
-        // Reply: nil, or [[stream, [[id, [field, value, ...]], ...]]] (RESP2)
-        // or a map of stream to entries (RESP3).
-        let streams: Vec<(String, Value)> = match reply {
-            Value::Nil => return Ok(out),
-            Value::Map(pairs) => pairs
-                .into_iter()
-                .map(|(k, v)| Ok((from_value(Some(k))?, v)))
-                .collect::<Result<_, StoreError>>()?,
-            other => from_value(Some(other))?,
-        };
-        for (_, entries) in streams {
-            parse_entries(entries, Some(queue), &mut out)?;
-        }
-        Ok(out)
+        fresh_deliveries(queue, reply)
     }
 
     /// Claim for `consumer` up to `count` messages of `queue` that no live
@@ -501,8 +488,8 @@ impl Store {
             .await?;
         let mut reply = reply.into_iter();
         let mut reclaimed = Reclaimed::default();
-        parse_entries(from_value(reply.next())?, None, &mut reclaimed.dead)?;
-        parse_entries(from_value(reply.next())?, None, &mut reclaimed.own)?;
+        entries::parse(from_value(reply.next())?, None, &mut reclaimed.dead)?;
+        entries::parse(from_value(reply.next())?, None, &mut reclaimed.own)?;
         Ok(reclaimed)
     }
 
@@ -1126,31 +1113,4 @@ fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
 
 fn unexpected(script: &str, code: Code) -> StoreError {
     StoreError::Protocol(format!("{script} returned {code:?}, which it never should"))
-}
-
-/// Parse `[[id, [field, value, ...]], ...]` into deliveries: read fresh
-/// from `queue`'s group when it is given (a message may carry its task,
-/// see `carried.rs`), else reclaimed (never carried: `start` runs those).
-/// Entries whose body was deleted (nil) carry no task and are skipped.
-fn parse_entries(
-    entries: Value,
-    fresh: Option<&str>,
-    out: &mut Vec<Delivery>,
-) -> Result<(), StoreError> {
-    let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
-    for (msg_id, body) in entries {
-        let mut body = body.unwrap_or_default().into_iter();
-        let mut fields: HashMap<String, String> =
-            std::iter::from_fn(|| Some((body.next()?, body.next()?))).collect();
-        let delivery = match fresh {
-            Some(queue) => carried::fresh_delivery(queue, msg_id, fields),
-            None => fields.remove("id").map(|task_id| Delivery {
-                msg_id,
-                task_id,
-                carried: None,
-            }),
-        };
-        out.extend(delivery);
-    }
-    Ok(())
 }

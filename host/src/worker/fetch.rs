@@ -29,12 +29,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Value;
-use redis::streams::{StreamInfoGroupsReply, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise};
-use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_delivery};
+use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_deliveries};
 
 /// Read new messages of every queue of the worker while slots are free,
 /// until `stop`. Each batch is started and dispatched on a task of its own:
@@ -185,7 +185,7 @@ async fn read_now(
     consumer: &str,
     count: usize,
 ) -> Result<Vec<Delivery>, StoreError> {
-    let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+    let reply: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(GROUP)
         .arg(consumer)
@@ -196,21 +196,7 @@ async fn read_now(
         .arg(">")
         .query_async(conn)
         .await?;
-    let mut out = Vec::new();
-    for key in reply.map(|r| r.keys).unwrap_or_default() {
-        for entry in key.ids {
-            let fields = entry
-                .map
-                .into_iter()
-                .filter_map(|(name, value)| match value {
-                    Value::BulkString(v) => Some((name, String::from_utf8(v).ok()?)),
-                    _ => None,
-                })
-                .collect();
-            out.extend(fresh_delivery(queue, entry.id, fields));
-        }
-    }
-    Ok(out)
+    fresh_deliveries(queue, reply)
 }
 
 /// Wait until one of `streams` has a message its group has not delivered,

@@ -1,0 +1,253 @@
+//! Stream entries as a read delivers them (XREADGROUP, and XAUTOCLAIM in
+//! `reclaim.lua`), parsed straight from the reply's values.
+//!
+//! This runs for every task a worker reads, so it builds no map: an
+//! entry's fields are a handful of pairs, and finding one by scanning them
+//! costs less than hashing; each name and value moves out of the reply's
+//! buffer into a `String` without a copy.
+
+use redis::Value;
+
+use super::StoreError;
+use super::carried;
+use super::types::Delivery;
+
+/// One entry's fields, in the order the stream holds them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Take the value of field `name` out, if the entry has it.
+    pub(super) fn take(&mut self, name: &str) -> Option<String> {
+        let i = self.0.iter().position(|(n, _)| n == name)?;
+        Some(self.0.swap_remove(i).1)
+    }
+
+    /// The value of field `name`, if the entry has it.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find_map(|(n, v)| (n == name).then_some(v.as_str()))
+    }
+}
+
+impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
+        Fields(
+            pairs
+                .into_iter()
+                .map(|(n, v)| (n.into(), v.into()))
+                .collect(),
+        )
+    }
+}
+
+/// The deliveries of an XREADGROUP reply for `queue`'s stream, read fresh
+/// from its group (a message may carry its task, see `carried.rs`).
+///
+/// The reply is nil when nothing was read, else the streams read with
+/// their entries: `[[stream, entries]]` in RESP2, a map of stream to
+/// entries in RESP3.
+pub(crate) fn fresh_deliveries(queue: &str, reply: Value) -> Result<Vec<Delivery>, StoreError> {
+    let mut out = Vec::new();
+    let streams = match reply {
+        Value::Nil => return Ok(out),
+        Value::Map(pairs) => pairs.into_iter().map(|(_, entries)| entries).collect(),
+        Value::Array(streams) => streams
+            .into_iter()
+            .map(|stream| match stream {
+                Value::Array(pair) => pair.into_iter().nth(1).ok_or_else(|| malformed("stream")),
+                other => Err(malformed_value("stream", &other)),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        other => return Err(malformed_value("XREADGROUP reply", &other)),
+    };
+    for entries in streams {
+        parse(entries, Some(queue), &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Parse `[[id, [field, value, ...]], ...]` into deliveries: read fresh
+/// from `queue`'s group when it is given, else reclaimed (never carried:
+/// `start` runs those). An entry whose body was deleted (nil), or whose
+/// fields name no task id, carries no task and is skipped; so is a field
+/// whose name or value is not UTF-8 (nothing dtq writes).
+pub(super) fn parse(
+    entries: Value,
+    fresh: Option<&str>,
+    out: &mut Vec<Delivery>,
+) -> Result<(), StoreError> {
+    let entries = match entries {
+        Value::Array(entries) => entries,
+        Value::Nil => return Ok(()),
+        other => return Err(malformed_value("entries", &other)),
+    };
+    out.reserve(entries.len());
+    for entry in entries {
+        let Value::Array(entry) = entry else {
+            return Err(malformed_value("entry", &entry));
+        };
+        let mut entry = entry.into_iter();
+        let msg_id = match entry.next() {
+            Some(Value::BulkString(id)) => {
+                String::from_utf8(id).map_err(|_| malformed("entry id"))?
+            }
+            Some(other) => return Err(malformed_value("entry id", &other)),
+            None => return Err(malformed("entry")),
+        };
+        let mut fields = match entry.next() {
+            Some(body) => fields(body)?,
+            None => Fields::default(),
+        };
+        let delivery = match fresh {
+            Some(queue) => carried::fresh_delivery(queue, msg_id, fields),
+            None => fields.take("id").map(|task_id| Delivery {
+                msg_id,
+                task_id,
+                carried: None,
+            }),
+        };
+        out.extend(delivery);
+    }
+    Ok(())
+}
+
+/// An entry's body: `[field, value, ...]`, or nil for a deleted entry.
+fn fields(body: Value) -> Result<Fields, StoreError> {
+    let flat = match body {
+        Value::Array(flat) => flat,
+        Value::Nil => return Ok(Fields::default()),
+        other => return Err(malformed_value("entry fields", &other)),
+    };
+    let mut pairs = Vec::with_capacity(flat.len() / 2);
+    let mut flat = flat.into_iter();
+    while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+        if let (Some(name), Some(value)) = (text(name), text(value)) {
+            pairs.push((name, value));
+        }
+    }
+    Ok(Fields(pairs))
+}
+
+/// A bulk or simple string's text, if it is UTF-8.
+fn text(v: Value) -> Option<String> {
+    match v {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::Protocol(format!("malformed stream {what} in a read's reply"))
+}
+
+fn malformed_value(what: &str, v: &Value) -> StoreError {
+    StoreError::Protocol(format!("malformed stream {what} in a read's reply: {v:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn entry(id: &str, fields: &[&str]) -> Value {
+        Value::Array(vec![
+            bulk(id),
+            Value::Array(fields.iter().map(|f| bulk(f)).collect()),
+        ])
+    }
+
+    #[test]
+    fn a_read_gives_each_entrys_task_and_what_it_carries() {
+        let entries = Value::Array(vec![
+            entry(
+                "1-0",
+                &[
+                    "id",
+                    "t1",
+                    "max_attempts",
+                    "3",
+                    "task",
+                    "echo",
+                    "payload",
+                    "{}",
+                ],
+            ),
+            entry("2-0", &["id", "t2"]),
+            // Deleted while pending: no body.
+            Value::Array(vec![bulk("3-0"), Value::Nil]),
+            // Not one of ours: no task id.
+            entry("4-0", &["other", "x"]),
+        ]);
+        for reply in [
+            Value::Array(vec![Value::Array(vec![
+                bulk("dtq:stream:{q}"),
+                entries.clone(),
+            ])]),
+            Value::Map(vec![(bulk("dtq:stream:{q}"), entries)]),
+        ] {
+            let read = fresh_deliveries("q", reply).expect("parsed");
+            let ids: Vec<_> = read
+                .iter()
+                .map(|d| (d.msg_id.as_str(), d.task_id.as_str()))
+                .collect();
+            assert_eq!(ids, [("1-0", "t1"), ("2-0", "t2")]);
+            let carried = read[0].carried.as_deref().expect("carried");
+            assert_eq!(
+                (carried.task.as_str(), carried.payload.as_str()),
+                ("echo", "{}")
+            );
+            assert_eq!(carried.max_attempts, 3);
+            assert!(read[1].carried.is_none());
+        }
+        assert!(fresh_deliveries("q", Value::Nil).expect("nil").is_empty());
+    }
+
+    #[test]
+    fn a_reclaimed_entry_never_carries_its_task() {
+        let mut out = Vec::new();
+        let entries = Value::Array(vec![entry(
+            "1-0",
+            &["id", "t1", "task", "echo", "payload", "{}"],
+        )]);
+        parse(entries, None, &mut out).expect("parsed");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].task_id, "t1");
+        assert!(out[0].carried.is_none());
+    }
+
+    #[test]
+    fn a_reply_of_another_shape_is_a_protocol_error() {
+        for reply in [
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Array(vec![bulk("s"), Value::Int(2)])]),
+            Value::Array(vec![Value::Array(vec![
+                bulk("s"),
+                Value::Array(vec![Value::Array(vec![Value::Int(3)])]),
+            ])]),
+        ] {
+            assert!(
+                matches!(fresh_deliveries("q", reply), Err(StoreError::Protocol(_))),
+                "accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn a_field_is_found_and_taken_by_name() {
+        let mut fields: Fields = [("id", "t1"), ("task", "echo"), ("payload", "{}")]
+            .into_iter()
+            .collect();
+        assert_eq!(fields.get("task"), Some("echo"));
+        assert_eq!(fields.take("id").as_deref(), Some("t1"));
+        assert_eq!(fields.take("id"), None);
+        assert_eq!(fields.get("payload"), Some("{}"));
+        assert_eq!(fields.get("missing"), None);
+    }
+}
