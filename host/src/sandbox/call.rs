@@ -102,7 +102,9 @@ impl CancelHandle {
 
 /// The data of one call's store.
 pub(crate) struct TaskState {
-    wasi: WasiCtx,
+    /// Built on the handler's first WASI call (see [`WasiView::ctx`]
+    /// below): many calls make none.
+    wasi: Option<WasiCtx>,
     table: ResourceTable,
     limiter: StoreLimiter,
     pub(crate) host: HostCtx,
@@ -113,9 +115,14 @@ pub(crate) struct TaskState {
 }
 
 impl WasiView for TaskState {
+    /// The call's WASI context, built the first time the handler reaches
+    /// WASI: building one costs a handful of allocations and seeding two
+    /// random generators, which a handler that only computes on its
+    /// payload never needs.
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let log = &self.host.log;
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx: self.wasi.get_or_insert_with(|| locked_down_wasi(log)),
             table: &mut self.table,
         }
     }
@@ -204,7 +211,7 @@ pub(crate) async fn run(
         handler.namespace.clone(),
     );
     let state = TaskState {
-        wasi: locked_down_wasi(&log),
+        wasi: None,
         table: ResourceTable::new(),
         limiter: StoreLimiter::new(limits),
         host: HostCtx {
