@@ -215,6 +215,34 @@ async fn one_batch_of_keyed_and_keyless_successes_settles_each_tasks_own_record(
     Ok(())
 }
 
+/// A restarted or failed-over Redis has no scripts: the completion's
+/// EVALSHA finds none, and the store loads them and sends it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completion_after_redis_lost_its_scripts_loads_them_and_lands() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    let (id, delivery, task) =
+        submit_and_take(&dtq, json!({"task": "echo", "payload": 1}), Some("flushed")).await?;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut dtq.redis.conn().await?)
+        .await?;
+    let outcome = dtq
+        .store
+        .complete(&[completion(&delivery, &task, CompletionKind::Success)])
+        .await?;
+    assert_eq!(outcome, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
+    assert_eq!(
+        hash_field(&dtq, &id, "result").await?.as_deref(),
+        Some("\"done\"")
+    );
+    assert_eq!(
+        dtq.idem_state("default", "flushed").await?.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(stream_len(&dtq).await?, 0);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_completion_for_another_message_is_stale() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;

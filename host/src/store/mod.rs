@@ -600,7 +600,7 @@ impl Store {
                 None => by_queue.push((&c.queue, vec![i])),
             }
         }
-        let invocations: Vec<_> = by_queue
+        let calls: Vec<_> = by_queue
             .iter()
             .map(|(queue, batch)| {
                 let batch: Vec<&Completion> = batch.iter().map(|&i| &completions[i]).collect();
@@ -611,16 +611,14 @@ impl Store {
             // A pipeline reaches one node: each queue's call goes on its
             // own (its slot's shard), all of them at once.
             futures::future::try_join_all(
-                invocations
-                    .iter()
-                    .map(|inv| self.complete_pipeline(std::slice::from_ref(inv))),
+                calls.into_iter().map(|call| self.complete_pipeline([call])),
             )
             .await?
             .into_iter()
             .flatten()
             .collect()
         } else {
-            self.complete_pipeline(&invocations).await?
+            self.complete_pipeline(calls).await?
         };
         let mut outcomes: Vec<Option<CompleteOutcome>> = vec![None; completions.len()];
         for ((_, batch), reply) in by_queue.iter().zip(replies) {
@@ -649,15 +647,15 @@ impl Store {
             .collect()
     }
 
-    /// Run `invocations` of the complete script in one pipeline: one reply
-    /// each, in order.
+    /// Run `calls` of the complete script in one pipeline: one reply each,
+    /// in order.
     async fn complete_pipeline(
         &self,
-        invocations: &[redis::ScriptInvocation<'_>],
+        calls: impl IntoIterator<Item = redis::Cmd>,
     ) -> Result<Vec<Vec<Value>>, StoreError> {
         let mut pipe = redis::pipe();
-        for inv in invocations {
-            pipe.invoke_script(inv);
+        for call in calls {
+            pipe.add_command(call);
         }
         match self
             .trip("complete", pipe.query_async(&mut self.conn.clone()))
@@ -676,55 +674,60 @@ impl Store {
         }
     }
 
-    fn completion_call<'a>(
-        &'a self,
-        queue: &str,
-        batch: &[&Completion],
-    ) -> redis::ScriptInvocation<'a> {
+    /// The `complete` call for one queue's batch, as the EVALSHA it is:
+    /// written straight into one command buffer, where a
+    /// `ScriptInvocation` would hold each argument in a buffer of its own
+    /// and copy them all into the command when sent. A missing script is
+    /// loaded by [`Store::complete_pipeline`].
+    fn completion_call(&self, queue: &str, batch: &[&Completion]) -> redis::Cmd {
         let keys = QueueKeys::new(queue);
-        let mut inv = self.scripts.complete.prepare_invoke();
-        inv.key(&keys.stream)
-            .key(&keys.delayed)
-            .key(&keys.dlq)
-            .key(&keys.events);
-        inv.arg(GROUP)
-            .arg(self.settings.task_retention_s)
-            .arg(self.settings.events_max_len);
+        let keyed = batch.iter().filter(|c| c.idempotency_key.is_some()).count();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.scripts.complete.get_hash())
+            .arg(4 + batch.len() + keyed)
+            .arg(&keys.stream)
+            .arg(&keys.delayed)
+            .arg(&keys.dlq)
+            .arg(&keys.events);
         for c in batch {
-            inv.key(keys.task(&c.task_id));
+            cmd.arg(keys.task(&c.task_id));
         }
         // Only the completions with a key name a record (complete.lua).
         for key in batch.iter().filter_map(|c| c.idempotency_key.as_deref()) {
-            inv.key(keys.idempotency(Some(key)));
+            cmd.arg(keys.idempotency(Some(key)));
         }
+        cmd.arg(GROUP)
+            .arg(self.settings.task_retention_s)
+            .arg(self.settings.events_max_len);
         // Each sends only what its outcome reads (complete.lua): the
         // attempt unless it is a carried one (attempt 1), the retry time
         // only for a failed attempt.
         for c in batch {
             let carried_at = c.carried_at.filter(|_| c.attempt == 1);
-            inv.arg(&c.task_id)
+            cmd.arg(&c.task_id)
                 .arg(&c.msg_id)
                 .arg(c.kind.as_str())
                 .arg(&c.detail)
                 .arg(&c.log)
                 .arg(c.now)
                 .arg(flag(c.idempotency_key.is_some()))
-                .arg(c.digest.as_deref().unwrap_or(""))
-                .arg(carried_at.map(|at| at.to_string()).unwrap_or_default());
+                .arg(c.digest.as_deref().unwrap_or(""));
             match (carried_at, c.kind) {
-                (Some(_), _) => {}
+                (Some(at), _) => {
+                    cmd.arg(at);
+                }
                 (None, CompletionKind::Expired) => {
-                    inv.arg("");
+                    cmd.arg("").arg("");
                 }
                 (None, _) => {
-                    inv.arg(c.attempt);
+                    cmd.arg("").arg(c.attempt);
                 }
             }
             if matches!(c.kind, CompletionKind::Retry | CompletionKind::Lost) {
-                inv.arg(c.retry_at);
+                cmd.arg(c.retry_at);
             }
         }
-        inv
+        cmd
     }
 
     /// The members of the time-ordered sorted set `key` due at `now` (score
