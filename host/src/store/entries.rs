@@ -143,8 +143,20 @@ fn malformed(what: &str) -> StoreError {
     StoreError::Protocol(format!("malformed stream {what} in a read's reply"))
 }
 
+/// The same, naming the kind of value found (not the value: it may be a
+/// whole batch of entries).
 fn malformed_value(what: &str, v: &Value) -> StoreError {
-    StoreError::Protocol(format!("malformed stream {what} in a read's reply: {v:?}"))
+    let found = match v {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) | Value::SimpleString(_) | Value::VerbatimString { .. } => "a string",
+        Value::Array(_) => "an array",
+        Value::Map(_) => "a map",
+        _ => "another kind of value",
+    };
+    StoreError::Protocol(format!(
+        "malformed stream {what} in a read's reply: found {found}"
+    ))
 }
 
 #[cfg(test)]
