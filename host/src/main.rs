@@ -681,35 +681,9 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
     query
 }
 
-/// Log to stderr what `DTQ_LOG` (an `EnvFilter`, default `info`) lets
-/// through, as text or (`json`) one JSON object per line.
-fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DTQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        // timestamp, level, target, the event's fields (message included)
-        // at the top, and the fields of the span it is in under `span`.
-        "json" => logs
-            .with_ansi(false)
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .try_init(),
-        // Colour only for a person at a terminal, never into a file or a
-        // pipe.
-        _ => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
-}
-
 /// Run the server's `roles` until SIGINT or SIGTERM.
 async fn serve(config: Config, roles: Roles) -> Result<(), Failure> {
-    init_tracing(&config.log_format);
+    server::init_tracing(&config.log_format);
     server::run(config, roles, signal_shutdown())
         .await
         .map_err(server_failure)

@@ -58,6 +58,9 @@ const ROUND_SETS: usize = 50_000;
 static ALLOCATOR: Counting = Counting;
 
 fn main() -> Result<()> {
+    // Logging as the `dtq` binary's (`DTQ_LOG`, default `info`), so that
+    // the worker's spans and events cost here what they cost a fleet.
+    dtq_host::server::init_tracing("text");
     // `scripts/bench-peers`: only the drain rounds, on its redis-server.
     if let Some(port) = peers::port()? {
         return peers::main(port);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, debug_span, warn};
 
 use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
@@ -36,7 +36,10 @@ pub(super) fn spawn(
         let shared = shared.clone();
         async move {
             for (delivery, task, permit, registration) in runs {
-                let span = info_span!("task", task_id = %task.id, queue = %task.queue,
+                // At debug level: with the default filter a span per task
+                // would be formatted and stored for every task run. The
+                // warnings an attempt logs name its task themselves.
+                let span = debug_span!("task", task_id = %task.id, queue = %task.queue,
                     task = %task.task, attempt = task.attempts);
                 let run =
                     execute(shared.clone(), delivery, task, permit, registration).instrument(span);
@@ -83,7 +86,8 @@ async fn execute(
         report = Box::pin(shared.sandbox.call(call(&mut task), &cancel)) => report,
         () = shared.abandon.cancelled() => {
             cancel.cancel();
-            warn!("abandoned at shutdown; the message will be reclaimed");
+            warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
+                attempt = task.attempts, "abandoned at shutdown; the message will be reclaimed");
             return;
         }
     };
@@ -102,7 +106,8 @@ async fn execute(
             debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded")
         }
         CompletionKind::Defer => debug!(error = %detail, "deferred"),
-        _ => warn!(outcome = ?kind, error = %detail, "attempt failed"),
+        _ => warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
+            attempt = task.attempts, outcome = ?kind, error = %detail, "attempt failed"),
     }
     let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
     let mut completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
@@ -163,8 +168,10 @@ async fn hand_over(
         registration,
     };
     // Boxed for the reason the sandbox call is.
-    if Box::pin(shared.completions.send(pending)).await.is_err() {
-        warn!("completer gone; the message will be reclaimed");
+    if let Err(refused) = Box::pin(shared.completions.send(pending)).await {
+        let completion = &refused.0.completion;
+        warn!(task_id = %completion.task_id, queue = %completion.queue,
+            attempt = completion.attempt, "completer gone; the message will be reclaimed");
     }
 }
 
