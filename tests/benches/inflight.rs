@@ -6,8 +6,9 @@
 //! sandboxed calls together: each its own store, instance, linear memory
 //! and fiber stack.
 //!
-//! Prints the process's resident memory before the worker starts (the
-//! API, the loaded handlers, Redis clients), its peak while the calls are
+//! The worker loads the `waiter` handler alone. Prints the process's
+//! resident memory before the worker starts (the API, the handler, Redis
+//! clients), its peak while the calls are
 //! in flight (`VmHWM`, reset first through `/proc/self/clear_refs`), what
 //! each call costs on average, the most calls seen in flight, how long
 //! the worker took to start them all, and that every task succeeded.
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use dtq_host::ingest;
 use dtq_tests::alloc::Counting;
-use dtq_tests::{Dtq, env_usize};
+use dtq_tests::{Dtq, TempDir, env_usize, guests};
 use serde_json::json;
 
 /// The allocator the `dtq` binary uses, counted from the start of `main`.
@@ -47,7 +48,13 @@ fn main() -> Result<()> {
 
 async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     let concurrency = calls.to_string();
-    let mut dtq = Dtq::start(
+    // The worker loads `waiter` alone, so the idle figure holds one
+    // handler's compiled code and images, as a worker deployed for it would.
+    let handlers = TempDir::new("inflight-handlers")?;
+    std::fs::copy(guests::WAITER, handlers.path.join("waiter.wasm"))
+        .context("copy the waiter guest")?;
+    let mut dtq = Dtq::start_with_handlers(
+        &handlers.path,
         false,
         &[
             "--concurrency",
@@ -84,11 +91,17 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     let mut most = 0;
     let mut all_at = None;
     let mut pss_peak = 0;
+    // The highest RSS sampled, when, and how many calls were in flight then.
+    let mut rss_high = (0, Duration::ZERO, 0);
     loop {
         let in_flight = dtq.sandbox.calls_in_flight();
         most = most.max(in_flight);
         if in_flight > 0 {
             pss_peak = pss_peak.max(rollup_kib("Pss")?);
+        }
+        let rss = status_kib("VmRSS")?;
+        if rss > rss_high.0 {
+            rss_high = (rss, started.elapsed(), in_flight);
         }
         if all_at.is_none() && in_flight >= calls {
             all_at = Some(started.elapsed());
@@ -136,6 +149,12 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
         heap_idle as f64 / (1 << 20) as f64,
         heap_at_peak as f64 / (1 << 20) as f64,
         heap_at_peak.saturating_sub(heap_idle) as f64 / 1024.0 / calls as f64,
+    );
+    println!(
+        "Highest RSS sampled (every 50 ms): {:.1} MiB at {:.1} s, {} calls in flight then.",
+        rss_high.0 as f64 / 1024.0,
+        rss_high.1.as_secs_f64(),
+        rss_high.2,
     );
     println!();
     println!(

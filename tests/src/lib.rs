@@ -611,13 +611,13 @@ pub struct Dtq {
 }
 
 /// Flags every test dtq starts with; a test's own flags come after and win.
-fn test_flags(redis_url: &str) -> Vec<String> {
+fn test_flags(redis_url: &str, handlers: &str) -> Vec<String> {
     let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
     [
         "--redis",
         redis_url,
         "--handlers",
-        guests::EXAMPLES_DIR,
+        handlers,
         "--listen",
         "127.0.0.1:0",
         "--concurrency",
@@ -686,7 +686,33 @@ impl Dtq {
 
     /// [`Dtq::start`] on a Redis of the caller's.
     pub async fn start_on(redis: TestRedis, with_worker: bool, flags: &[&str]) -> Result<Dtq> {
-        let mut args = test_flags(&redis.url());
+        Dtq::launch(redis, None, with_worker, flags).await
+    }
+
+    /// [`Dtq::start`] with the handlers in `dir` only: neither the examples
+    /// nor the test guests, for a bench whose memory figures should hold
+    /// one handler's.
+    pub async fn start_with_handlers(
+        dir: &std::path::Path,
+        with_worker: bool,
+        flags: &[&str],
+    ) -> Result<Dtq> {
+        Dtq::launch(TestRedis::start()?, Some(dir), with_worker, flags).await
+    }
+
+    /// Start on `redis` with the handlers of `only`, or else the examples
+    /// and the test guests.
+    async fn launch(
+        redis: TestRedis,
+        only: Option<&std::path::Path>,
+        with_worker: bool,
+        flags: &[&str],
+    ) -> Result<Dtq> {
+        let handlers = match only {
+            Some(dir) => dir.to_str().context("a UTF-8 handlers path")?,
+            None => guests::EXAMPLES_DIR,
+        };
+        let mut args = test_flags(&redis.url(), handlers);
         args.extend(flags.iter().map(|s| s.to_string()));
         let config = dtq_host::Config::from_args(args)?;
         let server =
@@ -697,7 +723,9 @@ impl Dtq {
             .context("a server with a worker has its sandbox")?
             .clone();
         // Shared with `server`'s clones: the API knows these tasks too.
-        sandbox.load_dir(std::path::Path::new(guests::TEST_GUESTS_DIR))?;
+        if only.is_none() {
+            sandbox.load_dir(std::path::Path::new(guests::TEST_GUESTS_DIR))?;
+        }
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api = format!("http://{}", listener.local_addr()?);

@@ -159,6 +159,8 @@ pub(crate) struct LoadedHandler {
     pub(crate) allow: Arc<AllowList>,
     /// Its namespace.
     pub(crate) namespace: Arc<str>,
+    /// Its task name, shared by the reports of its calls.
+    pub(crate) task: Arc<str>,
 }
 
 /// What [`run`] needs from the sandbox.
@@ -189,11 +191,12 @@ fn locked_down_wasi(log: &TaskLog) -> WasiCtx {
         .build()
 }
 
-/// Run `handler` once in a fresh store.
+/// Run `handler` once in a fresh store; `call`'s strings move into the
+/// record the guest is given.
 pub(crate) async fn run(
     env: CallEnv<'_>,
     handler: &LoadedHandler,
-    call: &Call,
+    call: Call,
     budget: Duration,
     cancel: &CancelHandle,
 ) -> RunResult {
@@ -265,13 +268,14 @@ pub(crate) async fn run(
         }
     });
 
+    let Call { ctx, payload, .. } = call;
     let wit_ctx = bindings::TaskContext {
-        task_id: call.ctx.task_id.clone(),
-        queue: call.ctx.queue.clone(),
-        task_name: call.ctx.task_name.clone(),
-        attempt: call.ctx.attempt,
-        max_attempts: call.ctx.max_attempts,
-        idempotency_key: call.ctx.idempotency_key.clone(),
+        task_id: ctx.task_id,
+        queue: ctx.queue,
+        task_name: ctx.task_name,
+        attempt: ctx.attempt,
+        max_attempts: ctx.max_attempts,
+        idempotency_key: ctx.idempotency_key,
         deadline_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
     };
     // Pinned where it is made: a future passed by value to another is
@@ -280,9 +284,7 @@ pub(crate) async fn run(
     let result = {
         let guest = std::pin::pin!(async {
             let instance = handler.pre.instantiate_async(&mut store).await?;
-            instance
-                .call_handle(&mut store, &wit_ctx, &call.payload)
-                .await
+            instance.call_handle(&mut store, &wit_ctx, &payload).await
         });
         interruptible(guest, deadline_at, cancel).await
     };

@@ -547,6 +547,7 @@ impl Sandbox {
             limits: Arc::new(limits),
             allow: Arc::new(settings.allow_hosts.clone()),
             namespace: namespace.as_str().into(),
+            task: task.into(),
         });
         let report = LoadReport {
             task: task.to_string(),
@@ -644,6 +645,7 @@ impl Sandbox {
                 host_calls: 0,
                 elapsed: started.elapsed(),
                 digest: None,
+                task: None,
             };
         };
         let limits = &handler.limits;
@@ -660,6 +662,7 @@ impl Sandbox {
                 host_calls,
                 elapsed: started.elapsed(),
                 digest: Some(handler.digest.clone()),
+                task: Some(handler.task.clone()),
             }
         };
 
@@ -701,7 +704,7 @@ impl Sandbox {
             redis: &self.inner.redis,
             http: &self.inner.http,
         };
-        let result = call::run(env, &handler, &call, budget, cancel).await;
+        let result = call::run(env, &handler, call, budget, cancel).await;
         report(result.outcome, result.log, result.host_calls)
     }
 }

@@ -21,6 +21,10 @@ pub struct CallReport {
     /// The digest (SHA-256, lowercase hex) of the module that ran; `None`
     /// when no handler of the task was loaded.
     pub digest: Option<std::sync::Arc<str>>,
+    /// The task name of the handler that ran, one string shared by all its
+    /// calls (a known task, so the `task` label `/metrics` gives it);
+    /// `None` when no handler of the task was loaded.
+    pub task: Option<std::sync::Arc<str>>,
 }
 
 /// How a call ended.

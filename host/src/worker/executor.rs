@@ -91,7 +91,12 @@ async fn execute(
             return;
         }
     };
-    let label = shared.metrics.task_label(&task.task);
+    // A handler that ran is a known task: its name is its label, with no
+    // lookup.
+    let label = match &report.task {
+        Some(name) => name.clone(),
+        None => shared.metrics.task_label(&task.task),
+    };
     record_call(&shared.metrics, logical_queue(&task.queue), &label, &report);
     if registration.is_stale() {
         // Another worker took the task over (the heartbeat that found it
