@@ -4,7 +4,8 @@
 //! `DTQ_BENCH_WAIT_MS` (default 20 000) on a WASI clock subscription,
 //! which is a timer of the host and takes no CPU, so all N are live
 //! sandboxed calls together: each its own store, instance, linear memory
-//! and fiber stack.
+//! and fiber stack. With `DTQ_BENCH_TOUCH_KIB` (default 0) each call first
+//! writes that much of its heap and holds it while it waits.
 //!
 //! The worker loads the `waiter` handler alone. Prints the process's
 //! resident memory before the worker starts (the API, the handler, Redis
@@ -40,13 +41,14 @@ fn main() -> Result<()> {
     Counting::start();
     let calls = env_usize("DTQ_BENCH_INFLIGHT", 10_000)?;
     let wait_ms = env_usize("DTQ_BENCH_WAIT_MS", 20_000)?;
+    let touch_kib = env_usize("DTQ_BENCH_TOUCH_KIB", 0)?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(bench(calls, wait_ms))
+        .block_on(bench(calls, wait_ms, touch_kib))
 }
 
-async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
+async fn bench(calls: usize, wait_ms: usize, touch_kib: usize) -> Result<()> {
     let concurrency = calls.to_string();
     // The worker loads `waiter` alone, so the idle figure holds one
     // handler's compiled code and images, as a worker deployed for it would.
@@ -67,7 +69,7 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     )
     .await?;
     let settings = dtq.config.ingest_settings();
-    let body = json!({"task": "waiter", "payload": {"ms": wait_ms}});
+    let body = json!({"task": "waiter", "payload": {"ms": wait_ms, "touch_kib": touch_kib}});
     for chunk in (0..calls)
         .collect::<Vec<_>>()
         .chunks(ingest::MAX_BATCH_ITEMS)
@@ -126,6 +128,9 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
     }
     let done = started.elapsed();
     let peak = status_kib("VmHWM")?;
+    // What the process keeps once no call runs: the pool slots' kept pages
+    // among it.
+    let after = status_kib("VmRSS")?;
     dtq.stop_worker().await?;
 
     println!();
@@ -149,6 +154,10 @@ async fn bench(calls: usize, wait_ms: usize) -> Result<()> {
         heap_idle as f64 / (1 << 20) as f64,
         heap_at_peak as f64 / (1 << 20) as f64,
         heap_at_peak.saturating_sub(heap_idle) as f64 / 1024.0 / calls as f64,
+    );
+    println!(
+        "RSS once every call was done: {:.1} MiB.",
+        after as f64 / 1024.0
     );
     println!(
         "Highest RSS sampled (every 50 ms): {:.1} MiB at {:.1} s, {} calls in flight then.",

@@ -21,7 +21,8 @@ const HOST_STACK_MARGIN: usize = 1 << 20;
 /// kernel with `madvise`. A typical handler dirties less than this per call,
 /// so reusing a slot costs no system call, no TLB shootdown across cores and
 /// no page faults on the next call (3x faster calls, see `docs/sandbox.md`).
-/// It is also the RSS each used slot keeps.
+/// It is also the RSS each used slot keeps, up to a budget for all slots
+/// ([`KEEP_RESIDENT_BUDGET`]).
 ///
 /// Only with `PAGEMAP_SCAN` (Linux 6.7+), which finds the dirty pages:
 /// without it wasmtime would `memset` the lowest bytes of every memory
@@ -30,6 +31,25 @@ const MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 
 /// The same for tables (a Rust guest's function table is a few KiB).
 const TABLE_KEEP_RESIDENT: usize = 64 << 10;
+
+/// What the pool's linear memories may keep resident between calls, in
+/// all, for calls of one memory each (each further memory a component
+/// defines may keep as much again; tables have a budget as large of their
+/// own). A slot keeps its last call's dirty pages until its next call, so
+/// a worker of many calls (`--concurrency 10000`) would otherwise keep up
+/// to [`MEMORY_KEEP_RESIDENT`] for each after a burst: gigabytes that
+/// serve no call. Up to 256 calls each gets the whole per-slot figure.
+const KEEP_RESIDENT_BUDGET: usize = 256 << 20;
+
+/// What each of `calls` calls' slots keeps resident of `per_call`: all of
+/// it while the calls fit in [`KEEP_RESIDENT_BUDGET`], else an equal share
+/// of the budget in whole host pages (0: reset with `madvise`, wasmtime's
+/// default).
+fn keep_resident(calls: u32, per_call: usize) -> usize {
+    let page = 4 << 10;
+    let share = KEEP_RESIDENT_BUDGET / (calls.max(1) as usize);
+    share.min(per_call) / page * page
+}
 
 /// What wasmtime reserves per linear memory by default on 64-bit hosts: 4
 /// GiB, so a wasm32 address never needs a bounds check, and a 32 MiB guard.
@@ -82,8 +102,8 @@ pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
         .table_elements(limits.table_elements);
     if PoolingAllocationConfig::is_pagemap_scan_available() {
         pool.pagemap_scan(Enabled::Yes)
-            .linear_memory_keep_resident(MEMORY_KEEP_RESIDENT)
-            .table_keep_resident(TABLE_KEEP_RESIDENT);
+            .linear_memory_keep_resident(keep_resident(calls, MEMORY_KEEP_RESIDENT))
+            .table_keep_resident(keep_resident(calls, TABLE_KEEP_RESIDENT));
     }
 
     let mut cfg = Config::new();
@@ -148,6 +168,30 @@ impl Drop for EpochTicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_memory_is_shared_out_past_the_budget() {
+        // The fleet's default and the benches' 256 keep everything.
+        assert_eq!(keep_resident(8, MEMORY_KEEP_RESIDENT), MEMORY_KEEP_RESIDENT);
+        assert_eq!(
+            keep_resident(256, MEMORY_KEEP_RESIDENT),
+            MEMORY_KEEP_RESIDENT
+        );
+        assert_eq!(keep_resident(0, TABLE_KEEP_RESIDENT), TABLE_KEEP_RESIDENT);
+        // Past it, the calls together keep at most the budget, in pages.
+        for calls in [257, 1_000, 10_000, 100_000] {
+            let each = keep_resident(calls, MEMORY_KEEP_RESIDENT);
+            assert!(each < MEMORY_KEEP_RESIDENT, "{calls}: {each}");
+            assert!(
+                calls as usize * each <= KEEP_RESIDENT_BUDGET,
+                "{calls}: {each}"
+            );
+            assert_eq!(each % 4096, 0, "{calls}: {each}");
+        }
+        assert_eq!(keep_resident(10_000, MEMORY_KEEP_RESIDENT), 24 << 10);
+        // More calls than the budget has pages: nothing is kept.
+        assert_eq!(keep_resident(1_000_000, MEMORY_KEEP_RESIDENT), 0);
+    }
 
     #[test]
     fn slots_shrink_only_past_the_budget() {
