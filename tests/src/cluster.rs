@@ -268,6 +268,14 @@ impl RedisCluster {
         }
     }
 
+    /// Wait until the replicas of the primary on `port` have every write it
+    /// has taken so far (`WAIT`), for at most `timeout`: how many did.
+    pub fn wait_replicated(&self, port: u16, timeout: Duration) -> Result<i64> {
+        let mut conn = sync_conn(port)?;
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        Ok(redis::cmd("WAIT").arg(1).arg(ms).query(&mut conn)?)
+    }
+
     /// `INFO <section>` of the node on `port`.
     pub fn info(&self, port: u16, section: &str) -> Result<String> {
         let mut conn = sync_conn(port)?;

@@ -204,6 +204,18 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let cluster = dtq.redis.cluster();
+    // Replication is asynchronous, and what a primary acknowledged but had
+    // not sent when it died is lost with it (README, "Guarantees"). The
+    // kill comes once the replica has every write so far (`WAIT`), so a
+    // task acknowledged before then and lost after is not that lag.
+    let replication = cluster.info(master, "replication")?;
+    let replica = replication.lines().find(|l| l.starts_with("slave0:"));
+    eprintln!("before the kill, the replica of {master}: {replica:?}");
+    let synced = tokio::task::block_in_place(|| cluster.wait_replicated(master, WAIT))?;
+    ensure!(
+        synced >= 1,
+        "the replica of {master} did not catch up within {WAIT:?}: {replication}"
+    );
     cluster.kill(master)?;
     let at = progress.load(Ordering::Relaxed);
     let promoted = tokio::task::block_in_place(|| cluster.wait_failover(master, &stream, WAIT))?;
