@@ -43,12 +43,22 @@ const KEEP_RESIDENT_BUDGET: usize = 256 << 20;
 
 /// What each of `calls` calls' slots keeps resident of `per_call`: all of
 /// it while the calls fit in [`KEEP_RESIDENT_BUDGET`], else an equal share
-/// of the budget in whole host pages (0: reset with `madvise`, wasmtime's
-/// default).
-fn keep_resident(calls: u32, per_call: usize) -> usize {
-    let page = 4 << 10;
+/// of the budget in whole pages of `page` bytes (wasmtime rounds a figure
+/// up to the host's page; 0: reset with `madvise`, wasmtime's default).
+fn keep_resident(calls: u32, per_call: usize, page: usize) -> usize {
     let share = KEEP_RESIDENT_BUDGET / (calls.max(1) as usize);
     share.min(per_call) / page * page
+}
+
+/// The host's page size; 4 KiB if the system does not say.
+fn host_page_size() -> usize {
+    // SAFETY: sysconf only reads a setting of the system; nothing is passed
+    // by pointer.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&size| size > 0)
+        .unwrap_or(4 << 10)
 }
 
 /// What wasmtime reserves per linear memory by default on 64-bit hosts: 4
@@ -101,9 +111,10 @@ pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
         .max_memory_size(limits.memory_bytes)
         .table_elements(limits.table_elements);
     if PoolingAllocationConfig::is_pagemap_scan_available() {
+        let page = host_page_size();
         pool.pagemap_scan(Enabled::Yes)
-            .linear_memory_keep_resident(keep_resident(calls, MEMORY_KEEP_RESIDENT))
-            .table_keep_resident(keep_resident(calls, TABLE_KEEP_RESIDENT));
+            .linear_memory_keep_resident(keep_resident(calls, MEMORY_KEEP_RESIDENT, page))
+            .table_keep_resident(keep_resident(calls, TABLE_KEEP_RESIDENT, page));
     }
 
     let mut cfg = Config::new();
@@ -171,26 +182,37 @@ mod tests {
 
     #[test]
     fn kept_memory_is_shared_out_past_the_budget() {
+        const PAGE: usize = 4 << 10;
+        let keep = |calls| keep_resident(calls, MEMORY_KEEP_RESIDENT, PAGE);
         // The fleet's default and the benches' 256 keep everything.
-        assert_eq!(keep_resident(8, MEMORY_KEEP_RESIDENT), MEMORY_KEEP_RESIDENT);
+        assert_eq!(keep(8), MEMORY_KEEP_RESIDENT);
+        assert_eq!(keep(256), MEMORY_KEEP_RESIDENT);
         assert_eq!(
-            keep_resident(256, MEMORY_KEEP_RESIDENT),
-            MEMORY_KEEP_RESIDENT
+            keep_resident(0, TABLE_KEEP_RESIDENT, PAGE),
+            TABLE_KEEP_RESIDENT
         );
-        assert_eq!(keep_resident(0, TABLE_KEEP_RESIDENT), TABLE_KEEP_RESIDENT);
-        // Past it, the calls together keep at most the budget, in pages.
-        for calls in [257, 1_000, 10_000, 100_000] {
-            let each = keep_resident(calls, MEMORY_KEEP_RESIDENT);
-            assert!(each < MEMORY_KEEP_RESIDENT, "{calls}: {each}");
-            assert!(
-                calls as usize * each <= KEEP_RESIDENT_BUDGET,
-                "{calls}: {each}"
-            );
-            assert_eq!(each % 4096, 0, "{calls}: {each}");
+        // Past it, the calls together keep at most the budget, in pages,
+        // whatever the page size.
+        for page in [PAGE, 16 << 10, 64 << 10] {
+            for calls in [257, 1_000, 10_000, 100_000] {
+                let each = keep_resident(calls, MEMORY_KEEP_RESIDENT, page);
+                assert!(each < MEMORY_KEEP_RESIDENT, "{calls}: {each}");
+                assert!(
+                    calls as usize * each <= KEEP_RESIDENT_BUDGET,
+                    "{calls}: {each}"
+                );
+                assert_eq!(each % page, 0, "{calls}, page {page}: {each}");
+            }
         }
-        assert_eq!(keep_resident(10_000, MEMORY_KEEP_RESIDENT), 24 << 10);
+        assert_eq!(keep(10_000), 24 << 10);
         // More calls than the budget has pages: nothing is kept.
-        assert_eq!(keep_resident(1_000_000, MEMORY_KEEP_RESIDENT), 0);
+        assert_eq!(keep(1_000_000), 0);
+    }
+
+    #[test]
+    fn the_host_page_size_is_a_power_of_two() {
+        let page = host_page_size();
+        assert!(page >= 4 << 10 && page.is_power_of_two(), "{page}");
     }
 
     #[test]
