@@ -59,7 +59,14 @@ impl RedisCluster {
         for _ in 0..masters * (1 + replicas) {
             let dir = TempDir::new("redis-cluster")?;
             let (port, bus) = (free_port()?, free_port()?);
-            let child = Command::new("redis-server")
+            let mut server = Command::new("redis-server");
+            // To read the nodes' logs after a run (a failover's story):
+            // `DTQ_TEST_CLUSTER_LOGS=<dir>`, one `<port>.log` per node.
+            if let Some(logs) = std::env::var_os("DTQ_TEST_CLUSTER_LOGS") {
+                let file = std::path::Path::new(&logs).join(format!("{port}.log"));
+                server.arg("--logfile").arg(file);
+            }
+            let child = server
                 .args(["--port", &port.to_string()])
                 .args(["--cluster-port", &bus.to_string()])
                 .args(["--bind", "127.0.0.1"])
@@ -268,12 +275,39 @@ impl RedisCluster {
         }
     }
 
-    /// Wait until the replicas of the primary on `port` have every write it
-    /// has taken so far (`WAIT`), for at most `timeout`: how many did.
-    pub fn wait_replicated(&self, port: u16, timeout: Duration) -> Result<i64> {
+    /// Wait until the replicas of the primary on `port`, which serves
+    /// `key`'s slot, have every write it has taken so far, for at most
+    /// `timeout`: how many did.
+    ///
+    /// `WAIT` waits for the writes of its own connection only; on a
+    /// connection that wrote nothing it returns at once, whatever the
+    /// replicas hold. So this writes a marker in `key`'s slot first: once a
+    /// replica has that write, it has every write the primary took before.
+    pub fn wait_replicated(&self, port: u16, key: &str, timeout: Duration) -> Result<i64> {
         let mut conn = sync_conn(port)?;
+        conn.set_read_timeout(Some(timeout + Duration::from_secs(2)))?;
+        let tag = key
+            .split_once('{')
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map_or(key, |(tag, _)| tag);
+        let () = redis::cmd("SET")
+            .arg(format!("dtq-test:replicated:{{{tag}}}"))
+            .arg(1)
+            .query(&mut conn)?;
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         Ok(redis::cmd("WAIT").arg(1).arg(ms).query(&mut conn)?)
+    }
+
+    /// What every live node answers to `cmd`, by port: each node is asked
+    /// directly, so a node that does not serve the key answers `MOVED`.
+    pub fn ask_each_node(&self, cmd: &redis::Cmd) -> Vec<(u16, Result<redis::Value>)> {
+        self.live()
+            .map(|n| {
+                let answer =
+                    sync_conn(n.port).and_then(|mut c| Ok(cmd.query::<redis::Value>(&mut c)?));
+                (n.port, answer)
+            })
+            .collect()
     }
 
     /// `INFO <section>` of the node on `port`.

@@ -147,9 +147,14 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     // until it is acknowledged, as a client would: the key makes a retry
     // of an acknowledged-but-unanswered submission the same task.
     let progress = Arc::new(AtomicUsize::new(0));
+    // Each submission holds the gate while it is on its way; the kill below
+    // takes it, so that no submission is acknowledged between the replica's
+    // catching up and the primary's death.
+    let gate = Arc::new(tokio::sync::RwLock::new(()));
     let submitter = tokio::spawn({
         let client = ApiClient::new(dtq.api.clone());
         let progress = progress.clone();
+        let gate = gate.clone();
         let queue = queue.clone();
         async move {
             let mut acknowledged: BTreeMap<String, String> = BTreeMap::new();
@@ -159,7 +164,11 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
                 let key = format!("fo-{i}");
                 let body = json!({"task": "echo", "payload": {"i": i}});
                 loop {
-                    match client.submit(&queue, body.clone(), Some(&key)).await {
+                    let submitted = {
+                        let _on_its_way = gate.read().await;
+                        client.submit(&queue, body.clone(), Some(&key)).await
+                    };
+                    match submitted {
                         Ok((202 | 200, resp)) => {
                             let id = resp["task_id"].as_str().context("task_id")?;
                             acknowledged.insert(key.clone(), id.to_owned());
@@ -205,18 +214,26 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     }
     let cluster = dtq.redis.cluster();
     // Replication is asynchronous, and what a primary acknowledged but had
-    // not sent when it died is lost with it (README, "Guarantees"). The
-    // kill comes once the replica has every write so far (`WAIT`), so a
-    // task acknowledged before then and lost after is not that lag.
-    let replication = cluster.info(master, "replication")?;
-    let replica = replication.lines().find(|l| l.starts_with("slave0:"));
-    eprintln!("before the kill, the replica of {master}: {replica:?}");
-    let synced = tokio::task::block_in_place(|| cluster.wait_replicated(master, WAIT))?;
+    // not sent when it died is lost with it (README, "Guarantees"). This
+    // test is of everything else: with submissions held, the kill comes
+    // once the replica has every write so far (`WAIT`), so a task
+    // acknowledged before the kill and lost after it is not that lag.
+    // Completions are not held: one the replica lacks is a message left
+    // pending, run again once idle past the visibility timeout.
+    let held = gate.write().await;
+    ensure!(
+        cluster.master_of(&stream)? == master,
+        "{master} lost partition 0 before the kill (a failover under load?): {}",
+        cluster.info(master, "replication")?
+    );
+    let synced = tokio::task::block_in_place(|| cluster.wait_replicated(master, &stream, WAIT))?;
     ensure!(
         synced >= 1,
-        "the replica of {master} did not catch up within {WAIT:?}: {replication}"
+        "the replica of {master} did not catch up within {WAIT:?}: {}",
+        cluster.info(master, "replication")?
     );
     cluster.kill(master)?;
+    drop(held);
     let at = progress.load(Ordering::Relaxed);
     let promoted = tokio::task::block_in_place(|| cluster.wait_failover(master, &stream, WAIT))?;
     eprintln!(
@@ -237,10 +254,26 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
         "the keys did not spread: {partitions:?}"
     );
     for (key, id) in &acknowledged {
-        let task = dtq
+        let task = match dtq
             .wait_for(&queue, id, &["SUCCEEDED"], Duration::from_secs(60))
             .await
-            .with_context(|| format!("task of {key}"))?;
+        {
+            Ok(task) => task,
+            Err(e) => {
+                // What each node holds of the task: the story of a loss.
+                let keys = dtq_host::store::QueueKeys::of_task(&queue, id);
+                for cmd in [
+                    redis::cmd("HGETALL").arg(keys.task(id)).clone(),
+                    redis::cmd("GET").arg(keys.idempotency(Some(key))).clone(),
+                    redis::cmd("INFO").arg("replication").clone(),
+                ] {
+                    for (port, answer) in dtq.redis.cluster().ask_each_node(&cmd) {
+                        eprintln!("{port} {:?}: {answer:?}", cmd.args_iter().next());
+                    }
+                }
+                return Err(e.context(format!("task of {key}")));
+            }
+        };
         let i: usize = key.trim_start_matches("fo-").parse()?;
         assert_eq!(task["result"], json!({"i": i}), "{task}");
     }
