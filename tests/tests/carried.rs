@@ -471,6 +471,17 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
             (keyed.as_str(), true)
         ]
     );
+    // What the message carries is what was submitted.
+    let run = deliveries[2].carried.as_deref().context("carried")?;
+    assert_eq!(
+        (
+            run.task.as_str(),
+            run.payload.as_str(),
+            run.idempotency_key.as_deref(),
+            run.attempts,
+        ),
+        ("echo", "3", Some("k"), 1)
+    );
     // The one with an expiry goes through `start`, which writes RUNNING.
     dtq.store
         .start(

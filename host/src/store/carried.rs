@@ -6,6 +6,9 @@
 //! RUNNING event. A task submitted to run now, without an expiry, is
 //! written with its message carrying its name, payload and the settings of
 //! an attempt (`ingest.lua`), and the hash naming that message (`msg_id`).
+//! They travel in one field, `run` ([`run_field`]): each field of a message
+//! is a string of its own for Redis to store and send and for the worker
+//! to parse, so one field instead of four or six makes every read cheaper.
 //! A worker reading it runs attempt 1 straight away ([`Store::start`] takes
 //! it from the message); its completion writes what `start` would have
 //! (`complete.lua`). Until then the hash says QUEUED with attempts 0, and
@@ -32,21 +35,76 @@
 use super::entries::Fields;
 use super::types::{Delivery, NewTask, StartedTask};
 
-/// The hash fields a message carries, in the order `Store::ingest_call`
-/// writes them right after `attempts` and `updated_at`: how many pairs for
-/// `new`, 0 when its message carries none (a scheduled task, or one with
-/// an expiry, whose `start` must check it).
-pub(super) fn carried_fields(new: &NewTask) -> usize {
+/// The message field that carries a task: [`run_field`].
+pub(super) const RUN: &str = "run";
+
+/// The value of the `run` field of `new`'s message, or `None` when its
+/// message carries no task (a scheduled task, or one with an expiry, whose
+/// `start` must check it).
+///
+/// Five lines: max attempts, the attempt's timeout (ms, empty for none),
+/// the idempotency key (empty for none), the task name, then the payload,
+/// which runs to the end. None of the first four can hold a line break
+/// (numbers, a key without control characters, a task name of letters,
+/// digits and `_.-`), so the payload needs no escaping.
+pub(super) fn run_field(new: &NewTask) -> Option<String> {
     if new.expires_at.is_some() || new.run_at > new.now {
-        return 0;
+        return None;
     }
-    // max_attempts, task, payload, then the optional ones.
-    3 + usize::from(new.timeout_ms.is_some()) + usize::from(new.idempotency_key.is_some())
+    let timeout = new.timeout_ms.map(|t| t.to_string()).unwrap_or_default();
+    let key = new.idempotency_key.as_deref().unwrap_or_default();
+    Some(format!(
+        "{}\n{timeout}\n{key}\n{}\n{}",
+        new.max_attempts, new.task, new.payload
+    ))
 }
 
-/// The task a message's fields carry, if they do (see [`carried_fields`]):
-/// attempt 1 of task `id` of `queue`.
+/// The task a message's fields carry, if they do: attempt 1 of task `id`
+/// of `queue`.
 pub(super) fn carried_task(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTask> {
+    match fields.take(RUN) {
+        Some(run) => unpack(queue, id, run),
+        None => carried_pairs(queue, id, fields),
+    }
+}
+
+/// The task of a `run` field (see [`run_field`]); `None` if it is not one.
+fn unpack(queue: &str, id: &str, mut run: String) -> Option<StartedTask> {
+    let mut breaks = run.match_indices('\n').map(|(at, _)| at);
+    let mut ends = [0; 4];
+    for end in &mut ends {
+        *end = breaks.next()?;
+    }
+    let [a, b, c, d] = ends;
+    let max_attempts = run[..a].parse().ok()?;
+    let timeout_ms = match &run[a + 1..b] {
+        "" => None,
+        t => Some(t.parse().ok()?),
+    };
+    let idempotency_key = Some(&run[b + 1..c])
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned);
+    let task = run[c + 1..d].to_owned();
+    // The payload is the rest: moved to the front of the field's own
+    // buffer, which becomes it, rather than copied into a new one.
+    run.drain(..=d);
+    Some(StartedTask {
+        id: id.to_owned(),
+        queue: queue.to_owned(),
+        task,
+        payload: run,
+        attempts: 1,
+        max_attempts,
+        timeout_ms,
+        idempotency_key,
+        cancel_requested: false,
+        carried_at: None,
+    })
+}
+
+/// The task of a message written before the `run` field, whose task is in
+/// fields of the hash's names (a fleet part-way through an upgrade).
+fn carried_pairs(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTask> {
     let task = fields.take("task")?;
     let payload = fields.take("payload")?;
     Some(StartedTask {
@@ -83,8 +141,84 @@ pub(super) fn fresh_delivery(queue: &str, msg_id: String, mut fields: Fields) ->
 mod tests {
     use super::*;
 
+    fn new_task(key: Option<&str>, timeout_ms: Option<u64>, payload: &str) -> NewTask {
+        NewTask {
+            id: "t1".into(),
+            queue: "q".into(),
+            task: "send_receipt".into(),
+            payload: payload.into(),
+            fingerprint: "f".into(),
+            idempotency_key: key.map(str::to_owned),
+            max_attempts: 3,
+            timeout_ms,
+            now: 1_000,
+            run_at: 1_000,
+            expires_at: None,
+        }
+    }
+
+    fn run_fields(new: &NewTask) -> Fields {
+        [
+            ("id", new.id.clone()),
+            (RUN, run_field(new).expect("carried")),
+        ]
+        .into_iter()
+        .collect()
+    }
+
     #[test]
-    fn a_message_carries_a_task_only_with_its_name_and_payload() {
+    fn a_run_field_carries_what_the_first_attempt_needs() {
+        for (key, timeout) in [(None, None), (Some("order 7: ü"), Some(500))] {
+            // The payload runs to the end of the field: line breaks in it
+            // (never in JSON text, but a field may hold anything) stay.
+            let new = new_task(key, timeout, "{\"a\":\"x\ny\n\n\"}");
+            let task = carried_task("q", "t1", &mut run_fields(&new)).expect("carried");
+            assert_eq!(
+                (task.id.as_str(), task.queue.as_str(), task.task.as_str()),
+                ("t1", "q", "send_receipt")
+            );
+            assert_eq!(task.payload, new.payload);
+            assert_eq!(
+                (task.attempts, task.max_attempts, task.timeout_ms),
+                (1, 3, timeout)
+            );
+            assert_eq!(task.idempotency_key.as_deref(), key);
+            assert!(!task.cancel_requested && task.carried_at.is_none());
+        }
+    }
+
+    #[test]
+    fn only_a_task_that_runs_now_without_an_expiry_is_carried() {
+        let now = new_task(None, None, "{}");
+        assert!(run_field(&now).is_some());
+        let later = NewTask {
+            run_at: 2_000,
+            ..new_task(None, None, "{}")
+        };
+        assert_eq!(run_field(&later), None);
+        let expiring = NewTask {
+            expires_at: Some(5_000),
+            ..new_task(None, None, "{}")
+        };
+        assert_eq!(run_field(&expiring), None);
+    }
+
+    #[test]
+    fn a_run_field_that_is_not_one_carries_nothing() {
+        for run in [
+            "",
+            "3",
+            "3\n\n\necho",
+            "x\n\n\necho\n{}",
+            "3\nsoon\n\necho\n{}",
+        ] {
+            let mut fields: Fields = [(RUN, run)].into_iter().collect();
+            assert!(carried_task("q", "t1", &mut fields).is_none(), "{run:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_written_before_the_run_field_still_carries_its_task() {
         let mut fields: Fields = [
             ("task", "echo"),
             ("payload", "{}"),

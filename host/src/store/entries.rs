@@ -177,19 +177,7 @@ mod tests {
     #[test]
     fn a_read_gives_each_entrys_task_and_what_it_carries() {
         let entries = Value::Array(vec![
-            entry(
-                "1-0",
-                &[
-                    "id",
-                    "t1",
-                    "max_attempts",
-                    "3",
-                    "task",
-                    "echo",
-                    "payload",
-                    "{}",
-                ],
-            ),
+            entry("1-0", &["id", "t1", "run", "3\n\n\necho\n{}"]),
             entry("2-0", &["id", "t2"]),
             // Deleted while pending: no body.
             Value::Array(vec![bulk("3-0"), Value::Nil]),
@@ -223,10 +211,7 @@ mod tests {
     #[test]
     fn a_reclaimed_entry_never_carries_its_task() {
         let mut out = Vec::new();
-        let entries = Value::Array(vec![entry(
-            "1-0",
-            &["id", "t1", "task", "echo", "payload", "{}"],
-        )]);
+        let entries = Value::Array(vec![entry("1-0", &["id", "t1", "run", "1\n\n\necho\n{}"])]);
         parse(entries, None, &mut out).expect("parsed");
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].task_id, "t1");

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
 //! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal, but none while dead-lettered (purged instead: `store/dlq.rs`); `attempt:<n>` fields archive earlier attempts (`store/task.rs`) |
-//! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`) |
+//! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`; a task whose message carries it also `run`, see `store/carried.rs`) |
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
 //! | `dtq:dlq:{q}` | sorted set | dead-lettered task ids, by time (ms) |
 //! | `dtq:events:{q}` | stream (capped) | lifecycle events (fields `task_id`, `status`, `attempt`, `at`), read by `GET /v1/queues/{q}/events` |

@@ -320,15 +320,13 @@ impl Store {
             .arg(self.index_trim_bound(keys.queue(), new.now))
             .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default())
             .arg(partitions)
-            .arg(carried::carried_fields(new));
+            .arg(carried::run_field(new).unwrap_or_default());
         let mut field = |name: &str, value: String| {
             inv.arg(name).arg(value);
         };
         // The hash is a listpack while small, where a field is found by a
         // scan from the front: the fields the worker's scripts read and
         // write on every attempt come first, after `status` (ingest.lua).
-        // The message carries the [`carried_fields`] pairs after
-        // `updated_at`: keep them in this order.
         field("attempts", "0".into());
         field("updated_at", new.now.to_string());
         field("max_attempts", new.max_attempts.to_string());

@@ -32,12 +32,11 @@
              40% of the append)
     ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
     ARGV[12] the queue's partition count the submitter routed by
-    ARGV[13] n: how many of the field pairs from ARGV[18] the stream message
-             carries (the task name, payload and what an attempt needs),
-             "0" for none
+    ARGV[13] what the stream message carries in its `run` field (the task
+             name, payload and what an attempt needs, see
+             store/carried.rs), "" for none
     ARGV[14..] task hash fields as name, value pairs (status and msg_id are
-             set here): attempts and updated_at first, then the n pairs the
-             message carries
+             set here), attempts and updated_at first
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -70,8 +69,8 @@
 
   Carried tasks: a task that goes straight to the stream keeps its message
   id in the hash's `msg_id` (until a start overwrites it), so that a cancel
-  or an expiry can delete the message. When n > 0 the message also carries
-  the task itself, and a worker runs its first attempt from the message
+  or an expiry can delete the message. When ARGV[13] is set the message
+  also carries the task itself, and a worker runs its first attempt from the message
   alone, with no `start` script: the hash stays QUEUED with attempts 0
   while it runs, and a reader tells that attempt from its message pending
   in the group (see store/carried.rs). The host asks for it for every task
@@ -83,7 +82,7 @@ local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 local expiryKey, expiresAt = KEYS[7], ARGV[11]
-local carried = tonumber(ARGV[13])
+local run = ARGV[13]
 
 local partitions = tonumber(redis.call("GET", KEYS[8]) or "1")
 if partitions ~= tonumber(ARGV[12]) then
@@ -134,8 +133,8 @@ if status == "SCHEDULED" then
   redis.call("ZADD", delayedKey, runAt, taskId)
 else
   local msgId
-  if carried > 0 then
-    msgId = redis.call("XADD", streamKey, "*", "id", taskId, unpack(ARGV, 18, 17 + 2 * carried))
+  if run ~= "" then
+    msgId = redis.call("XADD", streamKey, "*", "id", taskId, "run", run)
   else
     msgId = redis.call("XADD", streamKey, "*", "id", taskId)
   end
