@@ -605,7 +605,7 @@ impl Store {
                 self.completion_call(queue, &batch)
             })
             .collect();
-        let replies: Vec<Vec<Value>> = if self.backend.is_cluster() {
+        let replies: Vec<String> = if self.backend.is_cluster() {
             // A pipeline reaches one node: each queue's call goes on its
             // own (its slot's shard), all of them at once.
             futures::future::try_join_all(
@@ -620,13 +620,29 @@ impl Store {
         };
         let mut outcomes: Vec<Option<CompleteOutcome>> = vec![None; completions.len()];
         for ((_, batch), reply) in by_queue.iter().zip(replies) {
-            let mut reply = reply.into_iter();
+            // A word per completion: its status, or `code:status` for a
+            // code other than OK (complete.lua).
+            let mut reply = reply.split(' ');
             for &i in batch {
-                let code = code_of(reply.next())?;
-                let status: String = from_value(reply.next())?;
+                let word = reply.next().ok_or_else(|| {
+                    StoreError::Protocol(format!(
+                        "complete answered fewer than {} outcomes",
+                        batch.len()
+                    ))
+                })?;
+                let (code, status) = match word.split_once(':') {
+                    None => (Code::Ok, word),
+                    Some((code, status)) => {
+                        let known = code.parse().ok().and_then(Code::from_i64);
+                        let code = known.ok_or_else(|| {
+                            StoreError::Protocol(format!("complete answered {word:?}"))
+                        })?;
+                        (code, status)
+                    }
+                };
                 outcomes[i] = Some(match code {
                     Code::Ok => CompleteOutcome::Done(status.parse()?),
-                    Code::Stale => CompleteOutcome::Stale(status),
+                    Code::Stale => CompleteOutcome::Stale(status.to_owned()),
                     other => return Err(unexpected("complete", other)),
                 });
             }
@@ -650,7 +666,7 @@ impl Store {
     async fn complete_pipeline(
         &self,
         calls: impl IntoIterator<Item = redis::Cmd>,
-    ) -> Result<Vec<Vec<Value>>, StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
         let mut pipe = redis::pipe();
         for call in calls {
             pipe.add_command(call);

@@ -69,7 +69,11 @@
   ends the task stays in the hash's fields only; so does every attempt of
   the happy path, which writes nothing more.
 
-  Output: one flat array, a code and a status per completion, in order:
+  Output: one string, a word per completion, in order, each after a space
+  ("SUCCEEDED -4:RUNNING RETRYING"): one value for the batch, where an
+  array of two per completion would be as many values for Redis to send
+  and the worker to parse. The word is the status for OK, `code:status`
+  for any other code.
     1, status     OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
                   DEAD_LETTERED, CANCELLED, EXPIRED)
     -4, status    STALE: the task is not in the state this completion belongs
@@ -326,7 +330,9 @@ for i = 1, count do
   if ARGV[first + 6] == "1" then
     idemKey, record = KEYS[record], record + 1
   end
-  out[2 * i - 1], out[2 * i] = completeOne(KEYS[4 + i], idemKey, first)
+  local code, status = completeOne(KEYS[4 + i], idemKey, first)
+  -- An OK word is the status alone: no string is built for it.
+  out[i] = code == 1 and status or code .. ":" .. status
 end
 
 -- 2. The batch's lifecycle events, in one entry.
@@ -350,4 +356,4 @@ if #acks > 0 then
     rcall("XDEL", streamKey, unpack(rest))
   end
 end
-return out
+return table.concat(out, " ")
