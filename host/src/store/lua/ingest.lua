@@ -70,11 +70,11 @@
   Carried tasks: a task that goes straight to the stream keeps its message
   id in the hash's `msg_id` (until a start overwrites it), so that a cancel
   or an expiry can delete the message. When ARGV[13] is set the message
-  also carries the task itself, and a worker runs its first attempt from the message
-  alone, with no `start` script: the hash stays QUEUED with attempts 0
-  while it runs, and a reader tells that attempt from its message pending
-  in the group (see store/carried.rs). The host asks for it for every task
-  that goes straight to the stream without an expiry.
+  also carries the task itself, and a worker runs its first attempt from
+  the message alone, with no `start` script: the hash stays QUEUED with
+  attempts 0 while it runs, and a reader tells that attempt from its
+  message pending in the group (see store/carried.rs). The host asks for it
+  for every task that goes straight to the stream without an expiry.
 ]]
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
