@@ -277,21 +277,18 @@ impl RedisCluster {
 
     /// Wait until the replicas of the primary on `port`, which serves
     /// `key`'s slot, have every write it has taken so far, for at most
-    /// `timeout`: how many did.
+    /// `timeout`: how many did. `key` has a hash tag (`{...}`).
     ///
     /// `WAIT` waits for the writes of its own connection only; on a
     /// connection that wrote nothing it returns at once, whatever the
-    /// replicas hold. So this writes a marker in `key`'s slot first: once a
-    /// replica has that write, it has every write the primary took before.
+    /// replicas hold. So this writes a marker in `key`'s slot first (`key`
+    /// with a suffix: the same tag): once a replica has that write, it has
+    /// every write the primary took before.
     pub fn wait_replicated(&self, port: u16, key: &str, timeout: Duration) -> Result<i64> {
         let mut conn = sync_conn(port)?;
         conn.set_read_timeout(Some(timeout + Duration::from_secs(2)))?;
-        let tag = key
-            .split_once('{')
-            .and_then(|(_, rest)| rest.split_once('}'))
-            .map_or(key, |(tag, _)| tag);
         let () = redis::cmd("SET")
-            .arg(format!("dtq-test:replicated:{{{tag}}}"))
+            .arg(format!("{key}:replicated"))
             .arg(1)
             .query(&mut conn)?;
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);

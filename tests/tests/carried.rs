@@ -581,3 +581,95 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
     assert_eq!(shown["attempt_history"][0]["outcome"], "lost", "{shown:#}");
     Ok(())
 }
+
+/// Replace the message of waiting task `id` with one of `fields`, as
+/// another version of dtq would have written it: the hash names the new
+/// message, the old one is gone.
+async fn rewrite_message(dtq: &Dtq, id: &str, fields: &[(&str, &str)]) -> Result<()> {
+    let keys = QueueKeys::new("default");
+    let mut conn = dtq.redis.conn().await?;
+    let old: String = redis::cmd("HGET")
+        .arg(keys.task(id))
+        .arg("msg_id")
+        .query_async(&mut conn)
+        .await?;
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(&keys.stream).arg("*").arg("id").arg(id);
+    for (name, value) in fields {
+        xadd.arg(*name).arg(*value);
+    }
+    let new: String = xadd.query_async(&mut conn).await?;
+    let () = redis::pipe()
+        .hset(keys.task(id), "msg_id", &new)
+        .ignore()
+        .xdel(&keys.stream, &[&old])
+        .ignore()
+        .query_async(&mut conn)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_of_another_version_run_from_their_fields_or_through_start() -> Result<()> {
+    let dtq = Dtq::start(false, &[]).await?;
+    // One written before the `run` field (a field per value), one whose
+    // `run` this version cannot read: a fleet part-way through an upgrade.
+    let old = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let unreadable = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 2}), None)
+        .await?;
+    rewrite_message(
+        &dtq,
+        &old,
+        &[("max_attempts", "4"), ("task", "echo"), ("payload", "1")],
+    )
+    .await?;
+    rewrite_message(&dtq, &unreadable, &[("run", "v9:opaque")]).await?;
+
+    let taken = dtq.read_and_start("tester", 10).await?;
+    let [(old_delivery, old_task), (other_delivery, other_task)] = taken.as_slice() else {
+        panic!("expected two tasks, got {taken:?}");
+    };
+    // The old message carries its attempt, which no script wrote...
+    assert_eq!(old_task.id, old);
+    assert!(old_task.carried_at.is_some());
+    assert_eq!(
+        (
+            old_task.payload.as_str(),
+            old_task.max_attempts,
+            old_task.attempts
+        ),
+        ("1", 4, 1)
+    );
+    assert_eq!(
+        hash_field(&dtq, &old, "status").await?.as_deref(),
+        Some("QUEUED")
+    );
+    // ...and the unreadable one went through `start`, from the hash.
+    assert_eq!(other_task.id, unreadable);
+    assert!(other_task.carried_at.is_none());
+    assert_eq!((other_task.payload.as_str(), other_task.attempts), ("2", 1));
+    assert_eq!(
+        hash_field(&dtq, &unreadable, "status").await?.as_deref(),
+        Some("RUNNING")
+    );
+
+    let outcomes = dtq
+        .store
+        .complete(&[
+            completion(old_delivery, old_task, CompletionKind::Success),
+            completion(other_delivery, other_task, CompletionKind::Success),
+        ])
+        .await?;
+    assert_eq!(
+        outcomes,
+        [
+            CompleteOutcome::Done(TaskStatus::Succeeded),
+            CompleteOutcome::Done(TaskStatus::Succeeded)
+        ]
+    );
+    assert_eq!(stream_len(&dtq).await?, 0);
+    Ok(())
+}

@@ -27,8 +27,8 @@
 //! What a task gives up by this: no RUNNING event for its first attempt
 //! (unless the worker runs with `--events all`, which sends every
 //! delivery through `start`), no `started_at` shown while the first attempt
-//! runs (the completion writes it), and its payload held twice (hash and
-//! message) while it waits.
+//! runs (the completion writes it), and its payload sent twice on
+//! submission and held twice (hash and message) while it waits.
 //!
 //! [`Store::start`]: super::Store::start
 
