@@ -165,6 +165,33 @@ fn cpu_wait(pid: u32) -> Result<f64> {
     Ok(wait as f64 / 1e9)
 }
 
+/// CPU seconds this process's sandbox threads (the worker's guest runtime,
+/// threads named `dtq-guest`) have used so far (the first field of
+/// `/proc/self/task/*/schedstat`). The worker's other threads (fetch,
+/// completion, the Redis client) are the rest of [`process_cpu`].
+fn guest_cpu() -> Result<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let dir = task?.path();
+        // A thread may end between the listing and the reads.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if !comm.starts_with("dtq-guest") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(dir.join("schedstat")) else {
+            continue;
+        };
+        ns += text
+            .split_whitespace()
+            .next()
+            .context("short schedstat")?
+            .parse::<u64>()?;
+    }
+    Ok(ns as f64 / 1e9)
+}
+
 /// One drain round's figures.
 struct Round {
     tasks: usize,
@@ -177,6 +204,8 @@ struct Round {
     before: RedisStats,
     after: RedisStats,
     worker_cpu: f64,
+    /// Of `worker_cpu`, what the sandbox threads used.
+    guest_cpu: f64,
     /// Seconds Redis's threads spent waiting for a CPU during the drain.
     redis_wait: f64,
     set: f64,
@@ -231,6 +260,7 @@ async fn round(
     let before = RedisStats::read(probe).await?;
     let trips = dtq.store.round_trips();
     let cpu = process_cpu()?;
+    let guests = guest_cpu()?;
     let wait = cpu_wait(redis_pid)?;
     let mut polls = 0u64;
     if count {
@@ -260,6 +290,8 @@ async fn round(
     let allocated = count.then(Counting::stop);
     let trips = dtq.store.round_trips() - trips;
     let worker_cpu = process_cpu()? - cpu;
+    // Before the worker stops: its guest threads end with it.
+    let guest_cpu = guest_cpu()? - guests;
     let redis_wait = cpu_wait(redis_pid)? - wait;
     let after = RedisStats::read(probe).await?;
     dtq.stop_worker().await?;
@@ -287,6 +319,7 @@ async fn round(
         before,
         after,
         worker_cpu,
+        guest_cpu,
         redis_wait,
         set,
         set_cpu,
@@ -393,6 +426,7 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     let redis_cpu = sum(&|r| r.after.cpu() - r.before.cpu());
     let redis_wait = sum(&|r| r.redis_wait);
     let worker_cpu = sum(&|r| r.worker_cpu);
+    let guest_cpu = sum(&|r| r.guest_cpu);
     let drain_trips = sum(&|r| r.trips as f64);
     let preload_secs = sum(&|r| r.preload.as_secs_f64());
     let preload_trips = sum(&|r| r.preload_trips as f64);
@@ -516,6 +550,17 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     info(
         "  this process's CPU per task (µs)",
         format!("{:.1}", worker_cpu / drained * 1e6),
+    );
+    // The guest runtime has a thread per CPU the worker may use, so its
+    // share spreads over the cores a worker is given; the rest runs on the
+    // worker's main runtime.
+    info(
+        "    on sandbox threads (dtq-guest)",
+        format!("{:.1}", guest_cpu / drained * 1e6),
+    );
+    info(
+        "    on the other threads (fetch, completion, Redis client)",
+        format!("{:.1}", (worker_cpu - guest_cpu) / drained * 1e6),
     );
     info(
         "  this process's allocations per task (one more drain, counted)",
