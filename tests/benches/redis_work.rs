@@ -24,6 +24,9 @@
 //! time. The server runs under callgrind, one instruction stream per step,
 //! dumped with `callgrind_control` between steps.
 //!
+//! `DTQ_BENCH_PAYLOAD_BYTES=N` pads each task's payload with a string of N
+//! bytes (default 0: `{"n": <n>}`), to see what a payload's size costs.
+//!
 //! `DTQ_BENCH_KEEP=DIR` keeps the dumps in DIR and names each step's file,
 //! for `callgrind_annotate --inclusive=yes FILE`. Debian's `redis-server`
 //! has no symbols; one built from the same source (Debian's source package
@@ -68,6 +71,7 @@ async fn bench() -> Result<()> {
         Err(_) => 2_000,
     };
     ensure!(tasks > 0, "DTQ_BENCH_TASKS must be at least 1");
+    let pad = "x".repeat(dtq_tests::env_usize("DTQ_BENCH_PAYLOAD_BYTES", 0)?);
     Command::new("callgrind_control")
         .arg("--version")
         .output()
@@ -96,7 +100,12 @@ async fn bench() -> Result<()> {
     };
     println!(
         "Redis instructions per task (callgrind, user space only), {tasks} echo tasks, \
-         batches of {BATCH}"
+         batches of {BATCH}{}",
+        if pad.is_empty() {
+            String::new()
+        } else {
+            format!(", payloads padded by {} bytes", pad.len())
+        }
     );
     println!(
         "{:<34} {:>12} {:>12} {:>14} {:>14}",
@@ -123,7 +132,7 @@ async fn bench() -> Result<()> {
         store.ensure_group(QUEUE).await?;
         let settings = config.ingest_settings();
         counter.step()?;
-        submit(&store, &settings, tasks, keyed).await?;
+        submit(&store, &settings, tasks, keyed, &pad).await?;
         let (submitted, file) = counter.step()?;
         files.push((rows[0].0, name, file));
         let batches = read_and_start(&store, tasks).await?;
@@ -160,19 +169,25 @@ const COLUMNS: [(&str, bool, &str); 4] = [
     ("no key, --events none", false, "none"),
 ];
 
-/// Submit `tasks` echo tasks, each with its own key when `keyed`.
+/// Submit `tasks` echo tasks, each with its own key when `keyed`, their
+/// payloads padded by `pad` when it is not empty.
 async fn submit(
     store: &Store,
     settings: &ingest::IngestSettings,
     tasks: usize,
     keyed: bool,
+    pad: &str,
 ) -> Result<()> {
     let run = uuid::Uuid::now_v7().simple().to_string();
     let results: Vec<Result<()>> = futures::stream::iter(0..tasks)
         .map(|n| {
             let req = SubmitRequest {
                 idempotency_key: keyed.then(|| format!("{run}-{n}")),
-                ..echo_request(json!({"n": n}))
+                ..echo_request(if pad.is_empty() {
+                    json!({"n": n})
+                } else {
+                    json!({"n": n, "pad": pad})
+                })
             };
             async move {
                 ingest::submit(store, settings, QUEUE, None, req, |_| true).await?;

@@ -6,7 +6,7 @@
 //! RUNNING event. A task submitted to run now, without an expiry, is
 //! written with its message carrying its name, payload and the settings of
 //! an attempt (`ingest.lua`), and the hash naming that message (`msg_id`).
-//! They travel in one field, `run` ([`run_field`]): each field of a message
+//! They travel in one field, `run` ([`run_head`]): each field of a message
 //! is a string of its own for Redis to store and send and for the worker
 //! to parse, so one field instead of four or six makes every read cheaper.
 //! A worker reading it runs attempt 1 straight away ([`Store::start`] takes
@@ -27,35 +27,39 @@
 //! What a task gives up by this: no RUNNING event for its first attempt
 //! (unless the worker runs with `--events all`, which sends every
 //! delivery through `start`), no `started_at` shown while the first attempt
-//! runs (the completion writes it), and its payload sent twice on
-//! submission and held twice (hash and message) while it waits.
+//! runs (the completion writes it), and its payload held twice (hash and
+//! message) while it waits. It is sent once: the host sends the field's
+//! head and `ingest.lua` appends the payload it also writes to the hash.
 //!
 //! [`Store::start`]: super::Store::start
 
 use super::entries::Fields;
 use super::types::{Delivery, NewTask, StartedTask};
 
-/// The message field that carries a task: [`run_field`].
+/// The message field that carries a task: [`run_head`].
 pub(super) const RUN: &str = "run";
 
-/// The value of the `run` field of `new`'s message, or `None` when its
+/// The head of the `run` field of `new`'s message, or `None` when its
 /// message carries no task (a scheduled task, or one with an expiry, whose
-/// `start` must check it).
+/// `start` must check it). The field is this head followed by the payload,
+/// which `ingest.lua` appends: the payload crosses the wire once, as a
+/// field of the hash.
 ///
-/// Five lines: max attempts, the attempt's timeout (ms, empty for none),
-/// the idempotency key (empty for none), the task name, then the payload,
-/// which runs to the end. None of the first four can hold a line break
-/// (numbers, a key without control characters, a task name of letters,
-/// digits and `_.-`), so the payload needs no escaping.
-pub(super) fn run_field(new: &NewTask) -> Option<String> {
+/// The field has five lines: max attempts, the attempt's timeout (ms,
+/// empty for none), the idempotency key (empty for none), the task name,
+/// then the payload, which runs to the end. The head is the first four,
+/// each with its line break. None of them can hold a line break (numbers,
+/// a key without control characters, a task name of letters, digits and
+/// `_.-`), so the payload needs no escaping.
+pub(super) fn run_head(new: &NewTask) -> Option<String> {
     if new.expires_at.is_some() || new.run_at > new.now {
         return None;
     }
     let timeout = new.timeout_ms.map(|t| t.to_string()).unwrap_or_default();
     let key = new.idempotency_key.as_deref().unwrap_or_default();
     Some(format!(
-        "{}\n{timeout}\n{key}\n{}\n{}",
-        new.max_attempts, new.task, new.payload
+        "{}\n{timeout}\n{key}\n{}\n",
+        new.max_attempts, new.task
     ))
 }
 
@@ -157,10 +161,12 @@ mod tests {
         }
     }
 
+    /// The fields of `new`'s message, its `run` as `ingest.lua` joins it.
     fn run_fields(new: &NewTask) -> Fields {
+        let head = run_head(new).expect("carried");
         [
             ("id", new.id.clone()),
-            (RUN, run_field(new).expect("carried")),
+            (RUN, format!("{head}{}", new.payload)),
         ]
         .into_iter()
         .collect()
@@ -190,17 +196,17 @@ mod tests {
     #[test]
     fn only_a_task_that_runs_now_without_an_expiry_is_carried() {
         let now = new_task(None, None, "{}");
-        assert!(run_field(&now).is_some());
+        assert!(run_head(&now).is_some());
         let later = NewTask {
             run_at: 2_000,
             ..new_task(None, None, "{}")
         };
-        assert_eq!(run_field(&later), None);
+        assert_eq!(run_head(&later), None);
         let expiring = NewTask {
             expires_at: Some(5_000),
             ..new_task(None, None, "{}")
         };
-        assert_eq!(run_field(&expiring), None);
+        assert_eq!(run_head(&expiring), None);
     }
 
     #[test]

@@ -320,35 +320,38 @@ impl Store {
             .arg(self.index_trim_bound(keys.queue(), new.now))
             .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default())
             .arg(partitions)
-            .arg(carried::run_field(new).unwrap_or_default());
-        let mut field = |name: &str, value: String| {
+            .arg(carried::run_head(new).unwrap_or_default());
+        let mut field = |name: &str, value: &str| {
             inv.arg(name).arg(value);
         };
         // The hash is a listpack while small, where a field is found by a
         // scan from the front: the fields the worker's scripts read and
         // write on every attempt come first, after `status` (ingest.lua).
-        field("attempts", "0".into());
-        field("updated_at", new.now.to_string());
-        field("max_attempts", new.max_attempts.to_string());
-        field("task", new.task.clone());
-        field("payload", new.payload.clone());
+        // The payload is the fifth, ARGV[23], which the script also
+        // appends to the message's `run` field.
+        let (now, max_attempts) = (new.now.to_string(), new.max_attempts.to_string());
+        field("attempts", "0");
+        field("updated_at", &now);
+        field("max_attempts", &max_attempts);
+        field("task", &new.task);
+        field("payload", &new.payload);
         if let Some(t) = new.timeout_ms {
-            field("timeout_ms", t.to_string());
+            field("timeout_ms", &t.to_string());
         }
         if let Some(key) = &new.idempotency_key {
-            field("idempotency_key", key.clone());
+            field("idempotency_key", key);
         }
         if let Some(at) = new.expires_at {
-            field("expires_at", at.to_string());
+            field("expires_at", &at.to_string());
         }
         if new.run_at > new.now {
-            field("run_at", new.run_at.to_string());
+            field("run_at", &new.run_at.to_string());
         }
-        field("budget", new.max_attempts.to_string());
-        field("created_at", new.now.to_string());
-        field("id", new.id.clone());
-        field("queue", new.queue.clone());
-        field("fingerprint", new.fingerprint.clone());
+        field("budget", &max_attempts);
+        field("created_at", &now);
+        field("id", &new.id);
+        field("queue", &new.queue);
+        field("fingerprint", &new.fingerprint);
         inv
     }
 

@@ -32,11 +32,13 @@
              40% of the append)
     ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
     ARGV[12] the queue's partition count the submitter routed by
-    ARGV[13] what the stream message carries in its `run` field (the task
-             name, payload and what an attempt needs, see
-             store/carried.rs), "" for none
+    ARGV[13] the head of what the stream message carries in its `run`
+             field (the task name and what an attempt needs, see
+             store/carried.rs), to which the payload is appended; "" for
+             none
     ARGV[14..] task hash fields as name, value pairs (status and msg_id are
-             set here), attempts and updated_at first
+             set here): attempts, updated_at, max_attempts, task and
+             payload first, in that order, so the payload is ARGV[23]
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -74,7 +76,9 @@
   the message alone, with no `start` script: the hash stays QUEUED with
   attempts 0 while it runs, and a reader tells that attempt from its
   message pending in the group (see store/carried.rs). The host asks for it
-  for every task that goes straight to the stream without an expiry.
+  for every task that goes straight to the stream without an expiry. The
+  message's `run` field is ARGV[13] followed by the payload, joined here:
+  the payload is sent once, for the hash, rather than twice.
 ]]
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -82,7 +86,7 @@ local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[
 local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 local expiryKey, expiresAt = KEYS[7], ARGV[11]
-local run = ARGV[13]
+local runHead = ARGV[13]
 
 local partitions = tonumber(redis.call("GET", KEYS[8]) or "1")
 if partitions ~= tonumber(ARGV[12]) then
@@ -133,8 +137,8 @@ if status == "SCHEDULED" then
   redis.call("ZADD", delayedKey, runAt, taskId)
 else
   local msgId
-  if run ~= "" then
-    msgId = redis.call("XADD", streamKey, "*", "id", taskId, "run", run)
+  if runHead ~= "" then
+    msgId = redis.call("XADD", streamKey, "*", "id", taskId, "run", runHead .. ARGV[23])
   else
     msgId = redis.call("XADD", streamKey, "*", "id", taskId)
   end
