@@ -550,6 +550,28 @@ impl TestRedis {
             .collect())
     }
 
+    /// The messages of `queue`'s stream read and not yet acknowledged by
+    /// the workers' group, or `None` while the group does not exist (a
+    /// worker creates it asynchronously once it has started).
+    pub async fn pending(&self, queue: &str) -> Result<Option<u64>> {
+        let reply: redis::Value = match redis::cmd("XPENDING")
+            .arg(dtq_host::store::QueueKeys::new(queue).stream)
+            .arg(dtq_host::store::GROUP)
+            .query_async(&mut self.conn().await?)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(e) if e.code() == Some("NOGROUP") => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(match reply {
+            redis::Value::Array(items) => {
+                redis::from_redis_value(items.into_iter().next().unwrap_or(redis::Value::Int(0)))?
+            }
+            _ => 0,
+        }))
+    }
+
     /// Every key, sorted (on a cluster, of every primary).
     pub async fn keys(&self) -> Result<Vec<String>> {
         let mut conn = self.conn().await?;

@@ -66,21 +66,6 @@ async fn zcard(dtq: &Dtq, key: &str) -> Result<u64> {
     Ok(redis::cmd("ZCARD").arg(key).query_async(&mut conn).await?)
 }
 
-async fn pending_count(dtq: &Dtq) -> Result<u64> {
-    let mut conn = dtq.redis.conn().await?;
-    let reply: redis::Value = redis::cmd("XPENDING")
-        .arg(&keys().stream)
-        .arg("dtq-workers")
-        .query_async(&mut conn)
-        .await?;
-    Ok(match reply {
-        redis::Value::Array(items) => {
-            redis::from_redis_value(items.into_iter().next().unwrap_or(redis::Value::Int(0)))?
-        }
-        _ => 0,
-    })
-}
-
 /// What a task expired before it started looks like, whichever path
 /// expired it.
 fn assert_expired_unrun(task: &Value) -> Result<()> {
@@ -143,7 +128,7 @@ async fn a_waiting_task_expires_on_time_while_every_slot_is_busy() -> Result<()>
     dtq.wait_for("default", &sleeper, &["SUCCEEDED"], WAIT)
         .await?;
     assert_expired_unrun(&dtq.task("default", &id).await?)?;
-    assert_eq!(pending_count(&dtq).await?, 0);
+    assert_eq!(dtq.redis.pending("default").await?, Some(0));
     Ok(())
 }
 
@@ -183,7 +168,9 @@ async fn a_message_left_by_an_expired_task_is_acknowledged_and_skipped() -> Resu
     dtq.wait_for("default", &sleeper, &["SUCCEEDED"], WAIT)
         .await?;
     let started = std::time::Instant::now();
-    while stream_ids(&dtq).await?.contains(&id) || pending_count(&dtq).await? > 0 {
+    while stream_ids(&dtq).await?.contains(&id)
+        || dtq.redis.pending("default").await?.unwrap_or(0) > 0
+    {
         ensure!(
             started.elapsed() < WAIT,
             "the expired task's message stayed"
