@@ -114,8 +114,22 @@ async fn execute(
         _ => warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
             attempt = task.attempts, outcome = ?kind, error = %detail, "attempt failed"),
     }
-    let retry_at = now_ms() + backoff_ms(&shared.config, task.attempts);
-    let mut completion = completion_of(task, delivery.msg_id, kind, detail, report.log, retry_at);
+    let now = now_ms();
+    // Only a retry reads its due time; the jitter's random draw is not
+    // spent on the others.
+    let retry_at = match kind {
+        CompletionKind::Retry => now + backoff_ms(&shared.config, task.attempts),
+        _ => 0,
+    };
+    let mut completion = completion_of(
+        task,
+        delivery.msg_id,
+        kind,
+        detail,
+        report.log,
+        now,
+        retry_at,
+    );
     completion.digest = report.digest;
     // Boxed: only now allocated, instead of sizing the state every call in
     // flight holds by the completion it will build.
@@ -180,13 +194,15 @@ async fn hand_over(
     }
 }
 
-/// The completion of `task`'s current attempt, delivered as `msg_id`.
+/// The completion of `task`'s current attempt, delivered as `msg_id`,
+/// written at `now` (ms since epoch).
 fn completion_of(
     task: StartedTask,
     msg_id: String,
     kind: CompletionKind,
     detail: String,
     log: String,
+    now: u64,
     retry_at: u64,
 ) -> Completion {
     Completion {
@@ -199,7 +215,7 @@ fn completion_of(
         log,
         attempt: task.attempts,
         retry_at,
-        now: now_ms(),
+        now,
         digest: None,
         carried_at: task.carried_at,
     }
@@ -227,6 +243,7 @@ pub(super) async fn finish_unrun(
             CompletionKind::Expired,
             detail,
             String::new(),
+            now_ms(),
             0,
         )
     } else {
@@ -240,6 +257,7 @@ pub(super) async fn finish_unrun(
             CompletionKind::Lost,
             detail,
             String::new(),
+            now_ms(),
             0,
         )
     };

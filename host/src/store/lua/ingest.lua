@@ -80,6 +80,7 @@
   message's `run` field is ARGV[13] followed by the payload, joined here:
   the payload is sent once, for the hash, rather than twice.
 ]]
+local rcall = redis.call
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[4]
@@ -88,7 +89,7 @@ local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
 local expiryKey, expiresAt = KEYS[7], ARGV[11]
 local runHead = ARGV[13]
 
-local partitions = tonumber(redis.call("GET", KEYS[8]) or "1")
+local partitions = tonumber(rcall("GET", KEYS[8]) or "1")
 if partitions ~= tonumber(ARGV[12]) then
   return {-8, partitions}
 end
@@ -96,26 +97,26 @@ end
 -- Replay check: read-only, and before the depth check, so a full queue never
 -- blocks a replay.
 if hasKey then
-  local raw = redis.call("GET", idemKey)
+  local raw = rcall("GET", idemKey)
   if raw then
     local rec = cjson.decode(raw)
     local recordedKey = taskPrefix .. rec["task_id"]
-    if redis.call("EXISTS", recordedKey) == 1 then
+    if rcall("EXISTS", recordedKey) == 1 then
       if rec["fingerprint"] ~= fingerprint then
         return {-2, rec["task_id"]}
       end
       if rec["state"] == "processing" then
         return {-1, rec["task_id"]}
       end
-      return {2, rec["task_id"], redis.call("HGETALL", recordedKey)}
+      return {2, rec["task_id"], rcall("HGETALL", recordedKey)}
     end
     -- Stale record: its task hash expired. The resubmission is new work.
-    redis.call("DEL", idemKey)
+    rcall("DEL", idemKey)
   end
 end
 
 if maxDepth > 0 then
-  local depth = redis.call("XLEN", streamKey) + redis.call("ZCARD", delayedKey)
+  local depth = rcall("XLEN", streamKey) + rcall("ZCARD", delayedKey)
   if depth >= maxDepth then
     return {-3, depth}
   end
@@ -125,7 +126,7 @@ if hasKey then
   local rec = cjson.encode({
     task_id = taskId, state = "processing",
     updated_at = tonumber(now), fingerprint = fingerprint })
-  redis.call("SET", idemKey, rec, "NX", "EX", idemTtl)
+  rcall("SET", idemKey, rec, "NX", "EX", idemTtl)
 end
 
 local status = "QUEUED"
@@ -133,24 +134,24 @@ if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
 if status == "SCHEDULED" then
-  redis.call("HSET", taskKey, "status", status, unpack(ARGV, 14))
-  redis.call("ZADD", delayedKey, runAt, taskId)
+  rcall("HSET", taskKey, "status", status, unpack(ARGV, 14))
+  rcall("ZADD", delayedKey, runAt, taskId)
 else
   local msgId
   if runHead ~= "" then
-    msgId = redis.call("XADD", streamKey, "*", "id", taskId, "run", runHead .. ARGV[23])
+    msgId = rcall("XADD", streamKey, "*", "id", taskId, "run", runHead .. ARGV[23])
   else
-    msgId = redis.call("XADD", streamKey, "*", "id", taskId)
+    msgId = rcall("XADD", streamKey, "*", "id", taskId)
   end
-  redis.call("HSET", taskKey, "status", status, "msg_id", msgId, unpack(ARGV, 14))
+  rcall("HSET", taskKey, "status", status, "msg_id", msgId, unpack(ARGV, 14))
 end
 if expiresAt ~= "" then
-  redis.call("ZADD", expiryKey, expiresAt, taskId)
+  rcall("ZADD", expiryKey, expiresAt, taskId)
 end
 addEvent(eventsKey, eventsMaxLen, taskId, status, 0, now)
 if indexMinId ~= "" then
-  redis.call("XADD", indexKey, "MINID", "~", indexMinId, "*", "id", taskId)
+  rcall("XADD", indexKey, "MINID", "~", indexMinId, "*", "id", taskId)
 else
-  redis.call("XADD", indexKey, "*", "id", taskId)
+  rcall("XADD", indexKey, "*", "id", taskId)
 end
 return {1, taskId, status}
