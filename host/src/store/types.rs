@@ -209,7 +209,8 @@ pub struct Completion {
     pub log: String,
     /// The attempt this completes (0 for expiry, which has none).
     pub attempt: u32,
-    /// When a retry is due (ms since epoch).
+    /// When a retry is due (ms since epoch): read for a retry or a lost
+    /// attempt only, 0 for the other outcomes.
     pub retry_at: u64,
     /// Now (ms since epoch).
     pub now: u64,
