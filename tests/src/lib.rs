@@ -564,12 +564,15 @@ impl TestRedis {
             Err(e) if e.code() == Some("NOGROUP") => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        Ok(Some(match reply {
-            redis::Value::Array(items) => {
-                redis::from_redis_value(items.into_iter().next().unwrap_or(redis::Value::Int(0)))?
-            }
-            _ => 0,
-        }))
+        // The summary form: [count, lowest id, highest id, consumers].
+        let count = match reply {
+            redis::Value::Array(items) => items.into_iter().next(),
+            _ => None,
+        };
+        match count {
+            Some(count) => Ok(Some(redis::from_redis_value(count)?)),
+            None => bail!("XPENDING of {queue}: no count in its reply"),
+        }
     }
 
     /// Every key, sorted (on a cluster, of every primary).

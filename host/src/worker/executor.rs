@@ -235,31 +235,27 @@ pub(super) async fn finish_unrun(
     registration: Registration,
 ) {
     let label = shared.metrics.task_label(&task.task);
-    let completion = if expired {
-        let detail = "expired before it started".to_owned();
-        completion_of(
-            task,
-            delivery.msg_id,
+    let (kind, detail) = if expired {
+        (
             CompletionKind::Expired,
-            detail,
-            String::new(),
-            now_ms(),
-            0,
+            "expired before it started".to_owned(),
         )
     } else {
         let detail = format!(
             "worker lost during attempt {} of {}",
             task.attempts, task.max_attempts
         );
-        completion_of(
-            task,
-            delivery.msg_id,
-            CompletionKind::Lost,
-            detail,
-            String::new(),
-            now_ms(),
-            0,
-        )
+        (CompletionKind::Lost, detail)
     };
+    // Neither retries: a lost last attempt is dead-lettered.
+    let completion = completion_of(
+        task,
+        delivery.msg_id,
+        kind,
+        detail,
+        String::new(),
+        now_ms(),
+        0,
+    );
     hand_over(&shared, completion, label, permit, registration).await;
 }
