@@ -435,6 +435,41 @@ async fn help_documents_the_environment_and_the_exit_codes() -> Result<()> {
     Ok(())
 }
 
+/// The binary makes mimalloc commit its arena lazily (an idle worker holds
+/// about 20 MiB less), as a default that `MIMALLOC_ARENA_EAGER_COMMIT`
+/// still overrides. mimalloc's verbose start-up lists its options by name,
+/// which also checks that the option set is the one meant.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_allocator_commits_lazily_unless_told_otherwise() -> Result<()> {
+    let eager_commit = |value: Option<&'static str>| async move {
+        let mut cmd = tokio::process::Command::from(dtq_command());
+        cmd.arg("--version")
+            .env("MIMALLOC_VERBOSE", "1")
+            .env_remove("MIMALLOC_ARENA_EAGER_COMMIT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(value) = value {
+            cmd.env("MIMALLOC_ARENA_EAGER_COMMIT", value);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output()).await??;
+        expect_code(&out, 0, "dtq --version")?;
+        let text = stderr(&out);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("option 'arena_eager_commit':"))
+            .with_context(|| format!("mimalloc listed no arena_eager_commit:\n{text}"))?;
+        anyhow::Ok(line.trim().to_owned())
+    };
+    assert_eq!(eager_commit(None).await?, "option 'arena_eager_commit': 0");
+    assert_eq!(
+        eager_commit(Some("1")).await?,
+        "option 'arena_eager_commit': 1"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_client_commands_exit_with_the_documented_codes() -> Result<()> {
     let redis = RedisServer::start()?;
