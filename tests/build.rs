@@ -34,6 +34,7 @@ const TEST_GUESTS: &[&str] = &[
     "versioned_v1",
     "versioned_v2",
     "waiter",
+    "waiter_raw",
 ];
 
 fn main() {

@@ -193,6 +193,41 @@ async fn echo_returns_the_payload_byte_for_byte() -> Result<()> {
     Ok(())
 }
 
+/// The waiting guests of the in-flight bench wait what they are asked to
+/// (on a host timer) and say so; `waiter_raw` refuses a payload that is not
+/// a number of milliseconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_waiters_wait_as_asked() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let sandbox = sandbox(&redis, Limits::default()).await?;
+    load(&sandbox, "waiter", guests::WAITER)?;
+    load(&sandbox, "waiter_raw", guests::WAITER_RAW)?;
+
+    let started = Instant::now();
+    let report = sandbox
+        .call(call("waiter", json!({"ms": 200})), &CancelHandle::new())
+        .await;
+    assert_eq!(success(&report)?, json!({"waited_ms": 200}));
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    let started = Instant::now();
+    let report = sandbox
+        .call(call("waiter_raw", json!(200)), &CancelHandle::new())
+        .await;
+    assert_eq!(success(&report)?, json!(200));
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    let report = sandbox
+        .call(call("waiter_raw", json!({"ms": 200})), &CancelHandle::new())
+        .await;
+    assert!(
+        matches!(&report.outcome, Outcome::Fatal(msg) if msg.contains("milliseconds")),
+        "{:?}",
+        report.outcome
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn flaky_is_retryable_until_its_attempt() -> Result<()> {
     let redis = RedisServer::start()?;
