@@ -44,7 +44,7 @@ use dtq_host::ingest;
 use dtq_tests::alloc::Counting;
 use dtq_tests::process::{DtqProcess, dtq_command};
 use dtq_tests::{Dtq, TempDir, env_usize, free_port, guests};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The allocator the `dtq` binary uses, counted from the start of `main`
 /// (read only with `DTQ_BENCH_IN_PROCESS`).
@@ -96,12 +96,17 @@ fn main() -> Result<()> {
         .build()?;
     let mut all = Vec::new();
     for handler in handlers.split_whitespace() {
-        let wasm = match handler {
-            "waiter_raw" => guests::WAITER_RAW,
-            "waiter" => guests::WAITER,
+        // Each handler's component and the payload its tasks get.
+        let (wasm, payload) = match handler {
+            "waiter_raw" => (guests::WAITER_RAW, json!(knobs.wait_ms)),
+            "waiter" => (
+                guests::WAITER,
+                json!({"ms": knobs.wait_ms, "touch_kib": knobs.touch_kib}),
+            ),
             other => bail!("DTQ_BENCH_HANDLERS: unknown handler {other:?} (waiter_raw, waiter)"),
         };
-        all.push(runtime.block_on(bench(handler, wasm, &knobs))?);
+        let body = json!({"task": handler, "payload": payload});
+        all.push(runtime.block_on(bench(handler, wasm, &body, &knobs))?);
     }
     report(&all, &knobs);
     Ok(())
@@ -128,7 +133,7 @@ impl Worker {
     }
 }
 
-async fn bench(handler: &str, wasm: &str, knobs: &Knobs) -> Result<Figures> {
+async fn bench(handler: &str, wasm: &str, body: &Value, knobs: &Knobs) -> Result<Figures> {
     let concurrency = knobs.calls.to_string();
     let worker_flags = [
         "--concurrency",
@@ -181,7 +186,7 @@ async fn bench(handler: &str, wasm: &str, knobs: &Knobs) -> Result<Figures> {
     let mut heap_at_peak = heap_idle;
     std::fs::write(format!("{proc_dir}/clear_refs"), "5").context("reset the peak RSS")?;
     let started = Instant::now();
-    submit(&dtq, handler, knobs).await?;
+    submit(&dtq, body, knobs.calls).await?;
 
     let mut most = 0;
     let mut all_at = None;
@@ -255,16 +260,11 @@ async fn bench(handler: &str, wasm: &str, knobs: &Knobs) -> Result<Figures> {
     })
 }
 
-/// Submit `knobs.calls` tasks of `handler` through the submission path,
+/// Submit `calls` tasks of submission `body` through the submission path,
 /// a batch at a time.
-async fn submit(dtq: &Dtq, handler: &str, knobs: &Knobs) -> Result<()> {
-    let payload = match handler {
-        "waiter_raw" => json!(knobs.wait_ms),
-        _ => json!({"ms": knobs.wait_ms, "touch_kib": knobs.touch_kib}),
-    };
-    let body = json!({"task": handler, "payload": payload});
+async fn submit(dtq: &Dtq, body: &Value, calls: usize) -> Result<()> {
     let settings = dtq.config.ingest_settings();
-    let mut left = knobs.calls;
+    let mut left = calls;
     while left > 0 {
         let n = left.min(ingest::MAX_BATCH_ITEMS);
         let items = (0..n)

@@ -203,19 +203,17 @@ async fn the_waiters_wait_as_asked() -> Result<()> {
     load(&sandbox, "waiter", guests::WAITER)?;
     load(&sandbox, "waiter_raw", guests::WAITER_RAW)?;
 
-    let started = Instant::now();
-    let report = sandbox
-        .call(call("waiter", json!({"ms": 200})), &CancelHandle::new())
-        .await;
-    assert_eq!(success(&report)?, json!({"waited_ms": 200}));
-    assert!(started.elapsed() >= Duration::from_millis(200));
-
-    let started = Instant::now();
-    let report = sandbox
-        .call(call("waiter_raw", json!(200)), &CancelHandle::new())
-        .await;
-    assert_eq!(success(&report)?, json!(200));
-    assert!(started.elapsed() >= Duration::from_millis(200));
+    for (task, payload, result) in [
+        ("waiter", json!({"ms": 200}), json!({"waited_ms": 200})),
+        ("waiter_raw", json!(200), json!(200)),
+    ] {
+        let started = Instant::now();
+        let report = sandbox
+            .call(call(task, payload), &CancelHandle::new())
+            .await;
+        assert_eq!(success(&report)?, result, "{task}");
+        assert!(started.elapsed() >= Duration::from_millis(200), "{task}");
+    }
 
     let report = sandbox
         .call(call("waiter_raw", json!({"ms": 200})), &CancelHandle::new())
