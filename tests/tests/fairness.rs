@@ -112,3 +112,57 @@ async fn busy_queues_share_the_slots() -> Result<()> {
     dtq.stop_worker().await?;
     Ok(())
 }
+
+/// Calls that compute without waiting, more of them than the worker has
+/// guest threads, do not hold up the tasks beside them: the fetch loop and
+/// the completer share the guest runtime with the calls, and get a turn at
+/// every epoch tick of a spinning guest. Quick tasks run and complete while
+/// every spinner is still RUNNING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quick_tasks_complete_while_spinning_calls_hold_every_guest_thread() -> Result<()> {
+    const SPINNERS: usize = 6;
+    const SPIN_MS: u64 = 8_000;
+    let mut dtq = Dtq::start(false, &["--queues", "b", "--concurrency", "8"]).await?;
+    let mut spinners = Vec::new();
+    for _ in 0..SPINNERS {
+        spinners.push(
+            dtq.submit_new(
+                "b",
+                json!({"task": "sleep", "payload": {"ms": SPIN_MS}}),
+                None,
+            )
+            .await?,
+        );
+    }
+    dtq.start_worker();
+    for id in &spinners {
+        dtq.wait_for("b", id, &["RUNNING"], Duration::from_secs(30))
+            .await?;
+    }
+    let start = Instant::now();
+    let mut quick = Vec::new();
+    for i in 0..20 {
+        quick.push(
+            dtq.submit_new("b", json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    for id in &quick {
+        dtq.wait_for("b", id, &["SUCCEEDED"], Duration::from_secs(30))
+            .await?;
+    }
+    let took = start.elapsed();
+    for id in &spinners {
+        let task = dtq.task("b", id).await?;
+        assert_eq!(
+            task["status"], "RUNNING",
+            "20 quick tasks took {took:?}, past a spinner's end: {task}"
+        );
+    }
+    for id in &spinners {
+        dtq.wait_for("b", id, &["SUCCEEDED"], Duration::from_secs(60))
+            .await?;
+    }
+    dtq.stop_worker().await?;
+    Ok(())
+}

@@ -188,6 +188,16 @@ impl Store {
         self.backend.connect(timeout).await
     }
 
+    /// A clone of this store with a shared connection of its own, whose
+    /// I/O runs on the runtime this is called on.
+    pub async fn with_own_connection(&self) -> Result<Store, StoreError> {
+        let conn = self.backend.connect(Duration::from_secs(5)).await?;
+        Ok(Store {
+            conn,
+            ..self.clone()
+        })
+    }
+
     /// What the store is connected to (for pub/sub, and to know whether it
     /// is a cluster).
     pub fn backend(&self) -> &Backend {

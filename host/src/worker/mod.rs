@@ -279,9 +279,23 @@ struct Shared {
     abandon: CancellationToken,
     /// Where executors, and so sandbox calls, run: a runtime of their own.
     /// A guest computing between two epoch ticks holds its thread; on the
-    /// shared runtime, busy guests would starve the API, the heartbeats (and
-    /// so get live tasks reclaimed) and the completer.
+    /// shared runtime, busy guests would starve the API and the heartbeats
+    /// (and so get live tasks reclaimed).
+    ///
+    /// The loops that feed the calls and write their outcomes (fetch,
+    /// `start`, the completer) run here too, with a connection of their
+    /// own ([`Shared::feed`]): a task then goes from its read to its
+    /// completion on one thread, where crossing between runtimes took two
+    /// thread hand-offs per batch and a tenth of the worker's CPU per task
+    /// (`docs/queue-bench.md`). Busy guests delay them by up to an epoch
+    /// tick each, but those loops only feed the same busy CPUs; what must
+    /// never wait (heartbeats, reclaim, cancel, the API) stays on the
+    /// shared runtime.
     guests: tokio::runtime::Handle,
+    /// The store of the fetch loop, `start` and the completer: a clone of
+    /// [`Shared::store`] whose connection does its I/O on the guest
+    /// runtime.
+    feed: Store,
 }
 
 impl Shared {
@@ -306,7 +320,7 @@ impl Shared {
             .collect();
         let now = crate::ingest::now_ms();
         let decisions = match self
-            .store
+            .feed
             .start(queue, &self.consumer, &mut deliveries, now)
             .await
         {
@@ -415,6 +429,16 @@ pub async fn run_with_metrics(
     // slot means handing one over never waits.
     let (tx, rx) = mpsc::channel(config.concurrency.max(1));
     let guest_runtime = GuestRuntime::new(config.concurrency)?;
+    let feed = {
+        let store = store.clone();
+        guest_runtime
+            .handle
+            .spawn(async move { store.with_own_connection().await })
+            .await
+            .map_err(|e| {
+                WorkerError::Config(format!("cannot connect from the guest runtime: {e}"))
+            })??
+    };
     let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
     let _slots = metrics.hold_slots(config.concurrency);
     let shared = Arc::new(Shared {
@@ -429,6 +453,7 @@ pub async fn run_with_metrics(
         tracker: TaskTracker::new(),
         abandon: CancellationToken::new(),
         guests: guest_runtime.handle.clone(),
+        feed,
         config,
     });
     info!(consumer = %shared.consumer, queues = ?shared.queues(),
@@ -439,18 +464,23 @@ pub async fn run_with_metrics(
     // Three sets, stopped one after the other at shutdown; each aborts its
     // loops if dropped (see `supervise::Loops`).
     let mut completer = supervise::Loops::default();
-    completer.spawn(
+    completer.spawn_on(
         "completer",
         completion::run(
-            shared.store.clone(),
+            shared.feed.clone(),
             shared.metrics.clone(),
             rx,
             finish.clone(),
             shared.abandon.clone(),
         ),
+        &shared.guests,
     );
     let mut loops = supervise::Loops::default();
-    loops.spawn("fetch", fetch::run(shared.clone(), stop.clone()));
+    loops.spawn_on(
+        "fetch",
+        fetch::run(shared.clone(), stop.clone()),
+        &shared.guests,
+    );
     for name in shared.queues().iter() {
         spawn_partition_loops(&mut loops, &shared, name, &stop);
     }

@@ -54,6 +54,17 @@ impl Loops {
         self.names.insert(handle.id(), name.into());
     }
 
+    /// [`spawn`](Self::spawn) onto `runtime` rather than the current one.
+    pub(super) fn spawn_on(
+        &mut self,
+        name: impl Into<String>,
+        run: impl Future<Output = ()> + Send + 'static,
+        runtime: &tokio::runtime::Handle,
+    ) {
+        let handle = self.set.spawn_on(run, runtime);
+        self.names.insert(handle.id(), name.into());
+    }
+
     /// Wait for the next loop to end; `None` once none is left.
     pub(super) async fn next_end(&mut self) -> Option<LoopEnd> {
         let ended = self.set.join_next_with_id().await?;
