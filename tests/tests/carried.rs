@@ -612,10 +612,14 @@ async fn rewrite_message(dtq: &Dtq, id: &str, fields: &[(&str, &str)]) -> Result
 #[tokio::test(flavor = "multi_thread")]
 async fn messages_of_another_version_run_from_their_fields_or_through_start() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    // One written before the `run` field (a field per value), one whose
+    // One written before the `run` field (a field per value), one with
+    // `id` and then a `run` that does not lead with the id, and one whose
     // `run` this version cannot read: a fleet part-way through an upgrade.
     let old = dtq
         .submit_new("default", json!({"task": "echo", "payload": 1}), None)
+        .await?;
+    let previous = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 3}), None)
         .await?;
     let unreadable = dtq
         .submit_new("default", json!({"task": "echo", "payload": 2}), None)
@@ -626,27 +630,33 @@ async fn messages_of_another_version_run_from_their_fields_or_through_start() ->
         &[("max_attempts", "4"), ("task", "echo"), ("payload", "1")],
     )
     .await?;
+    rewrite_message(&dtq, &previous, &[("run", "5\n\n\necho\n3")]).await?;
     rewrite_message(&dtq, &unreadable, &[("run", "v9:opaque")]).await?;
 
     let taken = dtq.read_and_start("tester", 10).await?;
-    let [(old_delivery, old_task), (other_delivery, other_task)] = taken.as_slice() else {
-        panic!("expected two tasks, got {taken:?}");
+    let [
+        (old_delivery, old_task),
+        (previous_delivery, previous_task),
+        (other_delivery, other_task),
+    ] = taken.as_slice()
+    else {
+        panic!("expected three tasks, got {taken:?}");
     };
-    // The old message carries its attempt, which no script wrote...
-    assert_eq!(old_task.id, old);
-    assert!(old_task.carried_at.is_some());
-    assert_eq!(
-        (
-            old_task.payload.as_str(),
-            old_task.max_attempts,
-            old_task.attempts
-        ),
-        ("1", 4, 1)
-    );
-    assert_eq!(
-        hash_field(&dtq, &old, "status").await?.as_deref(),
-        Some("QUEUED")
-    );
+    // The older messages carry their attempt, which no script wrote...
+    for (task, id, payload, max_attempts) in
+        [(old_task, &old, "1", 4), (previous_task, &previous, "3", 5)]
+    {
+        assert_eq!(&task.id, id);
+        assert!(task.carried_at.is_some());
+        assert_eq!(
+            (task.payload.as_str(), task.max_attempts, task.attempts),
+            (payload, max_attempts, 1)
+        );
+        assert_eq!(
+            hash_field(&dtq, id, "status").await?.as_deref(),
+            Some("QUEUED")
+        );
+    }
     // ...and the unreadable one went through `start`, from the hash.
     assert_eq!(other_task.id, unreadable);
     assert!(other_task.carried_at.is_none());
@@ -660,15 +670,13 @@ async fn messages_of_another_version_run_from_their_fields_or_through_start() ->
         .store
         .complete(&[
             completion(old_delivery, old_task, CompletionKind::Success),
+            completion(previous_delivery, previous_task, CompletionKind::Success),
             completion(other_delivery, other_task, CompletionKind::Success),
         ])
         .await?;
     assert_eq!(
         outcomes,
-        [
-            CompleteOutcome::Done(TaskStatus::Succeeded),
-            CompleteOutcome::Done(TaskStatus::Succeeded)
-        ]
+        vec![CompleteOutcome::Done(TaskStatus::Succeeded); 3]
     );
     assert_eq!(stream_len(&dtq).await?, 0);
     Ok(())

@@ -23,6 +23,13 @@ impl Fields {
         Some(self.0.swap_remove(i).1)
     }
 
+    /// The value of field `name`, to change in place, if the entry has it.
+    pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut String> {
+        self.0
+            .iter_mut()
+            .find_map(|(n, v)| (n == name).then_some(v))
+    }
+
     /// The value of field `name`, if the entry has it.
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
@@ -96,17 +103,13 @@ pub(super) fn parse(
             Some(other) => return Err(malformed_value("entry id", &other)),
             None => return Err(malformed("entry")),
         };
-        let mut fields = match entry.next() {
+        let fields = match entry.next() {
             Some(body) => fields(body)?,
             None => Fields::default(),
         };
         let delivery = match fresh {
             Some(queue) => carried::fresh_delivery(queue, msg_id, fields),
-            None => fields.take("id").map(|task_id| Delivery {
-                msg_id,
-                task_id,
-                carried: None,
-            }),
+            None => carried::reclaimed_delivery(msg_id, fields),
         };
         out.extend(delivery);
     }
@@ -177,7 +180,7 @@ mod tests {
     #[test]
     fn a_read_gives_each_entrys_task_and_what_it_carries() {
         let entries = Value::Array(vec![
-            entry("1-0", &["id", "t1", "run", "3\n\n\necho\n{}"]),
+            entry("1-0", &["run", "t1\n3\n\n\necho\n{}"]),
             entry("2-0", &["id", "t2"]),
             // Deleted while pending: no body.
             Value::Array(vec![bulk("3-0"), Value::Nil]),
@@ -211,11 +214,15 @@ mod tests {
     #[test]
     fn a_reclaimed_entry_never_carries_its_task() {
         let mut out = Vec::new();
-        let entries = Value::Array(vec![entry("1-0", &["id", "t1", "run", "1\n\n\necho\n{}"])]);
+        let entries = Value::Array(vec![
+            entry("1-0", &["run", "t1\n1\n\n\necho\n{}"]),
+            // Written before the id led the `run` field.
+            entry("2-0", &["id", "t2", "run", "1\n\n\necho\n{}"]),
+        ]);
         parse(entries, None, &mut out).expect("parsed");
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].task_id, "t1");
-        assert!(out[0].carried.is_none());
+        let ids: Vec<_> = out.iter().map(|d| d.task_id.as_str()).collect();
+        assert_eq!(ids, ["t1", "t2"]);
+        assert!(out.iter().all(|d| d.carried.is_none()));
     }
 
     #[test]

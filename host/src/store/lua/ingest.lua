@@ -33,9 +33,9 @@
     ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
     ARGV[12] the queue's partition count the submitter routed by
     ARGV[13] the head of what the stream message carries in its `run`
-             field (the task name and what an attempt needs, see
-             store/carried.rs), to which the payload is appended; "" for
-             none
+             field, its only one (the task id, the task name and what an
+             attempt needs, see store/carried.rs), to which the payload is
+             appended; "" for none: the message's one field is then `id`
     ARGV[14..] task hash fields as name, value pairs (status and msg_id are
              set here): attempts, updated_at, max_attempts, task and
              payload first, in that order, so the payload is ARGV[23]
@@ -139,7 +139,7 @@ if status == "SCHEDULED" then
 else
   local msgId
   if runHead ~= "" then
-    msgId = rcall("XADD", streamKey, "*", "id", taskId, "run", runHead .. ARGV[23])
+    msgId = rcall("XADD", streamKey, "*", "run", runHead .. ARGV[23])
   else
     msgId = rcall("XADD", streamKey, "*", "id", taskId)
   end

@@ -96,17 +96,25 @@ end
 -- worker; `owners` maps message id to the consumer it was claimed from.
 local function archiveLost(entries, owners)
   for _, e in ipairs(entries) do
-    local msgId, body, taskId = e[1], e[2], nil
-    for i = 1, #(body or {}), 2 do
+    -- The task id: the `id` field, or else the first line of `run`, the
+    -- one field of a message that carries its task (store/carried.rs).
+    -- Any field but `id` means the message carries its task.
+    local msgId, body, taskId, carries = e[1], e[2] or {}, nil, false
+    for i = 1, #body, 2 do
       if body[i] == "id" then
         taskId = body[i + 1]
+      else
+        carries = true
       end
+    end
+    if not taskId and body[1] == "run" then
+      taskId = string.match(body[2], "^([^\n]+)\n")
     end
     if taskId then
       local taskKey = taskPrefix .. taskId
       local f = redis.call("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
         "max_attempts", "started_at", "digests", "expires_at")
-      if carriedFirst(f[1], f[4], f[3], msgId) and not f[8] and #body > 2 then
+      if carriedFirst(f[1], f[4], f[3], msgId) and not f[8] and carries then
         -- A carried first attempt (ingest.lua) its worker never beat for
         -- (heartbeat.lua writes the attempt at its first beat): written
         -- now as start would have, started when the message was
