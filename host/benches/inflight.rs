@@ -51,6 +51,9 @@ use serde_json::{Value, json};
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+// With the binary's settings (`dtq_host::allocator`).
+dtq_host::mimalloc_defaults!();
+
 const QUEUE: &str = "default";
 
 /// The bound for 10 000 calls in flight.

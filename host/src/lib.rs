@@ -28,9 +28,12 @@
 //! - [`server`]: the one composition of a server process (store, handlers,
 //!   worker, API, shutdown) and its typed errors with their exit codes,
 //!   used by the `dtq` binary and the test harness alike.
+//! - [`allocator`]: mimalloc's settings for the processes that run a
+//!   worker.
 //! - [`sse`]: a Server-Sent Events reader, the client side of the API's
 //!   live events (`dtq watch`, `dtq submit --wait`).
 
+pub mod allocator;
 pub mod api;
 pub mod config;
 pub mod deploy;

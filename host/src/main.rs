@@ -17,28 +17,8 @@ use tracing::info;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `arena_eager_commit` (its index in `mi_option_t`; the crate
-/// exports no constant for it).
-#[cfg(target_os = "linux")]
-const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-
-/// Before the first allocation (an `.init_array` entry runs before Rust's
-/// runtime starts), make mimalloc commit its arena as it is used instead
-/// of all at once. On Linux it commits eagerly by default, and an idle
-/// worker then keeps about 20 MiB more resident: 51 MiB instead of 30 with
-/// one handler loaded (`docs/sandbox.md`). Only the default changes:
-/// `MIMALLOC_ARENA_EAGER_COMMIT=1` still turns it back on.
-#[cfg(target_os = "linux")]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static LAZY_ARENA_COMMIT: extern "C" fn() = {
-    extern "C" fn lazy_arena_commit() {
-        // SAFETY: before `main`, on the only thread: sets the default of
-        // one option, which mimalloc reads when it first reserves memory.
-        unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
-    }
-    lazy_arena_commit
-};
+// Lazy arena commit and no transparent huge pages (`dtq_host::allocator`).
+dtq_host::mimalloc_defaults!();
 
 const EXIT_CODES: &str = "\
 Exit codes:

@@ -279,7 +279,7 @@ impl RedisLatency {
 /// series are looked up per task with labels cloned from here, not built
 /// as new strings each time. Holds no more values than the series do.
 #[derive(Clone, Default)]
-struct LabelValues(Arc<RwLock<HashSet<Arc<str>>>>);
+struct LabelValues(Arc<RwLock<HashSet<Arc<str>, foldhash::fast::RandomState>>>);
 
 impl LabelValues {
     fn get(&self, value: &str) -> Arc<str> {

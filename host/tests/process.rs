@@ -440,33 +440,43 @@ async fn help_documents_the_environment_and_the_exit_codes() -> Result<()> {
 /// still overrides. mimalloc's verbose start-up lists its options by name,
 /// which also checks that the option set is the one meant.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_allocator_commits_lazily_unless_told_otherwise() -> Result<()> {
-    let eager_commit = |value: Option<&'static str>| async move {
+async fn the_allocator_commits_lazily_and_uses_no_huge_pages_unless_told_otherwise() -> Result<()> {
+    // mimalloc's verbose listing of one option, with `env` set for it.
+    let option = |name: &'static str, env: (&'static str, Option<&'static str>)| async move {
         let mut cmd = tokio::process::Command::from(dtq_command());
         cmd.arg("--version")
             .env("MIMALLOC_VERBOSE", "1")
-            .env_remove("MIMALLOC_ARENA_EAGER_COMMIT")
+            .env_remove(env.0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        if let Some(value) = value {
-            cmd.env("MIMALLOC_ARENA_EAGER_COMMIT", value);
+        if let Some(value) = env.1 {
+            cmd.env(env.0, value);
         }
         let out = tokio::time::timeout(Duration::from_secs(30), cmd.output()).await??;
         expect_code(&out, 0, "dtq --version")?;
         let text = stderr(&out);
+        let prefix = format!("option '{name}':");
         let line = text
             .lines()
-            .find(|l| l.starts_with("option 'arena_eager_commit':"))
-            .with_context(|| format!("mimalloc listed no arena_eager_commit:\n{text}"))?;
+            .find(|l| l.starts_with(&prefix))
+            .with_context(|| format!("mimalloc listed no {name}:\n{text}"))?;
         anyhow::Ok(line.trim().to_owned())
     };
-    assert_eq!(eager_commit(None).await?, "option 'arena_eager_commit': 0");
-    assert_eq!(
-        eager_commit(Some("1")).await?,
-        "option 'arena_eager_commit': 1"
-    );
+    for (name, env) in [
+        ("arena_eager_commit", "MIMALLOC_ARENA_EAGER_COMMIT"),
+        ("allow_thp", "MIMALLOC_ALLOW_THP"),
+    ] {
+        assert_eq!(
+            option(name, (env, None)).await?,
+            format!("option '{name}': 0")
+        );
+        assert_eq!(
+            option(name, (env, Some("1"))).await?,
+            format!("option '{name}': 1")
+        );
+    }
     Ok(())
 }
 

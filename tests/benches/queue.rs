@@ -57,6 +57,9 @@ const ROUND_SETS: usize = 50_000;
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+// With the binary's settings (`dtq_host::allocator`).
+dtq_host::mimalloc_defaults!();
+
 fn main() -> Result<()> {
     // Logging as the `dtq` binary's (`DTQ_LOG`, default `info`), so that
     // the worker's spans and events cost here what they cost a fleet.

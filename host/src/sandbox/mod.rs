@@ -337,7 +337,9 @@ struct Inner {
     cache: ArtifactCache,
     redis: crate::store::Conn,
     http: http::Clients,
-    handlers: RwLock<HashMap<String, Arc<LoadedHandler>>>,
+    /// By task name; foldhash, as the names are the operator's and the
+    /// map is read once per call.
+    handlers: RwLock<HashMap<String, Arc<LoadedHandler>, foldhash::fast::RandomState>>,
     slots: tokio::sync::Semaphore,
     max_calls: usize,
     _ticker: EpochTicker,
@@ -380,7 +382,7 @@ impl Sandbox {
                 cache,
                 redis,
                 http,
-                handlers: RwLock::new(HashMap::new()),
+                handlers: RwLock::new(HashMap::default()),
                 slots: tokio::sync::Semaphore::new(slots),
                 max_calls: slots,
                 _ticker: ticker,

@@ -81,7 +81,8 @@ const READ_BLOCK: Duration = Duration::from_millis(500);
 
 /// A message this worker holds, and the attempt it runs.
 struct Held {
-    queue: String,
+    /// Shared by the messages of one batch.
+    queue: Arc<str>,
     delivery: Delivery,
     /// The attempt `start` counted; `None` before `start` has answered, and
     /// for a message it decided not to run (whose completion is on its way).
@@ -103,7 +104,9 @@ struct Held {
 /// heartbeats would stop, and a live attempt would be reclaimed as lost).
 #[derive(Default)]
 struct Running {
-    held: Mutex<HashMap<u64, Held>>,
+    /// By registration id; foldhash: the ids are this process's own, and
+    /// the map is hashed into three times per task.
+    held: Mutex<HashMap<u64, Held, foldhash::fast::RandomState>>,
     next_id: AtomicU64,
     /// `dtq_worker_tasks_in_flight`: one per registration alive.
     in_flight: Gauge,
@@ -118,21 +121,21 @@ impl Running {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held, foldhash::fast::RandomState>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hold message `delivery` of `queue` until the returned guard is
     /// dropped. It counts as a running attempt once
     /// [`Registration::started`] says which.
-    fn hold(self: &Arc<Self>, queue: &str, delivery: &Delivery) -> Registration {
+    fn hold(self: &Arc<Self>, queue: &Arc<str>, delivery: &Delivery) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = CancelHandle::new();
         let stale = Arc::new(AtomicBool::new(false));
         self.lock().insert(
             id,
             Held {
-                queue: queue.to_owned(),
+                queue: queue.clone(),
                 // The message, not the task it may carry (its payload).
                 delivery: Delivery {
                     msg_id: delivery.msg_id.clone(),
@@ -157,7 +160,7 @@ impl Running {
     fn holds(&self, queue: &str, msg_id: &str) -> bool {
         self.lock()
             .values()
-            .any(|h| h.queue == queue && h.delivery.msg_id == msg_id)
+            .any(|h| &*h.queue == queue && h.delivery.msg_id == msg_id)
     }
 
     /// Interrupt every attempt of task `task_id` of `queue` held here;
@@ -167,7 +170,7 @@ impl Running {
         let mut found = false;
         for h in held
             .values()
-            .filter(|h| h.queue == queue && h.delivery.task_id == task_id)
+            .filter(|h| &*h.queue == queue && h.delivery.task_id == task_id)
         {
             h.cancel.cancel();
             found = true;
@@ -199,7 +202,7 @@ impl Running {
         let mut by_queue: HashMap<String, Vec<_>> = HashMap::new();
         for (id, h) in self.lock().iter() {
             if let Some(attempt) = h.attempt {
-                by_queue.entry(h.queue.clone()).or_default().push((
+                by_queue.entry(h.queue.to_string()).or_default().push((
                     *id,
                     h.delivery.clone(),
                     attempt,
@@ -314,9 +317,10 @@ impl Shared {
         mut deliveries: Vec<Delivery>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
+        let shared_queue: Arc<str> = queue.into();
         let holds: Vec<Registration> = deliveries
             .iter()
-            .map(|d| self.running.hold(queue, d))
+            .map(|d| self.running.hold(&shared_queue, d))
             .collect();
         let now = crate::ingest::now_ms();
         let decisions = match self
@@ -699,9 +703,9 @@ mod tests {
         let running = Arc::new(Running::default());
         // Attempt 1 of task t, then attempt 2 of the same task (reclaimed
         // here, on another message, while attempt 1 is still being ended).
-        let old = running.hold("q", &delivery("1-0", "t"));
+        let old = running.hold(&"q".into(), &delivery("1-0", "t"));
         old.started(1);
-        let new = running.hold("q", &delivery("2-0", "t"));
+        let new = running.hold(&"q".into(), &delivery("2-0", "t"));
         new.started(2);
         drop(old);
 
@@ -727,8 +731,8 @@ mod tests {
     #[test]
     fn the_same_message_held_twice_is_released_once_per_registration() {
         let running = Arc::new(Running::default());
-        let first = running.hold("q", &delivery("1-0", "t"));
-        let second = running.hold("q", &delivery("1-0", "t"));
+        let first = running.hold(&"q".into(), &delivery("1-0", "t"));
+        let second = running.hold(&"q".into(), &delivery("1-0", "t"));
         drop(first);
         assert!(running.holds("q", "1-0"));
         drop(second);
@@ -738,8 +742,8 @@ mod tests {
     #[test]
     fn only_started_attempts_are_beaten_for_and_a_stale_one_is_stopped_once() {
         let running = Arc::new(Running::default());
-        let starting = running.hold("q", &delivery("1-0", "a"));
-        let run = running.hold("q", &delivery("2-0", "b"));
+        let starting = running.hold(&"q".into(), &delivery("1-0", "a"));
+        let run = running.hold(&"q".into(), &delivery("2-0", "b"));
         run.started(3);
         let started = running.started();
         let ids: Vec<u64> = started["q"].iter().map(|(id, _, _)| *id).collect();
