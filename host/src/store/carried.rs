@@ -75,16 +75,15 @@ pub(super) fn run_head(new: &NewTask) -> Option<String> {
     ))
 }
 
-/// The task id of a message's fields: its `id` field, or the first line
-/// of its `run` field when it has no `id` (see [`run_head`]), taken out
-/// of `fields`. With it, whether `run` still holds the rest of the task
-/// (it does unless it came from `id`).
+/// The task id of a message's fields, taken out of them: its `id` field,
+/// or, when it has none, the first line of its `run` field (see
+/// [`run_head`]), which then holds what an older message's `run` holds.
 fn task_id(fields: &mut Fields) -> Option<String> {
     if let Some(id) = fields.take("id") {
         return Some(id);
     }
     let run = fields.get_mut(RUN)?;
-    let end = run.find('\n')?;
+    let end = run.find('\n').filter(|&end| end > 0)?;
     let id = run[..end].to_owned();
     // What is left is a `run` field as an older message's: the task
     // without its id. Moved to the front of the field's own buffer.
@@ -287,7 +286,12 @@ mod tests {
 
     #[test]
     fn a_message_without_a_task_id_is_not_ours() {
-        for fields in [vec![("other", "x")], vec![(RUN, "no line break")], vec![]] {
+        for fields in [
+            vec![("other", "x")],
+            vec![(RUN, "no line break")],
+            vec![(RUN, "\n3\n\n\necho\n{}")],
+            vec![],
+        ] {
             let fields: Fields = fields.into_iter().collect();
             assert!(fresh_delivery("q", "1-0".into(), fields.clone()).is_none());
             assert!(reclaimed_delivery("1-0".into(), fields).is_none());
