@@ -255,7 +255,13 @@ pub(crate) async fn run(
     }
     // Checked on every epoch tick while wasm runs: stop on cancel or
     // deadline, otherwise yield to the executor so that `interruptible` below
-    // (and other tasks on this thread) get a turn.
+    // (and other tasks on this thread) get a turn. Through tokio's
+    // `yield_now`, which resumes the call only once the runtime has run its
+    // other ready tasks and polled for I/O: a plain wake would requeue it
+    // at once, and with every thread computing the runtime would look at
+    // its sockets only every 61 polls (tokio's `event_interval`), each a
+    // tick of some guest's compute, so the Redis replies the worker's loops
+    // and other calls wait for would wait seconds.
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|ctx| {
         let state = ctx.data();
@@ -264,7 +270,10 @@ pub(crate) async fn run(
         } else if Instant::now() >= state.deadline_at {
             Err(wasmtime::Error::new(Interrupt::Deadline))
         } else {
-            Ok(UpdateDeadline::Yield(1))
+            Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(tokio::task::yield_now()),
+            ))
         }
     });
 
