@@ -384,6 +384,17 @@ async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_carried_attempt_whose_worker_died_is_counted_lost_and_run_again() -> Result<()> {
+    // The message as this version writes it, and as the one before wrote
+    // it (`id`, then `run` without the id): reclaim.lua reads both.
+    for previous_form in [false, true] {
+        died_and_reclaimed(previous_form)
+            .await
+            .with_context(|| format!("previous form: {previous_form}"))?;
+    }
+    Ok(())
+}
+
+async fn died_and_reclaimed(previous_form: bool) -> Result<()> {
     let mut dtq = Dtq::start(false, &[]).await?;
     let id = dtq
         .submit_new(
@@ -392,6 +403,9 @@ async fn a_carried_attempt_whose_worker_died_is_counted_lost_and_run_again() -> 
             None,
         )
         .await?;
+    if previous_form {
+        rewrite_message(&dtq, &id, &[("run", "2\n\n\necho\n5")]).await?;
+    }
     // A worker ("ghost") takes the message and dies before its first beat.
     let taken = dtq_host::ingest::now_ms();
     let ghost = dtq.read_and_start("ghost", 10).await?;

@@ -123,6 +123,10 @@ pub struct Reclaimed {
     pub own: Vec<Delivery>,
 }
 
+/// How long a command on a store's shared connection may wait for its
+/// reply.
+const SHARED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The Redis side of dtq, on one server or a cluster ([`Backend`]). Cheap
 /// to clone: clones share one multiplexed connection, which reconnects by
 /// itself.
@@ -154,7 +158,7 @@ impl Store {
     /// scripts.
     pub async fn connect(urls: &str, settings: StoreSettings) -> Result<Store, StoreError> {
         let backend = Backend::open(urls).await?;
-        let conn = backend.connect(Duration::from_secs(5)).await?;
+        let conn = backend.connect(SHARED_RESPONSE_TIMEOUT).await?;
         let store = Store {
             backend,
             conn,
@@ -191,7 +195,7 @@ impl Store {
     /// A clone of this store with a shared connection of its own, whose
     /// I/O runs on the runtime this is called on.
     pub async fn with_own_connection(&self) -> Result<Store, StoreError> {
-        let conn = self.backend.connect(Duration::from_secs(5)).await?;
+        let conn = self.backend.connect(SHARED_RESPONSE_TIMEOUT).await?;
         Ok(Store {
             conn,
             ..self.clone()

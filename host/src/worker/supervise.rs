@@ -50,8 +50,7 @@ impl Loops {
         name: impl Into<String>,
         run: impl Future<Output = ()> + Send + 'static,
     ) {
-        let handle = self.set.spawn(run);
-        self.names.insert(handle.id(), name.into());
+        self.spawn_on(name, run, &tokio::runtime::Handle::current());
     }
 
     /// [`spawn`](Self::spawn) onto `runtime` rather than the current one.
