@@ -36,8 +36,8 @@
 //! - `outcome`, `class`, `state`, `operation`: fixed lists in this crate;
 //! - `digest`: one per loaded handler.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -101,7 +101,8 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
-    /// Every outcome.
+    /// Every outcome, in declaration order (so `outcome as usize` is its
+    /// index here).
     pub const ALL: [AttemptOutcome; 8] = [
         AttemptOutcome::Success,
         AttemptOutcome::Retry,
@@ -279,7 +280,9 @@ impl RedisLatency {
 /// series are looked up per task with labels cloned from here, not built
 /// as new strings each time. Holds no more values than the series do.
 #[derive(Clone, Default)]
-struct LabelValues(Arc<RwLock<HashSet<Arc<str>, foldhash::fast::RandomState>>>);
+struct LabelValues(Arc<RwLock<HashSet<Arc<str>, FastHash>>>);
+
+type FastHash = foldhash::fast::RandomState;
 
 impl LabelValues {
     fn get(&self, value: &str) -> Arc<str> {
@@ -337,6 +340,54 @@ impl TaskNames {
     }
 }
 
+/// The series of one task of one queue: found once per attempt
+/// ([`WorkerMetrics::series`]) and carried with it to its completion, so
+/// that recording its call and its outcome looks nothing up. Each series
+/// is created in its family the first time it is recorded, so an outcome
+/// that never happened shows no zero series.
+pub struct TaskSeries {
+    labels: TaskLabels,
+    duration: OnceLock<Histogram>,
+    outcomes: [OnceLock<Counter>; AttemptOutcome::ALL.len()],
+    durations: Histograms<TaskLabels>,
+    outcome_families: Family<OutcomeLabels, Counter>,
+}
+
+impl TaskSeries {
+    /// One handler call that took `elapsed`.
+    pub fn observe_call(&self, elapsed: Duration) {
+        self.duration
+            .get_or_init(|| self.durations.get_or_create_owned(&self.labels))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One completion written, which ended its attempt as `outcome`.
+    pub fn count_outcome(&self, outcome: AttemptOutcome) {
+        self.outcomes[outcome as usize]
+            .get_or_init(|| {
+                self.outcome_families.get_or_create_owned(&OutcomeLabels {
+                    queue: self.labels.queue.clone(),
+                    task: self.labels.task.clone(),
+                    outcome: outcome.as_str(),
+                })
+            })
+            .inc();
+    }
+}
+
+impl std::fmt::Debug for TaskSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskSeries")
+            .field("queue", &self.labels.queue)
+            .field("task", &self.labels.task)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The [`TaskSeries`] made so far, by queue, then by task label. Never
+/// shrinks, as the series themselves do not.
+type SeriesByQueue = HashMap<Arc<str>, HashMap<Arc<str>, Arc<TaskSeries>, FastHash>, FastHash>;
+
 /// What a worker records. Cheap to clone; clones share the series.
 #[derive(Clone)]
 pub struct WorkerMetrics {
@@ -347,6 +398,7 @@ pub struct WorkerMetrics {
     slots: Gauge,
     names: TaskNames,
     values: LabelValues,
+    series: Arc<RwLock<SeriesByQueue>>,
 }
 
 impl WorkerMetrics {
@@ -359,6 +411,7 @@ impl WorkerMetrics {
             slots: Gauge::default(),
             names,
             values: LabelValues::default(),
+            series: Arc::default(),
         };
         // Every class from the start, so a first trap is a rise from 0.
         for class in TrapClass::ALL {
@@ -380,27 +433,35 @@ impl WorkerMetrics {
         self.values.get(self.names.label(task))
     }
 
-    /// One completion written, of `queue` and `task` (a label from
-    /// [`WorkerMetrics::task_label`]).
-    pub fn count_outcome(&self, queue: &str, task: &Arc<str>, outcome: AttemptOutcome) {
-        self.outcomes
-            .get_or_create(&OutcomeLabels {
-                queue: self.values.get(queue),
-                task: task.clone(),
-                outcome: outcome.as_str(),
+    /// The series of `queue`'s task `task` (a label from
+    /// [`WorkerMetrics::task_label`], or a loaded handler's name).
+    pub fn series(&self, queue: &str, task: &Arc<str>) -> Arc<TaskSeries> {
+        if let Some(found) = self
+            .series
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+            .and_then(|tasks| tasks.get(&**task))
+        {
+            return found.clone();
+        }
+        let queue = self.values.get(queue);
+        let task = self.values.get(task);
+        let mut series = self.series.write().unwrap_or_else(PoisonError::into_inner);
+        series
+            .entry(queue.clone())
+            .or_default()
+            .entry(task.clone())
+            .or_insert_with(|| {
+                Arc::new(TaskSeries {
+                    labels: TaskLabels { queue, task },
+                    duration: OnceLock::new(),
+                    outcomes: Default::default(),
+                    durations: self.durations.clone(),
+                    outcome_families: self.outcomes.clone(),
+                })
             })
-            .inc();
-    }
-
-    /// One handler call of `queue` and `task` (a label) that took
-    /// `elapsed`.
-    pub fn observe_call(&self, queue: &str, task: &Arc<str>, elapsed: Duration) {
-        self.durations
-            .get_or_create(&TaskLabels {
-                queue: self.values.get(queue),
-                task: task.clone(),
-            })
-            .observe(elapsed.as_secs_f64());
+            .clone()
     }
 
     /// One handler call that trapped.
@@ -674,6 +735,48 @@ mod tests {
             &metrics.task_label("anything"),
             &metrics.task_label("something else")
         ));
+    }
+
+    #[test]
+    fn a_task_s_series_are_made_once_and_show_only_what_was_recorded() {
+        let metrics = WorkerMetrics::detached();
+        let mut registry = Registry::default();
+        registry.register("outcomes", "", metrics.outcomes.clone());
+        registry.register("durations", "", metrics.durations.clone());
+        let render = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+            text
+        };
+        let echo: Arc<str> = "echo".into();
+        let series = metrics.series("emails", &echo);
+        assert!(Arc::ptr_eq(&series, &metrics.series("emails", &echo)));
+        assert!(!Arc::ptr_eq(&series, &metrics.series("reports", &echo)));
+        // Nothing recorded yet: no series at all, not even zeros.
+        assert!(!render().contains("echo"), "{}", render());
+
+        series.count_outcome(AttemptOutcome::Success);
+        series.count_outcome(AttemptOutcome::Success);
+        metrics
+            .series("emails", &"echo".into())
+            .count_outcome(AttemptOutcome::Retry);
+        series.observe_call(Duration::from_millis(3));
+        let text = render();
+        let labels = |outcome| format!("queue=\"emails\",task=\"echo\",outcome=\"{outcome}\"");
+        assert!(
+            text.contains(&format!("outcomes_total{{{}}} 2\n", labels("success"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("outcomes_total{{{}}} 1\n", labels("retry"))),
+            "{text}"
+        );
+        assert!(!text.contains("outcome=\"fatal\""), "{text}");
+        assert!(!text.contains("queue=\"reports\""), "{text}");
+        assert!(
+            text.contains("durations_count{queue=\"emails\",task=\"echo\"} 1\n"),
+            "{text}"
+        );
     }
 
     #[test]

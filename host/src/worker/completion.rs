@@ -34,8 +34,8 @@ use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
 use crate::config::Config;
-use crate::metrics::{AttemptOutcome, WorkerMetrics};
-use crate::store::{CompleteOutcome, Completion, Store, StoreError, logical_queue};
+use crate::metrics::{AttemptOutcome, TaskSeries};
+use crate::store::{CompleteOutcome, Completion, Store, StoreError};
 
 /// Most completions written in one round trip.
 const MAX_BATCH: usize = 128;
@@ -44,8 +44,8 @@ const MAX_BATCH: usize = 128;
 /// (releasing both) after the write.
 pub(super) struct Pending {
     pub(super) completion: Completion,
-    /// Its task's label in `/metrics` (the task name, or `other`).
-    pub(super) task: Arc<str>,
+    /// Its task's series in `/metrics`.
+    pub(super) series: Arc<TaskSeries>,
     pub(super) slot: OwnedSemaphorePermit,
     /// The message's entry in the running set.
     pub(super) registration: Registration,
@@ -62,7 +62,6 @@ const WRITERS: usize = 2;
 /// reclaimed and run again.
 pub(super) async fn run(
     store: Store,
-    metrics: WorkerMetrics,
     mut rx: mpsc::Receiver<Pending>,
     finish: CancellationToken,
     abandon: CancellationToken,
@@ -90,7 +89,6 @@ pub(super) async fn run(
         }
         writes.spawn(write(
             store.clone(),
-            metrics.clone(),
             std::mem::take(&mut batch),
             abandon.clone(),
         ));
@@ -101,26 +99,17 @@ pub(super) async fn run(
 /// Write one batch, retrying with backoff until it is written, rejected
 /// (see the module's doc), or `abandon` is cancelled. What the tasks hold is
 /// released when this returns.
-async fn write(
-    store: Store,
-    metrics: WorkerMetrics,
-    batch: Vec<Pending>,
-    abandon: CancellationToken,
-) {
+async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
     let mut completions = Vec::with_capacity(batch.len());
-    let mut tasks = Vec::with_capacity(batch.len());
+    let mut series = Vec::with_capacity(batch.len());
     // Released when this returns.
     let mut held = Vec::with_capacity(batch.len());
     for p in batch {
         completions.push(p.completion);
-        tasks.push(p.task);
+        series.push(p.series);
         held.push((p.slot, p.registration));
     }
-    let counted = Counted {
-        metrics: &metrics,
-        tasks: &tasks,
-    };
-    match write_retrying(&store, &completions, counted, &abandon).await {
+    match write_retrying(&store, &completions, &series, &abandon).await {
         Written::Yes => return,
         Written::Abandoned => return,
         Written::Rejected(_) if completions.len() > 1 => {
@@ -131,12 +120,9 @@ async fn write(
         }
         Written::Rejected(e) => return rejected(&completions[0], &e),
     }
-    for (completion, task) in completions.iter().zip(&tasks) {
-        let counted = Counted {
-            metrics: &metrics,
-            tasks: std::slice::from_ref(task),
-        };
-        match write_retrying(&store, std::slice::from_ref(completion), counted, &abandon).await {
+    for (completion, series) in completions.iter().zip(&series) {
+        let one = std::slice::from_ref(completion);
+        match write_retrying(&store, one, std::slice::from_ref(series), &abandon).await {
             Written::Yes => {}
             Written::Abandoned => return,
             Written::Rejected(e) => rejected(completion, &e),
@@ -157,18 +143,12 @@ enum Written {
     Abandoned,
 }
 
-/// Where the outcomes of written completions are counted: the metrics,
-/// and the task label of each completion, in order.
-#[derive(Clone, Copy)]
-struct Counted<'a> {
-    metrics: &'a WorkerMetrics,
-    tasks: &'a [Arc<str>],
-}
-
+/// Write `completions` and count the outcome of each in its task's
+/// `series` (in the same order), retrying as [`write`] says.
 async fn write_retrying(
     store: &Store,
     completions: &[Completion],
-    counted: Counted<'_>,
+    series: &[Arc<TaskSeries>],
     abandon: &CancellationToken,
 ) -> Written {
     let mut backoff = Backoff::default();
@@ -192,13 +172,11 @@ async fn write_retrying(
             return Written::Abandoned;
         }
     };
-    for ((completion, outcome), task) in completions.iter().zip(outcomes).zip(counted.tasks) {
+    for ((completion, outcome), series) in completions.iter().zip(outcomes).zip(series) {
         match outcome {
             CompleteOutcome::Done(status) => {
                 if let Some(outcome) = AttemptOutcome::of(completion.kind, status) {
-                    counted
-                        .metrics
-                        .count_outcome(logical_queue(&completion.queue), task, outcome);
+                    series.count_outcome(outcome);
                 }
             }
             CompleteOutcome::Stale(status) => {

@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
 use crate::ingest::now_ms;
-use crate::metrics::{TrapClass, WorkerMetrics};
+use crate::metrics::{TaskSeries, TrapClass, WorkerMetrics};
 use crate::sandbox::{Call, CallReport, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask, logical_queue};
 
@@ -93,11 +93,14 @@ async fn execute(
     };
     // A handler that ran is a known task: its name is its label, with no
     // lookup.
-    let label = match &report.task {
-        Some(name) => name.clone(),
-        None => shared.metrics.task_label(&task.task),
+    let queue = logical_queue(&task.queue);
+    let series = match &report.task {
+        Some(name) => shared.metrics.series(queue, name),
+        None => shared
+            .metrics
+            .series(queue, &shared.metrics.task_label(&task.task)),
     };
-    record_call(&shared.metrics, logical_queue(&task.queue), &label, &report);
+    record_call(&shared.metrics, &series, &report);
     if registration.is_stale() {
         // Another worker took the task over (the heartbeat that found it
         // logged it): this attempt was interrupted, or finished just before,
@@ -133,20 +136,20 @@ async fn execute(
     completion.digest = report.digest;
     // Boxed: only now allocated, instead of sizing the state every call in
     // flight holds by the completion it will build.
-    Box::pin(hand_over(&shared, completion, label, permit, registration)).await;
+    Box::pin(hand_over(&shared, completion, series, permit, registration)).await;
 }
 
 /// What `/metrics` keeps of a handler call: its duration, and its trap's
 /// class if it trapped. A call that found no handler ran nothing and counts
 /// for neither (its attempt is deferred).
-fn record_call(metrics: &WorkerMetrics, queue: &str, task: &Arc<str>, report: &CallReport) {
+fn record_call(metrics: &WorkerMetrics, series: &TaskSeries, report: &CallReport) {
     if let Outcome::Trapped(trap) = &report.outcome {
         match TrapClass::of(trap) {
             Some(class) => metrics.count_trap(class),
             None => return,
         }
     }
-    metrics.observe_call(queue, task, report.elapsed);
+    series.observe_call(report.elapsed);
 }
 
 /// Map a sandbox outcome to what the completion script takes.
@@ -171,18 +174,18 @@ fn classify(outcome: Outcome) -> (CompletionKind, String) {
 }
 
 /// Hand a completion to the completer, with the slot and the running-set
-/// entry its task holds until it is written; `task` is its task's label in
+/// entry its task holds until it is written; `series` are its task's in
 /// `/metrics`.
 async fn hand_over(
     shared: &Shared,
     completion: Completion,
-    task: Arc<str>,
+    series: Arc<TaskSeries>,
     slot: OwnedSemaphorePermit,
     registration: Registration,
 ) {
     let pending = Pending {
         completion,
-        task,
+        series,
         slot,
         registration,
     };
@@ -234,7 +237,10 @@ pub(super) async fn finish_unrun(
     permit: OwnedSemaphorePermit,
     registration: Registration,
 ) {
-    let label = shared.metrics.task_label(&task.task);
+    let series = shared.metrics.series(
+        logical_queue(&task.queue),
+        &shared.metrics.task_label(&task.task),
+    );
     let (kind, detail) = if expired {
         (
             CompletionKind::Expired,
@@ -257,5 +263,5 @@ pub(super) async fn finish_unrun(
         now_ms(),
         0,
     );
-    hand_over(&shared, completion, label, permit, registration).await;
+    hand_over(&shared, completion, series, permit, registration).await;
 }

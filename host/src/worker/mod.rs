@@ -472,7 +472,6 @@ pub async fn run_with_metrics(
         "completer",
         completion::run(
             shared.feed.clone(),
-            shared.metrics.clone(),
             rx,
             finish.clone(),
             shared.abandon.clone(),
