@@ -101,6 +101,12 @@ impl CancelHandle {
 }
 
 /// The data of one call's store.
+///
+/// What the call shares with others (its handler's limits, namespace and
+/// allow-list, the Redis connection, the HTTP clients) it reaches through
+/// the one handle on its handler in [`HostCtx`], and what only some calls
+/// use (WASI, outbound HTTP) is built on first use: a call that only
+/// computes on its payload costs no more than its own instance.
 pub(crate) struct TaskState {
     /// Built on the handler's first WASI call (see [`WasiView::ctx`]
     /// below): many calls make none.
@@ -109,7 +115,8 @@ pub(crate) struct TaskState {
     limiter: StoreLimiter,
     pub(crate) host: HostCtx,
     http: WasiHttpCtx,
-    outbound: OutboundHttp,
+    /// Built on the handler's first outbound request.
+    outbound: Option<OutboundHttp>,
     deadline_at: Instant,
     cancel: CancelHandle,
 }
@@ -130,44 +137,51 @@ impl WasiView for TaskState {
 
 impl WasiHttpView for TaskState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
+        let host = &mut self.host;
+        let outbound = self.outbound.get_or_insert_with(|| {
+            let requests = host.http_requests.get_or_insert_with(Arc::default).clone();
+            OutboundHttp::new(
+                host.handler.clone(),
+                host.log.clone(),
+                self.deadline_at,
+                requests,
+            )
+        });
         // What a request sent now needs to know of the other imports.
-        self.outbound.other_calls = self.host.host_calls;
-        self.outbound.operation = self.host.operation.as_ref().map(|op| op.key().to_owned());
+        outbound.other_calls = host.host_calls;
+        outbound.operation = host.operation.as_ref().map(|op| op.key().to_owned());
         WasiHttpCtxView {
             ctx: &mut self.http,
             table: &mut self.table,
-            hooks: &mut self.outbound,
+            hooks: outbound,
         }
     }
 }
 
-/// A loaded handler, ready to instantiate.
+/// A loaded handler, ready to instantiate, with all its calls share.
 pub(crate) struct LoadedHandler {
     pub(crate) pre: HandlerPre<TaskState>,
     /// `dtq:guest:{<namespace>}:`
-    pub(crate) kv_prefix: Arc<str>,
+    pub(crate) kv_prefix: String,
     /// `dtq:claim:{<namespace>}:`
-    pub(crate) claim_prefix: Arc<str>,
+    pub(crate) claim_prefix: String,
     /// `dtq:quota:{<namespace>}` and `dtq:quota-ttl:{<namespace>}`.
-    pub(crate) quota_keys: Arc<[String; 2]>,
+    pub(crate) quota_keys: [String; 2],
     pub(crate) kv_quota_bytes: u64,
     /// SHA-256 of the module, lowercase hex.
     pub(crate) digest: Arc<str>,
     /// The sandbox's limits with the operator's settings of this handler.
-    pub(crate) limits: Arc<Limits>,
+    pub(crate) limits: Limits,
     /// The hosts it may send HTTP requests to.
-    pub(crate) allow: Arc<AllowList>,
+    pub(crate) allow: AllowList,
     /// Its namespace.
-    pub(crate) namespace: Arc<str>,
+    pub(crate) namespace: String,
     /// Its task name, shared by the reports of its calls.
     pub(crate) task: Arc<str>,
-}
-
-/// What [`run`] needs from the sandbox.
-pub(crate) struct CallEnv<'a> {
-    pub(crate) engine: &'a wasmtime::Engine,
-    pub(crate) redis: &'a crate::store::Conn,
-    pub(crate) http: &'a Clients,
+    /// The sandbox's connection to Redis, for its kv and operations.
+    pub(crate) redis: crate::store::Conn,
+    /// The sandbox's HTTP clients, for its outbound requests.
+    pub(crate) http: Clients,
 }
 
 /// The outcome, log and host-call count of one call.
@@ -191,11 +205,11 @@ fn locked_down_wasi(log: &TaskLog) -> WasiCtx {
         .build()
 }
 
-/// Run `handler` once in a fresh store; `call`'s strings move into the
-/// record the guest is given.
+/// Run `handler` once in a fresh store of `engine`; `call`'s strings move
+/// into the record the guest is given.
 pub(crate) async fn run(
-    env: CallEnv<'_>,
-    handler: &LoadedHandler,
+    engine: &wasmtime::Engine,
+    handler: &Arc<LoadedHandler>,
     call: Call,
     budget: Duration,
     cancel: &CancelHandle,
@@ -203,28 +217,14 @@ pub(crate) async fn run(
     let limits = &handler.limits;
     let log = TaskLog::new(limits.max_log_bytes);
     let deadline_at = Instant::now() + budget;
-    let http_requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let outbound = OutboundHttp::new(
-        env.http.clone(),
-        handler.allow.clone(),
-        limits.clone(),
-        log.clone(),
-        deadline_at,
-        http_requests.clone(),
-        handler.namespace.clone(),
-    );
     let state = TaskState {
         wasi: None,
         table: ResourceTable::new(),
         limiter: StoreLimiter::new(limits),
         host: HostCtx {
-            redis: env.redis.clone(),
-            kv_prefix: handler.kv_prefix.clone(),
-            claim_prefix: handler.claim_prefix.clone(),
-            quota_keys: handler.quota_keys.clone(),
-            kv_quota_bytes: handler.kv_quota_bytes,
+            handler: handler.clone(),
+            redis: None,
             log: log.clone(),
-            limits: limits.clone(),
             host_calls: 0,
             caller: Caller {
                 task_id: call.ctx.task_id.clone(),
@@ -233,15 +233,15 @@ pub(crate) async fn run(
             },
             deadline_at,
             operation: None,
-            http_requests,
+            http_requests: None,
         },
         http: WasiHttpCtx::new(),
-        outbound,
+        outbound: None,
         deadline_at,
         cancel: cancel.clone(),
     };
 
-    let mut store = Store::new(env.engine, state);
+    let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_hostcall_fuel(limits.max_hostcall_bytes);
     if let Some(fuel) = limits.fuel

@@ -39,7 +39,7 @@ use http_body_util::{BodyExt as _, Limited, StreamBody};
 use sha2::{Digest as _, Sha256};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use super::limits::Limits;
+use super::call::LoadedHandler;
 use super::log::TaskLog;
 
 /// The header a request inside an idempotent operation carries.
@@ -344,16 +344,13 @@ pub(crate) fn idempotency_key(namespace: &str, operation: &str) -> String {
 
 /// One call's outbound HTTP: the hooks wasmtime-wasi-http sends through.
 pub(crate) struct OutboundHttp {
-    clients: Clients,
-    allow: Arc<AllowList>,
-    limits: Arc<Limits>,
+    /// The handler called: its HTTP clients, allow-list, limits, and the
+    /// namespace that with an operation's key makes its `Idempotency-Key`.
+    handler: Arc<LoadedHandler>,
     log: TaskLog,
     deadline_at: Instant,
     /// Requests sent; shared with the other host imports' count.
     requests: Arc<AtomicU64>,
-    /// The handler's namespace, which with an operation's key makes its
-    /// `Idempotency-Key`.
-    namespace: Arc<str>,
     /// Host calls of the other imports so far (set before each use).
     pub(crate) other_calls: u64,
     /// The key of the idempotent operation open now (set before each use).
@@ -361,24 +358,17 @@ pub(crate) struct OutboundHttp {
 }
 
 impl OutboundHttp {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        clients: Clients,
-        allow: Arc<AllowList>,
-        limits: Arc<Limits>,
+        handler: Arc<LoadedHandler>,
         log: TaskLog,
         deadline_at: Instant,
         requests: Arc<AtomicU64>,
-        namespace: Arc<str>,
     ) -> Self {
         OutboundHttp {
-            clients,
-            allow,
-            limits,
+            handler,
             log,
             deadline_at,
             requests,
-            namespace,
             other_calls: 0,
             operation: None,
         }
@@ -396,7 +386,8 @@ impl OutboundHttp {
         let host = uri.host().unwrap_or_default().to_owned();
         let port = uri.port_u16().unwrap_or_else(|| default_port(&scheme));
         let target = format!("{} {scheme}://{host}:{port}", request.method());
-        let Some(named) = self.allow.allows(&scheme, &host, port) else {
+        let handler = &*self.handler;
+        let Some(named) = handler.allow.allows(&scheme, &host, port) else {
             self.log.line([
                 "[dtq] http: ",
                 &target,
@@ -405,8 +396,8 @@ impl OutboundHttp {
             return Err(HttpError::HttpRequestDenied);
         };
         let sent = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        if sent > self.limits.max_http_requests
-            || sent + self.other_calls > self.limits.max_host_calls
+        if sent > handler.limits.max_http_requests
+            || sent + self.other_calls > handler.limits.max_host_calls
         {
             self.log.line([
                 "[dtq] http: ",
@@ -415,7 +406,7 @@ impl OutboundHttp {
             ]);
             return Err(HttpError::ConnectionLimitReached);
         }
-        let timeout = self
+        let timeout = handler
             .limits
             .http_timeout
             .min(self.deadline_at.saturating_duration_since(Instant::now()));
@@ -430,15 +421,15 @@ impl OutboundHttp {
         if let Some(operation) = &self.operation
             && !headers.contains_key(IDEMPOTENCY_KEY)
         {
-            let key = idempotency_key(&self.namespace, operation);
+            let key = idempotency_key(&handler.namespace, operation);
             if let Ok(value) = http::HeaderValue::from_str(&key) {
                 headers.insert(IDEMPOTENCY_KEY, value);
             }
         }
         let client = if named {
-            &self.clients.named
+            &handler.http.named
         } else {
-            &self.clients.public
+            &handler.http.public
         };
         let url = parts.uri.to_string();
         let builder = client
@@ -491,8 +482,8 @@ impl WasiHttpHooks for OutboundHttp {
         let started = Instant::now();
         let prepared = self.prepare(request);
         let log = self.log.clone();
-        let max_request = self.limits.max_payload_bytes;
-        let max_response = self.limits.max_http_response_bytes;
+        let max_request = self.handler.limits.max_payload_bytes;
+        let max_response = self.handler.limits.max_http_response_bytes;
         Box::new(async move {
             let (target, builder, body) = prepared?;
             let body = Limited::new(body, max_request)

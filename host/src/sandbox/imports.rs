@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::limits::{Limit, LimitTrap, Limits};
+use super::call::LoadedHandler;
+use super::limits::{Limit, LimitTrap};
 use super::log::TaskLog;
 use super::operation::{Operation, Staged};
 use crate::store::Conn;
@@ -77,17 +78,13 @@ pub(crate) struct Caller {
 
 /// What one call's host imports work with.
 pub(crate) struct HostCtx {
-    pub(crate) redis: Conn,
-    /// `dtq:guest:{<namespace>}:`
-    pub(crate) kv_prefix: Arc<str>,
-    /// `dtq:claim:{<namespace>}:`
-    pub(crate) claim_prefix: Arc<str>,
-    /// The namespace's byte count and TTL index.
-    pub(crate) quota_keys: Arc<[String; 2]>,
-    /// The namespace's budget (0: none).
-    pub(crate) kv_quota_bytes: u64,
+    /// The handler called: its namespace's keys and budget, its limits,
+    /// and the Redis connection and HTTP clients it reaches.
+    pub(crate) handler: Arc<LoadedHandler>,
+    /// A handle on the handler's Redis connection, taken on the first kv
+    /// or operation call ([`HostCtx::redis`]).
+    pub(crate) redis: Option<Conn>,
     pub(crate) log: TaskLog,
-    pub(crate) limits: Arc<Limits>,
     pub(crate) host_calls: u64,
     pub(crate) caller: Caller,
     /// When the call is interrupted; Redis retries stop before it.
@@ -95,8 +92,9 @@ pub(crate) struct HostCtx {
     /// The open idempotent operation, whose kv writes are staged. Boxed:
     /// most calls open none, and every call in flight holds this field.
     pub(crate) operation: Option<Box<Operation>>,
-    /// Outbound HTTP requests sent, which count as host calls too.
-    pub(crate) http_requests: Arc<std::sync::atomic::AtomicU64>,
+    /// Outbound HTTP requests sent, which count as host calls too; made
+    /// with the call's outbound HTTP, on its first request.
+    pub(crate) http_requests: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 pub(crate) type HostResult<T> = wasmtime::Result<Result<T, HostError>>;
@@ -105,7 +103,7 @@ impl HostCtx {
     /// Count one import call; trap once the cap is crossed.
     pub(crate) fn count(&mut self) -> wasmtime::Result<()> {
         self.host_calls += 1;
-        if self.calls() > self.limits.max_host_calls {
+        if self.calls() > self.handler.limits.max_host_calls {
             return Err(wasmtime::Error::new(LimitTrap::Exceeded(Limit::HostCalls)));
         }
         Ok(())
@@ -113,28 +111,31 @@ impl HostCtx {
 
     /// Host calls so far: import calls and HTTP requests.
     pub(crate) fn calls(&self) -> u64 {
-        self.host_calls
-            + self
-                .http_requests
-                .load(std::sync::atomic::Ordering::Relaxed)
+        let requests = self.http_requests.as_ref();
+        self.host_calls + requests.map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The call's handle on the Redis connection.
+    pub(crate) fn redis(&mut self) -> &mut Conn {
+        self.redis.get_or_insert_with(|| self.handler.redis.clone())
     }
 
     pub(crate) fn check_key(&self, key: &str) -> Result<(), HostError> {
         if key.is_empty() {
             return Err(HostError::InvalidKey("the key is empty".to_string()));
         }
-        if key.len() > self.limits.max_key_bytes {
+        if key.len() > self.handler.limits.max_key_bytes {
             return Err(HostError::InvalidKey(format!(
                 "the key is {} bytes, longer than the limit of {}",
                 key.len(),
-                self.limits.max_key_bytes
+                self.handler.limits.max_key_bytes
             )));
         }
         Ok(())
     }
 
     pub(crate) fn check_value(&self, value: &str) -> Result<(), HostError> {
-        if value.len() > self.limits.max_value_bytes {
+        if value.len() > self.handler.limits.max_value_bytes {
             return Err(HostError::ValueTooLarge(value.len() as u64));
         }
         Ok(())
@@ -142,10 +143,10 @@ impl HostCtx {
 
     /// A TTL the guest asks for: 1 s up to [`Limits::max_ttl_seconds`].
     pub(crate) fn check_ttl(&self, seconds: u32) -> Result<(), HostError> {
-        if seconds == 0 || seconds > self.limits.max_ttl_seconds {
+        if seconds == 0 || seconds > self.handler.limits.max_ttl_seconds {
             return Err(HostError::InvalidArgument(format!(
                 "a TTL must be 1 to {} seconds, not {seconds}",
-                self.limits.max_ttl_seconds
+                self.handler.limits.max_ttl_seconds
             )));
         }
         Ok(())
@@ -156,7 +157,7 @@ impl HostCtx {
         self.count()?;
         Ok(self
             .check_key(key)
-            .map(|()| format!("{}{key}", self.kv_prefix)))
+            .map(|()| format!("{}{key}", self.handler.kv_prefix)))
     }
 
     /// Send a command that changes nothing, once more if the connection
@@ -165,8 +166,8 @@ impl HostCtx {
         &mut self,
         cmd: &redis::Cmd,
     ) -> Result<T, HostError> {
-        match cmd.query_async(&mut self.redis).await {
-            Err(e) if e.is_io_error() => cmd.query_async(&mut self.redis).await,
+        match cmd.query_async(self.redis()).await {
+            Err(e) if e.is_io_error() => cmd.query_async(self.redis()).await,
             result => result,
         }
         .map_err(|e| host_error(e, false))
@@ -177,8 +178,8 @@ impl HostCtx {
         let mut invocation = KV_WRITE.prepare_invoke();
         invocation
             .key(key)
-            .key(&self.quota_keys[0])
-            .key(&self.quota_keys[1]);
+            .key(&self.handler.quota_keys[0])
+            .key(&self.handler.quota_keys[1]);
         let (op, arg, nx, ex) = match write {
             KvWrite::Set {
                 value,
@@ -196,13 +197,13 @@ impl HostCtx {
         };
         invocation
             .arg(op)
-            .arg(&*self.kv_prefix)
+            .arg(&self.handler.kv_prefix)
             .arg(arg)
             .arg(nx)
             .arg(ex)
-            .arg(self.kv_quota_bytes);
+            .arg(self.handler.kv_quota_bytes);
         let (state, value): (String, i64) = invocation
-            .invoke_async(&mut self.redis)
+            .invoke_async(self.redis())
             .await
             .map_err(|e| host_error(e, true))?;
         match state.as_str() {
@@ -215,7 +216,7 @@ impl HostCtx {
     pub(crate) fn quota_exceeded(&self, used: i64) -> HostError {
         HostError::QuotaExceeded(format!(
             "the namespace's keys hold {used} bytes of its budget of {}",
-            self.kv_quota_bytes
+            self.handler.kv_quota_bytes
         ))
     }
 
@@ -230,7 +231,7 @@ impl HostCtx {
         const RESERVE: Duration = Duration::from_millis(500);
         let mut delay = Duration::from_millis(25);
         loop {
-            let err = match invocation.invoke_async(&mut self.redis).await {
+            let err = match invocation.invoke_async(self.redis()).await {
                 Ok(value) => return Ok(value),
                 Err(e) => e,
             };
@@ -264,7 +265,7 @@ impl HostCtx {
 
     /// Stage `write` in the open operation, within its byte budget.
     fn stage(&mut self, write: Staged) -> Result<(), HostError> {
-        let max = self.limits.max_operation_bytes;
+        let max = self.handler.limits.max_operation_bytes;
         match &mut self.operation {
             Some(op) => op.stage(write, max),
             None => Err(HostError::InvalidArgument(

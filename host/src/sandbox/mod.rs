@@ -90,7 +90,7 @@ pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAM
 pub use outcome::{CallReport, Outcome, Trap};
 
 use cache::ArtifactCache;
-use call::{CallEnv, LoadedHandler, TaskState};
+use call::{LoadedHandler, TaskState};
 use engine::EpochTicker;
 use imports::HostCtx;
 use imports::bindings::{Handler, HandlerPre};
@@ -541,15 +541,17 @@ impl Sandbox {
             .map_err(|e| SandboxError::Link(error_line(&e)))?;
         let handler = Arc::new(LoadedHandler {
             pre,
-            kv_prefix: namespace::kv_prefix(&namespace).into(),
-            claim_prefix: namespace::claim_prefix(&namespace).into(),
-            quota_keys: namespace::quota_keys(&namespace).into(),
+            kv_prefix: namespace::kv_prefix(&namespace),
+            claim_prefix: namespace::claim_prefix(&namespace),
+            quota_keys: namespace::quota_keys(&namespace),
             kv_quota_bytes: limits.kv_quota_bytes,
             digest: sha256.as_str().into(),
-            limits: Arc::new(limits),
-            allow: Arc::new(settings.allow_hosts.clone()),
-            namespace: namespace.as_str().into(),
+            limits,
+            allow: settings.allow_hosts.clone(),
+            namespace: namespace.clone(),
             task: task.into(),
+            redis: self.inner.redis.clone(),
+            http: self.inner.http.clone(),
         });
         let report = LoadReport {
             task: task.to_string(),
@@ -701,12 +703,7 @@ impl Sandbox {
         let budget = call
             .deadline
             .map_or(limits.deadline, |d| d.min(limits.deadline));
-        let env = CallEnv {
-            engine: &self.inner.engine,
-            redis: &self.inner.redis,
-            http: &self.inner.http,
-        };
-        let result = call::run(env, &handler, call, budget, cancel).await;
+        let result = call::run(&self.inner.engine, &handler, call, budget, cancel).await;
         report(result.outcome, result.log, result.host_calls)
     }
 }

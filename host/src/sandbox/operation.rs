@@ -233,7 +233,7 @@ impl Host for HostCtx {
                 open.key
             ))));
         }
-        let claim = format!("{}{key}", self.claim_prefix);
+        let claim = format!("{}{key}", self.handler.claim_prefix);
         let token = self.token();
         let mut invocation = BEGIN.prepare_invoke();
         invocation
@@ -242,14 +242,19 @@ impl Host for HostCtx {
             .arg(&self.caller.task_id)
             .arg(self.caller.attempt)
             .arg(options.ttl_seconds)
-            .arg(self.limits.claim_lease.as_millis() as u64)
+            .arg(self.handler.limits.claim_lease.as_millis() as u64)
             .arg(if options.external_effects { "1" } else { "0" });
         let (state, value): (String, Option<String>) =
             guest_try!(self.repeatable(&invocation).await);
         Ok(Ok(match state.as_str() {
             "run" => {
-                let lease = self.limits.claim_lease;
-                let renewal = tokio::spawn(renew(self.redis.clone(), claim.clone(), token, lease));
+                let lease = self.handler.limits.claim_lease;
+                let renewal = tokio::spawn(renew(
+                    self.handler.redis.clone(),
+                    claim.clone(),
+                    token,
+                    lease,
+                ));
                 let mut op = Operation::new(key, claim);
                 op._renewal = Some(AbortOnDrop(renewal));
                 self.operation = Some(Box::new(op));
@@ -269,12 +274,12 @@ impl Host for HostCtx {
         let mut invocation = COMMIT.prepare_invoke();
         invocation
             .key(&op.claim)
-            .key(&self.quota_keys[0])
-            .key(&self.quota_keys[1])
+            .key(&self.handler.quota_keys[0])
+            .key(&self.handler.quota_keys[1])
             .arg(self.token())
             .arg(result)
-            .arg(&*self.kv_prefix)
-            .arg(self.kv_quota_bytes);
+            .arg(&self.handler.kv_prefix)
+            .arg(self.handler.kv_quota_bytes);
         for write in &op.writes {
             invocation.key(write.key());
             for arg in write.args() {
@@ -309,7 +314,7 @@ impl Host for HostCtx {
     async fn get_result(&mut self, key: String) -> HostResult<Option<String>> {
         self.count()?;
         guest_try!(self.check_key(&key));
-        let claim = format!("{}{key}", self.claim_prefix);
+        let claim = format!("{}{key}", self.handler.claim_prefix);
         let (state, result): (Option<String>, Option<String>) = guest_try!(
             self.read(redis::cmd("HMGET").arg(claim).arg("state").arg("result"))
                 .await
