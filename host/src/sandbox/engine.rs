@@ -1,6 +1,7 @@
 //! The one wasmtime [`Engine`] of a sandbox and the thread that drives its
 //! epoch.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -26,7 +27,8 @@ const HOST_STACK_MARGIN: usize = 1 << 20;
 ///
 /// Only with `PAGEMAP_SCAN` (Linux 6.7+), which finds the dirty pages:
 /// without it wasmtime would `memset` the lowest bytes of every memory
-/// whether dirty or not, which costs more than it saves.
+/// whether dirty or not, which costs more than it saves. And only where no
+/// page of the pool can be swapped out (see [`SlotReset`]).
 const MEMORY_KEEP_RESIDENT: usize = 1 << 20;
 
 /// The same for tables (a Rust guest's function table is a few KiB).
@@ -89,10 +91,63 @@ fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
     Some(share.max(cap.div_ceil(wasm_page) * wasm_page))
 }
 
+/// How the pool resets a slot's linear memory and table when a call's
+/// instance is dropped, so that the next call finds nothing of the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotReset {
+    /// The pages the call dirtied are found with the `PAGEMAP_SCAN` ioctl,
+    /// restored with `memcpy` and kept resident, up to
+    /// [`MEMORY_KEEP_RESIDENT`]; the rest is handed back with `madvise`.
+    PagemapScan,
+    /// wasmtime's default: the slot is handed back to the kernel with
+    /// `madvise`, about 3× the cost per call (`docs/sandbox.md`), because
+    /// the kernel has no `PAGEMAP_SCAN` (before Linux 6.7).
+    MadviseNoPagemapScan,
+    /// As [`SlotReset::MadviseNoPagemapScan`], because a page of the pool
+    /// may be swapped out ([`swap_may_hold_pages`]). wasmtime 48's scan
+    /// asks for present pages only, so a dirtied page the kernel had
+    /// swapped out would be neither restored nor handed back, and the next
+    /// call in the slot, of any handler, would read it. (wasmtime 48.0.11
+    /// scans swapped pages too; this pins 48.0.8.)
+    MadviseSwapOn,
+}
+
+/// Whether a page of this process may be swapped out, as far as the files
+/// under `root` (`/`, but for tests) tell: a swap area is active
+/// (`proc/swaps`) and no cgroup of the process, from its own up to the
+/// root of its cgroup v2 hierarchy, sets `memory.swap.max` to 0. `true`
+/// when it cannot tell (no `proc/swaps`, or swap on with cgroup v1).
+///
+/// Read once, when the engine is built: swap turned on, or the cgroup's
+/// limit lifted, while a worker runs is not seen until it restarts.
+pub(crate) fn swap_may_hold_pages(root: &Path) -> bool {
+    let Ok(swaps) = std::fs::read_to_string(root.join("proc/swaps")) else {
+        return true;
+    };
+    // A header line, then one line per active swap area.
+    if swaps.lines().skip(1).all(|line| line.trim().is_empty()) {
+        return false;
+    }
+    let Ok(cgroups) = std::fs::read_to_string(root.join("proc/self/cgroup")) else {
+        return true;
+    };
+    let Some(own) = cgroups.lines().find_map(|line| line.strip_prefix("0::")) else {
+        return true;
+    };
+    let hierarchy = root.join("sys/fs/cgroup");
+    let forbids = |cgroup: &Path| {
+        std::fs::read_to_string(hierarchy.join(cgroup).join("memory.swap.max"))
+            .is_ok_and(|max| max.trim() == "0")
+    };
+    !Path::new(own.trim().trim_start_matches('/'))
+        .ancestors()
+        .any(forbids)
+}
+
 /// Build the engine: component model, epoch interruption, optional fuel,
 /// Cranelift optimising for speed, and a pooling allocator whose slots are
-/// sized from the limits.
-pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
+/// sized from the limits and reset as `reset` says ([`slot_reset`]).
+pub(crate) fn build(config: &SandboxConfig, reset: SlotReset) -> Result<Engine, SandboxError> {
     let limits = &config.limits;
     let calls = config.max_concurrent_calls.max(1);
     let per_call = |n: usize| -> u32 { u32::try_from(n).unwrap_or(u32::MAX) };
@@ -110,7 +165,7 @@ pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
         .max_tables_per_module(per_call(limits.tables))
         .max_memory_size(limits.memory_bytes)
         .table_elements(limits.table_elements);
-    if PoolingAllocationConfig::is_pagemap_scan_available() {
+    if reset == SlotReset::PagemapScan {
         let page = host_page_size();
         pool.pagemap_scan(Enabled::Yes)
             .linear_memory_keep_resident(keep_resident(calls, MEMORY_KEEP_RESIDENT, page))
@@ -132,6 +187,18 @@ pub(crate) fn build(config: &SandboxConfig) -> Result<Engine, SandboxError> {
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
 
     Engine::new(&cfg).map_err(|e| SandboxError::Engine(super::outcome::error_chain(&e)))
+}
+
+/// How this host's pool slots are reset: with `PAGEMAP_SCAN` where the
+/// kernel has it and no page can be swapped out, else with `madvise`.
+pub(crate) fn slot_reset() -> SlotReset {
+    if !PoolingAllocationConfig::is_pagemap_scan_available() {
+        SlotReset::MadviseNoPagemapScan
+    } else if swap_may_hold_pages(Path::new("/")) {
+        SlotReset::MadviseSwapOn
+    } else {
+        SlotReset::PagemapScan
+    }
 }
 
 /// Advances the engine's epoch every tick until dropped.
@@ -207,6 +274,71 @@ mod tests {
         assert_eq!(keep(10_000), 24 << 10);
         // More calls than the budget has pages: nothing is kept.
         assert_eq!(keep(1_000_000), 0);
+    }
+
+    /// A file system root holding some files, removed on drop.
+    struct Root(std::path::PathBuf);
+
+    impl Root {
+        /// A new root holding `files` (path, contents).
+        fn with(files: &[(&str, &str)]) -> Root {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let root = Root(
+                std::env::temp_dir().join(format!("dtq-engine-test-{}-{n}", std::process::id())),
+            );
+            for (path, contents) in files {
+                let path = root.0.join(path);
+                std::fs::create_dir_all(path.parent().expect("a parent")).expect("directories");
+                std::fs::write(path, contents).expect("written");
+            }
+            root
+        }
+    }
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn swap_is_trusted_off_only_when_no_area_is_active_or_a_cgroup_forbids_it() {
+        const HEADER: &str = "Filename\tType\tSize\tUsed\tPriority\n";
+        let active = format!("{HEADER}/swapfile\tfile\t1048572\t0\t-2\n");
+        let swap = |files: &[(&str, &str)]| swap_may_hold_pages(&Root::with(files).0);
+        // No swap area.
+        assert!(!swap(&[("proc/swaps", HEADER)]));
+        // Nothing to tell by: assume it may.
+        assert!(swap(&[]));
+        assert!(swap(&[("proc/swaps", &active)]));
+        // Active, and the process's cgroup, or one above it, sets no limit.
+        let cgroup = ("proc/self/cgroup", "0::/fleet/dtq\n");
+        assert!(swap(&[("proc/swaps", &active), cgroup]));
+        assert!(swap(&[
+            ("proc/swaps", &active),
+            cgroup,
+            ("sys/fs/cgroup/fleet/dtq/memory.swap.max", "max\n"),
+            ("sys/fs/cgroup/fleet/memory.swap.max", "1073741824\n"),
+        ]));
+        // Active, but a cgroup on the way up forbids it.
+        assert!(!swap(&[
+            ("proc/swaps", &active),
+            cgroup,
+            ("sys/fs/cgroup/fleet/dtq/memory.swap.max", "max\n"),
+            ("sys/fs/cgroup/fleet/memory.swap.max", "0\n"),
+        ]));
+        assert!(!swap(&[
+            ("proc/swaps", &active),
+            ("proc/self/cgroup", "0::/\n"),
+            ("sys/fs/cgroup/memory.swap.max", "0\n"),
+        ]));
+        // cgroup v1 only (no `0::` line): cannot tell.
+        assert!(swap(&[
+            ("proc/swaps", &active),
+            ("proc/self/cgroup", "4:memory:/fleet\n"),
+            ("sys/fs/cgroup/fleet/memory.swap.max", "0\n"),
+        ]));
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub use outcome::{CallReport, Outcome, Trap};
 
 use cache::ArtifactCache;
 use call::{LoadedHandler, TaskState};
-use engine::EpochTicker;
+use engine::{EpochTicker, SlotReset};
 use imports::HostCtx;
 use imports::bindings::{Handler, HandlerPre};
 use outcome::{error_chain, error_line};
@@ -358,9 +358,26 @@ impl Sandbox {
     /// Create the engine, the linker and the epoch thread.
     ///
     /// `redis` is the connection every guest's `kv` and `idempotency` calls
-    /// go through; it is cloned per call and reconnects by itself.
+    /// go through; a call takes a handle on it with its first such call,
+    /// and it reconnects by itself.
     pub fn new(config: SandboxConfig, redis: crate::store::Conn) -> Result<Sandbox, SandboxError> {
-        let engine = engine::build(&config)?;
+        let reset = engine::slot_reset();
+        match reset {
+            SlotReset::PagemapScan => {
+                tracing::debug!("pool slots are reset by their dirty pages (PAGEMAP_SCAN)")
+            }
+            SlotReset::MadviseNoPagemapScan => tracing::info!(
+                "the kernel has no PAGEMAP_SCAN (Linux 6.7+): pool slots are reset with \
+                 madvise, about 3x the cost per handler call"
+            ),
+            SlotReset::MadviseSwapOn => tracing::warn!(
+                "swap is on and no cgroup of this process sets memory.swap.max to 0: pool \
+                 slots are reset with madvise, about 3x the cost per handler call, since the \
+                 faster reset would miss a page swapped out; turn swap off or set the \
+                 worker's cgroup memory.swap.max to 0"
+            ),
+        }
+        let engine = engine::build(&config, reset)?;
         let mut linker = Linker::<TaskState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
