@@ -125,34 +125,52 @@ impl Running {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hold message `delivery` of `queue` until the returned guard is
-    /// dropped. It counts as a running attempt once
-    /// [`Registration::started`] says which.
-    fn hold(self: &Arc<Self>, queue: &Arc<str>, delivery: &Delivery) -> Registration {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let cancel = CancelHandle::new();
-        let stale = Arc::new(AtomicBool::new(false));
-        self.lock().insert(
-            id,
-            Held {
-                queue: queue.clone(),
-                // The message, not the task it may carry (its payload).
-                delivery: Delivery {
-                    msg_id: delivery.msg_id.clone(),
-                    task_id: delivery.task_id.clone(),
-                    carried: None,
-                },
-                attempt: None,
-                cancel: cancel.clone(),
-                stale: stale.clone(),
-            },
-        );
-        self.in_flight.inc();
-        Registration {
-            running: self.clone(),
-            id,
-            cancel,
-            stale,
+    /// Hold each message of `deliveries` of `queue` until its returned
+    /// guard is dropped (one guard per message, in order). One counts as a
+    /// running attempt once [`Running::started_as`] says which.
+    fn hold(self: &Arc<Self>, queue: &Arc<str>, deliveries: &[Delivery]) -> Vec<Registration> {
+        let mut held = self.lock();
+        let registrations = deliveries
+            .iter()
+            .map(|delivery| {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let cancel = CancelHandle::new();
+                let stale = Arc::new(AtomicBool::new(false));
+                held.insert(
+                    id,
+                    Held {
+                        queue: queue.clone(),
+                        // The message, not the task it may carry (its payload).
+                        delivery: Delivery {
+                            msg_id: delivery.msg_id.clone(),
+                            task_id: delivery.task_id.clone(),
+                            carried: None,
+                        },
+                        attempt: None,
+                        cancel: cancel.clone(),
+                        stale: stale.clone(),
+                    },
+                );
+                Registration {
+                    running: self.clone(),
+                    id,
+                    cancel,
+                    stale,
+                }
+            })
+            .collect();
+        self.in_flight.inc_by(deliveries.len() as i64);
+        registrations
+    }
+
+    /// Each registration of `started` runs its task as the attempt given,
+    /// from now on.
+    fn started_as<'a>(&self, started: impl IntoIterator<Item = (&'a Registration, u32)>) {
+        let mut held = self.lock();
+        for (registration, attempt) in started {
+            if let Some(h) = held.get_mut(&registration.id) {
+                h.attempt = Some(attempt);
+            }
         }
     }
 
@@ -229,13 +247,6 @@ struct Registration {
 }
 
 impl Registration {
-    /// The message's task runs as attempt `attempt` from now on.
-    fn started(&self, attempt: u32) {
-        if let Some(h) = self.running.lock().get_mut(&self.id) {
-            h.attempt = Some(attempt);
-        }
-    }
-
     /// The handle that interrupts the attempt's sandbox call.
     fn cancel_handle(&self) -> &CancelHandle {
         &self.cancel
@@ -317,11 +328,7 @@ impl Shared {
         mut deliveries: Vec<Delivery>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
-        let shared_queue: Arc<str> = queue.into();
-        let holds: Vec<Registration> = deliveries
-            .iter()
-            .map(|d| self.running.hold(&shared_queue, d))
-            .collect();
+        let holds = self.running.hold(&queue.into(), &deliveries);
         let now = crate::ingest::now_ms();
         let decisions = match self
             .feed
@@ -340,10 +347,7 @@ impl Shared {
         for ((delivery, decision), hold) in deliveries.into_iter().zip(decisions).zip(holds) {
             let Some(permit) = permits.pop() else { break };
             match decision {
-                StartDecision::Run(task) => {
-                    hold.started(task.attempts);
-                    runs.push((delivery, task, permit, hold));
-                }
+                StartDecision::Run(task) => runs.push((delivery, task, permit, hold)),
                 StartDecision::Skip(status) => {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
@@ -359,6 +363,8 @@ impl Shared {
                 }
             }
         }
+        self.running
+            .started_as(runs.iter().map(|(_, task, _, hold)| (hold, task.attempts)));
         executor::spawn(self, runs);
     }
 
@@ -697,15 +703,24 @@ mod tests {
         }
     }
 
+    /// Hold `deliveries` of queue `q`.
+    fn hold<const N: usize>(
+        running: &Arc<Running>,
+        deliveries: [Delivery; N],
+    ) -> [Registration; N] {
+        let held = running.hold(&"q".into(), &deliveries);
+        held.try_into().ok().expect("one registration per delivery")
+    }
+
     #[test]
     fn a_new_attempt_of_a_task_outlives_the_old_ones_registration() {
         let running = Arc::new(Running::default());
         // Attempt 1 of task t, then attempt 2 of the same task (reclaimed
         // here, on another message, while attempt 1 is still being ended).
-        let old = running.hold(&"q".into(), &delivery("1-0", "t"));
-        old.started(1);
-        let new = running.hold(&"q".into(), &delivery("2-0", "t"));
-        new.started(2);
+        let [old] = hold(&running, [delivery("1-0", "t")]);
+        running.started_as([(&old, 1)]);
+        let [new] = hold(&running, [delivery("2-0", "t")]);
+        running.started_as([(&new, 2)]);
         drop(old);
 
         // The new attempt is still held, still beaten for, and a cancel of
@@ -730,8 +745,7 @@ mod tests {
     #[test]
     fn the_same_message_held_twice_is_released_once_per_registration() {
         let running = Arc::new(Running::default());
-        let first = running.hold(&"q".into(), &delivery("1-0", "t"));
-        let second = running.hold(&"q".into(), &delivery("1-0", "t"));
+        let [first, second] = hold(&running, [delivery("1-0", "t"), delivery("1-0", "t")]);
         drop(first);
         assert!(running.holds("q", "1-0"));
         drop(second);
@@ -741,9 +755,9 @@ mod tests {
     #[test]
     fn only_started_attempts_are_beaten_for_and_a_stale_one_is_stopped_once() {
         let running = Arc::new(Running::default());
-        let starting = running.hold(&"q".into(), &delivery("1-0", "a"));
-        let run = running.hold(&"q".into(), &delivery("2-0", "b"));
-        run.started(3);
+        let [starting, run] = hold(&running, [delivery("1-0", "a"), delivery("2-0", "b")]);
+        assert_eq!(running.in_flight.get(), 2);
+        running.started_as([(&run, 3)]);
         let started = running.started();
         let ids: Vec<u64> = started["q"].iter().map(|(id, _, _)| *id).collect();
         assert_eq!(ids.len(), 1);
