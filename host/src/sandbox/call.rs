@@ -158,7 +158,7 @@ impl WasiHttpView for TaskState {
     }
 }
 
-/// A loaded handler, ready to instantiate, with all its calls share.
+/// A loaded handler, ready to instantiate, with what all its calls share.
 pub(crate) struct LoadedHandler {
     pub(crate) pre: HandlerPre<TaskState>,
     /// `dtq:guest:{<namespace>}:`
