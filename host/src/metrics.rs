@@ -17,6 +17,7 @@
 //! | `dtq_worker_tasks_in_flight` | gauge | | tasks this worker holds: from its `start` until its completion is written |
 //! | `dtq_worker_slots` | gauge | | tasks this worker may hold at once (`--concurrency`; 0 without a worker) |
 //! | `dtq_handler_info` | gauge | `task`, `digest` | 1 for each handler this process's worker has loaded, with its module's SHA-256 |
+//! | `dtq_sandbox_slot_reset` | gauge | `mode` | 1 for how this process's worker resets a pool slot between calls ([`SlotReset`]) |
 //! | `dtq_redis_round_trip_seconds` | histogram | `operation` | each round trip the store makes to Redis, by operation (the scripts and commands of [`crate::store::Store`]; `read`, the worker's blocking read, includes its wait for a message, up to 500 ms) |
 //! | `dtq_queue_depth` | gauge | `queue`, `state` | tasks of each queue by state (`ready`, `running`, `delayed`, `dead_lettered`), read from Redis at scrape time |
 //! | `dtq_redis_up` | gauge | | 1 if this scrape read the queue depths within the API's Redis deadline, else 0 (and no `dtq_queue_depth`) |
@@ -33,7 +34,8 @@
 //! - `queue`: of the worker's series, its `--queues`; of `dtq_queue_depth`,
 //!   the queues that exist in Redis, at most [`MAX_DEPTH_QUEUES`] of them
 //!   (by name);
-//! - `outcome`, `class`, `state`, `operation`: fixed lists in this crate;
+//! - `outcome`, `class`, `state`, `operation`, `mode`: fixed lists in this
+//!   crate;
 //! - `digest`: one per loaded handler.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -51,7 +53,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::deploy::Catalog;
-use crate::sandbox::{Sandbox, Trap};
+use crate::sandbox::{Sandbox, SlotReset, Trap};
 use crate::store::{CompletionKind, QueueStats, Store, StoreError, TaskStatus};
 
 /// The `Content-Type` of the exposition (OpenMetrics text).
@@ -239,6 +241,11 @@ struct HandlerLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResetLabels {
+    mode: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DepthLabels {
     queue: String,
     state: &'static str,
@@ -327,6 +334,15 @@ impl TaskNames {
         } else {
             OTHER
         }
+    }
+
+    /// How the worker's sandbox resets its pool slots, once there is one.
+    fn slot_reset(&self) -> Option<SlotReset> {
+        self.sandbox
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Sandbox::slot_reset)
     }
 
     /// The loaded handlers' digests, by task.
@@ -502,7 +518,8 @@ impl Drop for SlotsHeld {
     }
 }
 
-/// `dtq_handler_info`, read from the sandbox at each scrape.
+/// `dtq_handler_info` and `dtq_sandbox_slot_reset`, read from the sandbox
+/// at each scrape.
 struct HandlerInfo(TaskNames);
 
 impl std::fmt::Debug for HandlerInfo {
@@ -524,6 +541,22 @@ impl Collector for HandlerInfo {
             let labels = HandlerLabels { task, digest };
             ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
         }
+        let Some(reset) = self.0.slot_reset() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "dtq_sandbox_slot_reset",
+            "1 for how this process's worker resets a pool slot between handler calls: \
+             pagemap_scan (only the pages a call dirtied), madvise_no_pagemap_scan (the \
+             kernel has no PAGEMAP_SCAN) or madvise_swap_on (swap may hold a page of the \
+             pool); both madvise modes cost about 3x per call",
+            None,
+            MetricType::Gauge,
+        )?;
+        let labels = ResetLabels {
+            mode: reset.as_str(),
+        };
+        ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
         Ok(())
     }
 }

@@ -501,6 +501,15 @@ async fn the_metrics_count_what_the_worker_did_and_read_the_queues() -> Result<(
         })
         .collect::<Result<_>>()?;
     ensure!(info == dtq.sandbox.loaded(), "{info:?}");
+    // How the worker's pool slots are reset: one mode, the sandbox's.
+    let modes: Vec<(String, f64)> = m
+        .series("dtq_sandbox_slot_reset")
+        .map(|s| (s.labels["mode"].clone(), s.value))
+        .collect();
+    ensure!(
+        modes == [(dtq.sandbox.slot_reset().as_str().to_owned(), 1.0)],
+        "{modes:?}\n{text}"
+    );
     let echo_wasm = std::fs::read(format!("{}/echo.wasm", guests::EXAMPLES_DIR))?;
     ensure!(
         info.get("echo") == Some(&sha256_hex(&echo_wasm)),

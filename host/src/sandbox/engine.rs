@@ -94,7 +94,7 @@ fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
 /// How the pool resets a slot's linear memory and table when a call's
 /// instance is dropped, so that the next call finds nothing of the last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SlotReset {
+pub enum SlotReset {
     /// The pages the call dirtied are found with the `PAGEMAP_SCAN` ioctl,
     /// restored with `memcpy` and kept resident, up to
     /// [`MEMORY_KEEP_RESIDENT`]; the rest is handed back with `madvise`.
@@ -110,6 +110,17 @@ pub(crate) enum SlotReset {
     /// call in the slot, of any handler, would read it. (wasmtime 48.0.11
     /// scans swapped pages too; this pins 48.0.8.)
     MadviseSwapOn,
+}
+
+impl SlotReset {
+    /// The `mode` label of `dtq_sandbox_slot_reset`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotReset::PagemapScan => "pagemap_scan",
+            SlotReset::MadviseNoPagemapScan => "madvise_no_pagemap_scan",
+            SlotReset::MadviseSwapOn => "madvise_swap_on",
+        }
+    }
 }
 
 /// Whether a page of this process may be swapped out, as far as the files

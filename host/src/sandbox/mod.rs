@@ -84,6 +84,7 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 pub use call::{Call, CancelHandle, TaskContext};
+pub use engine::SlotReset;
 pub use http::{AllowList, IDEMPOTENCY_KEY, PatternError};
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
@@ -91,7 +92,7 @@ pub use outcome::{CallReport, Outcome, Trap};
 
 use cache::ArtifactCache;
 use call::{LoadedHandler, TaskState};
-use engine::{EpochTicker, SlotReset};
+use engine::EpochTicker;
 use imports::HostCtx;
 use imports::bindings::{Handler, HandlerPre};
 use outcome::{error_chain, error_line};
@@ -342,6 +343,8 @@ struct Inner {
     handlers: RwLock<HashMap<String, Arc<LoadedHandler>, foldhash::fast::RandomState>>,
     slots: tokio::sync::Semaphore,
     max_calls: usize,
+    /// How the pool resets a slot between calls.
+    slot_reset: SlotReset,
     _ticker: EpochTicker,
 }
 
@@ -402,9 +405,15 @@ impl Sandbox {
                 handlers: RwLock::new(HashMap::default()),
                 slots: tokio::sync::Semaphore::new(slots),
                 max_calls: slots,
+                slot_reset: reset,
                 _ticker: ticker,
             }),
         })
+    }
+
+    /// How the pool resets a slot between calls, as decided at start.
+    pub fn slot_reset(&self) -> SlotReset {
+        self.inner.slot_reset
     }
 
     /// The limits calls run under.
