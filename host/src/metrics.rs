@@ -547,9 +547,9 @@ impl Collector for HandlerInfo {
         let mut family = encoder.encode_descriptor(
             "dtq_sandbox_slot_reset",
             "1 for how this process's worker resets a pool slot between handler calls: \
-             pagemap_scan (only the pages a call dirtied), madvise_no_pagemap_scan (the \
-             kernel has no PAGEMAP_SCAN) or madvise_swap_on (swap may hold a page of the \
-             pool); both madvise modes cost about 3x per call",
+             pagemap_scan (only the pages a call dirtied), madvise (as configured), \
+             madvise_no_pagemap_scan (the kernel has no PAGEMAP_SCAN) or madvise_swap_on \
+             (swap may hold a page of the pool); the madvise modes cost about 3x per call",
             None,
             MetricType::Gauge,
         )?;

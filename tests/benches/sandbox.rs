@@ -63,6 +63,10 @@ async fn bench() -> Result<()> {
         "engine + pool + linker setup:            {}",
         ms(started.elapsed())
     );
+    println!(
+        "pool slot reset between calls:           {}",
+        sandbox.slot_reset().as_str()
+    );
     for (task, path) in [
         ("echo", guests::ECHO),
         ("order_total", guests::ORDER_TOTAL),

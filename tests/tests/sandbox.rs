@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use dtq_host::sandbox::{
     AllowList, Call, CallReport, CancelHandle, HandlerSettings, Limit, Limits, Outcome, Sandbox,
-    SandboxConfig, TaskContext, Trap,
+    SandboxConfig, SlotReset, TaskContext, Trap,
 };
 use dtq_tests::guests;
 use dtq_tests::services::Service;
@@ -1072,10 +1072,23 @@ async fn keys_cannot_leave_the_namespace() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_state_survives_between_calls() -> Result<()> {
     let redis = RedisServer::start()?;
-    let sandbox = adversarial(&redis, Limits::default()).await?;
-    for _ in 0..5 {
-        let report = run(&sandbox, "adversarial", json!({"op": "static_counter"})).await;
-        assert_eq!(success(&report)?, json!({"count": 1}));
+    // With this host's reset (PAGEMAP_SCAN where safe), and with the
+    // `madvise` reset a host falls back to.
+    for madvise_slot_reset in [false, true] {
+        let config = SandboxConfig {
+            madvise_slot_reset,
+            ..SandboxConfig::default()
+        };
+        let sandbox = Sandbox::new(config, redis.manager().await?)?;
+        load(&sandbox, "adversarial", guests::ADVERSARIAL)?;
+        assert_eq!(
+            sandbox.slot_reset() == SlotReset::Madvise,
+            madvise_slot_reset
+        );
+        for _ in 0..5 {
+            let report = run(&sandbox, "adversarial", json!({"op": "static_counter"})).await;
+            assert_eq!(success(&report)?, json!({"count": 1}));
+        }
     }
     Ok(())
 }

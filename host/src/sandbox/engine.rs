@@ -96,9 +96,13 @@ fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotReset {
     /// The pages the call dirtied are found with the `PAGEMAP_SCAN` ioctl,
-    /// restored with `memcpy` and kept resident, up to
-    /// [`MEMORY_KEEP_RESIDENT`]; the rest is handed back with `madvise`.
+    /// restored with `memcpy` and kept resident, up to 1 MiB a slot; the
+    /// rest is handed back with `madvise`.
     PagemapScan,
+    /// wasmtime's default: the slot is handed back to the kernel with
+    /// `madvise`, because the sandbox's configuration asks for it
+    /// ([`super::SandboxConfig::madvise_slot_reset`]).
+    Madvise,
     /// wasmtime's default: the slot is handed back to the kernel with
     /// `madvise`, about 3× the cost per call (`docs/sandbox.md`), because
     /// the kernel has no `PAGEMAP_SCAN` (before Linux 6.7).
@@ -117,6 +121,7 @@ impl SlotReset {
     pub fn as_str(self) -> &'static str {
         match self {
             SlotReset::PagemapScan => "pagemap_scan",
+            SlotReset::Madvise => "madvise",
             SlotReset::MadviseNoPagemapScan => "madvise_no_pagemap_scan",
             SlotReset::MadviseSwapOn => "madvise_swap_on",
         }
@@ -201,9 +206,12 @@ pub(crate) fn build(config: &SandboxConfig, reset: SlotReset) -> Result<Engine, 
 }
 
 /// How this host's pool slots are reset: with `PAGEMAP_SCAN` where the
-/// kernel has it and no page can be swapped out, else with `madvise`.
-pub(crate) fn slot_reset() -> SlotReset {
-    if !PoolingAllocationConfig::is_pagemap_scan_available() {
+/// kernel has it, no page can be swapped out and `madvise` is not
+/// `asked` for, else with `madvise`.
+pub(crate) fn slot_reset(asked_for_madvise: bool) -> SlotReset {
+    if asked_for_madvise {
+        SlotReset::Madvise
+    } else if !PoolingAllocationConfig::is_pagemap_scan_available() {
         SlotReset::MadviseNoPagemapScan
     } else if swap_may_hold_pages(Path::new("/")) {
         SlotReset::MadviseSwapOn

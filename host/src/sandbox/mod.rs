@@ -124,6 +124,11 @@ pub struct SandboxConfig {
     /// The operator's settings of each task's handler, by task name; a task
     /// without an entry gets [`HandlerSettings::default`].
     pub handlers: HashMap<String, HandlerSettings>,
+    /// Reset pool slots between calls with `madvise` even where the faster
+    /// `PAGEMAP_SCAN` reset would be used ([`SlotReset`]): about 3× the
+    /// cost per call, and no memory kept resident between calls. Default
+    /// false.
+    pub madvise_slot_reset: bool,
 }
 
 /// What the operator decides for one task's handler, whatever its component
@@ -198,6 +203,7 @@ impl Default for SandboxConfig {
             epoch_tick: Duration::from_millis(10),
             max_concurrent_calls: 64,
             handlers: HashMap::new(),
+            madvise_slot_reset: false,
         }
     }
 }
@@ -364,11 +370,12 @@ impl Sandbox {
     /// go through; a call takes a handle on it with its first such call,
     /// and it reconnects by itself.
     pub fn new(config: SandboxConfig, redis: crate::store::Conn) -> Result<Sandbox, SandboxError> {
-        let reset = engine::slot_reset();
+        let reset = engine::slot_reset(config.madvise_slot_reset);
         match reset {
             SlotReset::PagemapScan => {
                 tracing::debug!("pool slots are reset by their dirty pages (PAGEMAP_SCAN)")
             }
+            SlotReset::Madvise => tracing::debug!("pool slots are reset with madvise, as asked"),
             SlotReset::MadviseNoPagemapScan => tracing::info!(
                 "the kernel has no PAGEMAP_SCAN (Linux 6.7+): pool slots are reset with \
                  madvise, about 3x the cost per handler call"
