@@ -110,11 +110,11 @@ pub enum SlotReset {
     /// As [`SlotReset::MadviseNoPagemapScan`], because a page of the pool
     /// may be swapped out: a swap area is active and no cgroup v2 of the
     /// process, its own or one above, sets `memory.swap.max` to 0 (read
-    /// once, at start). wasmtime 48's scan
-    /// asks for present pages only, so a dirtied page the kernel had
-    /// swapped out would be neither restored nor handed back, and the next
-    /// call in the slot, of any handler, would read it. (wasmtime 48.0.11
-    /// scans swapped pages too; this pins 48.0.8.)
+    /// once, at start). wasmtime 48's scan asks for present pages only, so
+    /// a dirtied page the kernel had swapped out would be neither restored
+    /// nor handed back, and the next call in the slot, of any handler,
+    /// would read it. (wasmtime 48.0.11 scans swapped pages too; this pins
+    /// 48.0.8.)
     MadviseSwapOn,
 }
 
