@@ -48,6 +48,19 @@ fn home(key: &str, count: u32) -> u32 {
     (key_hash(key) % u64::from(count)) as u32
 }
 
+/// Return once Redis's clock has moved past the millisecond it reads now:
+/// a stream entry added after this has a later id than any added before.
+async fn past_this_redis_millisecond(dtq: &Dtq) -> Result<()> {
+    let mut conn = dtq.redis.conn().await?;
+    let mut now_ms = async || -> Result<u64> {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        Ok(s * 1000 + us / 1000)
+    };
+    let started = now_ms().await?;
+    while now_ms().await? <= started {}
+    Ok(())
+}
+
 fn echo(payload: Value) -> Value {
     json!({"task": "echo", "payload": payload})
 }
@@ -109,7 +122,7 @@ async fn a_partitioned_queue_routes_keys_spreads_the_rest_and_shows_one_queue() 
             // are to the millisecond of Redis's clock; within one
             // millisecond, by partition. The last key below must head the
             // listing, so it goes in a millisecond of its own.
-            tokio::time::sleep(Duration::from_millis(3)).await;
+            past_this_redis_millisecond(&dtq).await?;
         }
         let id = dtq.submit_new(Q, echo(json!({"k": i})), Some(&key)).await?;
         assert_eq!(partition_of_id(&id), home(&key, 4), "{key} → {id}");

@@ -75,40 +75,47 @@ pub(super) fn run_head(new: &NewTask) -> Option<String> {
     ))
 }
 
-/// The task id of a message's fields, taken out of them: its `id` field,
-/// or, when it has none, the first line of its `run` field (see
-/// [`run_head`]), which then holds what an older message's `run` holds.
-fn task_id(fields: &mut Fields) -> Option<String> {
+/// The task id of a message's fields, and where the task begins in its
+/// `run` field: its `id` field, taken out (an older message, whose `run`
+/// holds the task alone), or else the first line of `run` (see
+/// [`run_head`]).
+fn task_id(fields: &mut Fields) -> Option<(String, usize)> {
     if let Some(id) = fields.take("id") {
-        return Some(id);
+        return Some((id, 0));
     }
-    let run = fields.get_mut(RUN)?;
+    let run = fields.get(RUN)?;
     let end = run.find('\n').filter(|&end| end > 0)?;
-    let id = run[..end].to_owned();
-    // What is left is a `run` field as an older message's: the task
-    // without its id. Moved to the front of the field's own buffer.
-    run.drain(..=end);
-    Some(id)
+    Some((run[..end].to_owned(), end + 1))
 }
 
 /// The task a message's fields carry, if they do: attempt 1 of task `id`
-/// of `queue`.
-pub(super) fn carried_task(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTask> {
+/// of `queue`, its `run` field read from byte `start` (past the id line
+/// that leads it, see [`task_id`]).
+pub(super) fn carried_task(
+    queue: &str,
+    id: &str,
+    fields: &mut Fields,
+    start: usize,
+) -> Option<StartedTask> {
     match fields.take(RUN) {
-        Some(run) => unpack(queue, id, run),
+        Some(run) => unpack(queue, id, run, start),
         None => carried_pairs(queue, id, fields),
     }
 }
 
-/// The task of a `run` field (see [`run_field`]); `None` if it is not one.
-fn unpack(queue: &str, id: &str, mut run: String) -> Option<StartedTask> {
-    let mut breaks = run.match_indices('\n').map(|(at, _)| at);
+/// The task of a `run` field from byte `start` on (see [`run_head`]);
+/// `None` if it is not one.
+fn unpack(queue: &str, id: &str, mut run: String, start: usize) -> Option<StartedTask> {
+    let mut breaks = run
+        .get(start..)?
+        .match_indices('\n')
+        .map(|(at, _)| start + at);
     let mut ends = [0; 4];
     for end in &mut ends {
         *end = breaks.next()?;
     }
     let [a, b, c, d] = ends;
-    let max_attempts = run[..a].parse().ok()?;
+    let max_attempts = run[start..a].parse().ok()?;
     let timeout_ms = match &run[a + 1..b] {
         "" => None,
         t => Some(t.parse().ok()?),
@@ -118,7 +125,8 @@ fn unpack(queue: &str, id: &str, mut run: String) -> Option<StartedTask> {
         .map(str::to_owned);
     let task = run[c + 1..d].to_owned();
     // The payload is the rest: moved to the front of the field's own
-    // buffer, which becomes it, rather than copied into a new one.
+    // buffer, which becomes it, rather than copied into a new one (once:
+    // the id line goes with the head).
     run.drain(..=d);
     Some(StartedTask {
         id: id.to_owned(),
@@ -160,8 +168,8 @@ fn carried_pairs(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTa
 /// reclaimed one): `None` for a message without a task id, which is not
 /// one of ours to run.
 pub(super) fn fresh_delivery(queue: &str, msg_id: String, mut fields: Fields) -> Option<Delivery> {
-    let task_id = task_id(&mut fields)?;
-    let carried = carried_task(queue, &task_id, &mut fields).map(Box::new);
+    let (task_id, start) = task_id(&mut fields)?;
+    let carried = carried_task(queue, &task_id, &mut fields, start).map(Box::new);
     Some(Delivery {
         msg_id,
         task_id,
@@ -174,7 +182,7 @@ pub(super) fn fresh_delivery(queue: &str, msg_id: String, mut fields: Fields) ->
 pub(super) fn reclaimed_delivery(msg_id: String, mut fields: Fields) -> Option<Delivery> {
     Some(Delivery {
         msg_id,
-        task_id: task_id(&mut fields)?,
+        task_id: task_id(&mut fields)?.0,
         carried: None,
     })
 }
@@ -256,7 +264,7 @@ mod tests {
             "3\nsoon\n\necho\n{}",
         ] {
             let mut fields: Fields = [(RUN, run)].into_iter().collect();
-            assert!(carried_task("q", "t1", &mut fields).is_none(), "{run:?}");
+            assert!(carried_task("q", "t1", &mut fields, 0).is_none(), "{run:?}");
         }
     }
 
@@ -308,13 +316,13 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let task = carried_task("q", "t1", &mut fields.clone()).expect("carried");
+        let task = carried_task("q", "t1", &mut fields.clone(), 0).expect("carried");
         assert_eq!(
             (task.attempts, task.max_attempts, task.timeout_ms),
             (1, 3, Some(500))
         );
         assert_eq!(task.idempotency_key, None);
         fields.take("payload");
-        assert!(carried_task("q", "t1", &mut fields).is_none());
+        assert!(carried_task("q", "t1", &mut fields, 0).is_none());
     }
 }

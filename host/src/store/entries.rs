@@ -23,13 +23,6 @@ impl Fields {
         Some(self.0.swap_remove(i).1)
     }
 
-    /// The value of field `name`, to change in place, if the entry has it.
-    pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut String> {
-        self.0
-            .iter_mut()
-            .find_map(|(n, v)| (n == name).then_some(v))
-    }
-
     /// The value of field `name`, if the entry has it.
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0

@@ -92,6 +92,10 @@ struct Held {
     stale: Arc<AtomicBool>,
 }
 
+/// [`Held`] messages by registration id; foldhash: the ids are this
+/// process's own, and the map is hashed into three times per task.
+type HeldById = HashMap<u64, Held, foldhash::fast::RandomState>;
+
 /// The messages this worker holds: each from just before its `start` until
 /// its completion is written. The heartbeat keeps those of started attempts
 /// and stamps each attempt still the task's; reclaim leaves alone this
@@ -104,9 +108,7 @@ struct Held {
 /// heartbeats would stop, and a live attempt would be reclaimed as lost).
 #[derive(Default)]
 struct Running {
-    /// By registration id; foldhash: the ids are this process's own, and
-    /// the map is hashed into three times per task.
-    held: Mutex<HashMap<u64, Held, foldhash::fast::RandomState>>,
+    held: Mutex<HeldById>,
     next_id: AtomicU64,
     /// `dtq_worker_tasks_in_flight`: one per registration alive.
     in_flight: Gauge,
@@ -121,7 +123,7 @@ impl Running {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held, foldhash::fast::RandomState>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeldById> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
