@@ -166,7 +166,8 @@ enum Command {
     /// Deploy a handler module to the fleet (needs the admin token).
     ///
     /// The module is checked first (it compiles, fits the handler world,
-    /// its imports are provided, its namespace is granted), stored in Redis
+    /// its imports are provided, its namespace is granted, some live worker
+    /// can honour its settings unless --force), stored in Redis
     /// by its SHA-256, and made the active version of the task. Every API
     /// and worker picks it up without a restart; tasks already running
     /// finish on the version they started with. Then this waits until every
@@ -249,6 +250,11 @@ struct DeployArgs {
     /// version; 0 does not wait.
     #[arg(long, default_value_t = 10)]
     wait_s: u64,
+    /// Deploy even when no live worker can honour the settings (the server
+    /// refuses it otherwise, 409 NO_WORKER_CAN_RUN with each worker's
+    /// reason): its tasks wait for a worker that can.
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -1121,12 +1127,14 @@ impl Api {
         path: &str,
         wasm: Vec<u8>,
         settings: &dtq_host::deploy::DeploySettings,
+        force: bool,
     ) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.base);
-        let req = self
-            .http
-            .put(&url)
-            .query(settings)
+        let mut req = self.http.put(&url).query(settings);
+        if force {
+            req = req.query(&[("force", "true")]);
+        }
+        let req = req
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(wasm);
         self.send(req, &url).await
@@ -1255,7 +1263,11 @@ async fn deploy(args: DeployArgs) -> Result<(), Failure> {
         let wasm = std::fs::read(&d.file)
             .map_err(|e| fail(2, anyhow::anyhow!("cannot read {}: {e}", d.file.display())))?;
         let path = path(&["handlers", &d.task])?;
-        results.push(api.put_module(&path, wasm, &d.settings).await?);
+        let deployed = api.put_module(&path, wasm, &d.settings, args.force).await?;
+        if let Some(warning) = deployed["warning"].as_str() {
+            eprintln!("warning: {}: {warning}", d.task);
+        }
+        results.push(deployed);
     }
     let stored = Instant::now();
     let wait = Duration::from_secs(args.wait_s);
@@ -1270,8 +1282,9 @@ async fn deploy(args: DeployArgs) -> Result<(), Failure> {
 }
 
 /// Wait (up to `wait` from `stored`) until every live worker runs the
-/// deployed version of `deployed`, or failed to load it; report how many
-/// did, which failed and why, and when.
+/// deployed version of `deployed` (its module with its settings: the
+/// fingerprint, as a settings-only change keeps the digest), or failed to
+/// load it; report how many did, which failed and why, and when.
 async fn rollout(
     api: &Api,
     deployed: &Value,
@@ -1279,19 +1292,24 @@ async fn rollout(
     wait: Duration,
 ) -> Result<Value, Failure> {
     let (task, digest) = (&deployed["task"], &deployed["digest"]);
+    let fingerprint = &deployed["fingerprint"];
     loop {
         let fleet = api
             .request(reqwest::Method::GET, &path(&["handlers"])?, None, None)
             .await?;
         let workers = fleet["workers"].as_array().cloned().unwrap_or_default();
         let task = task.as_str().unwrap_or_default();
-        let running = workers
-            .iter()
-            .filter(|w| w["loaded"][task] == *digest)
-            .count();
+        // A worker too old to report fingerprints (or capacity) is judged
+        // by the digest alone.
+        let runs = |w: &Value| match w["fingerprints"][task].as_str() {
+            Some(f) => *fingerprint == f,
+            None if w["capacity"].is_object() => false,
+            None => w["loaded"][task] == *digest,
+        };
+        let running = workers.iter().filter(|w| runs(w)).count();
         let failed: serde_json::Map<String, Value> = workers
             .iter()
-            .filter(|w| w["loaded"][task] != *digest && w["failed"][task].is_string())
+            .filter(|w| !runs(w) && w["failed"][task].is_string())
             .map(|w| {
                 (
                     w["id"].as_str().unwrap_or("?").to_owned(),

@@ -21,7 +21,18 @@
 //!   skips a bad one, and gives way to a deployed version
 //!   ([`a_watched_handlers_directory_reloads_without_restart`]);
 //! - a manifest deploys several handlers with their settings, and a bad one
-//!   deploys nothing ([`a_manifest_deploys_several_handlers_with_their_settings`]).
+//!   deploys nothing ([`a_manifest_deploys_several_handlers_with_their_settings`]);
+//! - settings no live worker can honour are refused with each worker's
+//!   reason unless forced; forced, the rollout sees the worker does not run
+//!   them (the digest is the same), its tasks wait rather than run on the
+//!   old settings, and a rollback clears the failure
+//!   ([`a_deploy_no_worker_can_run_is_refused_and_a_forced_one_never_runs_on_old_settings`]);
+//! - a refused deploy of a large module shows the server's answer, not a
+//!   broken connection ([`a_refused_large_deploy_shows_the_servers_answer`]);
+//! - a handlers directory that cannot be listed for a while keeps its
+//!   handlers ([`a_handlers_directory_that_cannot_be_listed_keeps_its_handlers`]);
+//! - a `dtq serve` that cannot bind its port never appears as a live worker
+//!   ([`a_serve_that_cannot_bind_its_port_never_shows_as_a_worker`]).
 //!
 //! Every process writes its log to a file in the test's temporary directory;
 //! the logs are printed when a test fails.
@@ -773,6 +784,9 @@ async fn a_worker_started_after_a_deploy_runs_it_from_redis_alone() -> Result<()
         .deploy(guests::VERSIONED_V1, TASK, &["--wait-s", "0"])
         .await?;
     assert_eq!(deployed["rollout"]["workers"], 0, "{deployed:#}");
+    // No live worker checked the settings: accepted, and said so.
+    let warning = deployed["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no live worker"), "{deployed:#}");
     let waiting = submit_once_known(&api, versioned(1, 0), SWITCH).await?;
     let queued = api.task(QUEUE, &waiting).await?;
     assert_eq!(queued["status"], "QUEUED", "{queued:#}");
@@ -1024,5 +1038,254 @@ namespace = "greetings"
     assert!(stderr.contains("memroy_mib"), "{stderr}");
     let after = cli.read(&["handlers"]).await?;
     assert_eq!(after["handlers"], before["handlers"]);
+    Ok(())
+}
+
+/// `dtq deploy <args>` refused with `code`: exit 1, the code on stderr, and
+/// the error body on stdout; the body.
+async fn refused_body(cli: &Cli, args: &[&str], code: &str) -> Result<Value> {
+    let out = cli.admin_output(args).await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(1) && stderr.contains(code),
+        "dtq {args:?}: exit {:?}, want 1 and {code}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status.code()
+    );
+    let body: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("dtq {args:?}: stdout is not the error body: {stdout}"))?;
+    assert_eq!(body["error"]["code"], code, "{body:#}");
+    Ok(body)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deploy_no_worker_can_run_is_refused_and_a_forced_one_never_runs_on_old_settings()
+-> Result<()> {
+    let fleet = Fleet::new()?;
+    let (_api_proc, api, cli) = fleet.start_api(&[]).await?;
+    let _worker = fleet
+        .start("worker", "worker", &["--memory-mib", "64"])
+        .await?;
+    let v1 = sha256_file(guests::VERSIONED_V1)?;
+    cli.deploy(guests::VERSIONED_V1, TASK, &[]).await?;
+    wait_workers_on(&api, TASK, &v1, 1, NOTICE).await?;
+
+    // The same module with settings the worker's 64 MiB slots cannot
+    // honour: refused, with the worker's reason, and nothing changes.
+    let args = [
+        "deploy",
+        guests::VERSIONED_V1,
+        "--task",
+        TASK,
+        "--memory-mib",
+        "1000",
+    ];
+    let body = refused_body(&cli, &args, "NO_WORKER_CAN_RUN").await?;
+    let reasons = body["error"]["details"]["workers"]
+        .as_object()
+        .context("each worker's reason")?;
+    assert_eq!(reasons.len(), 1, "{body:#}");
+    assert!(
+        reasons
+            .values()
+            .all(|r| r.as_str().is_some_and(|r| r.contains("--memory-mib 1000"))),
+        "{body:#}"
+    );
+    let history = cli.read(&["handlers", "history", TASK]).await?;
+    assert_eq!(history["active"]["settings"], json!({}), "{history:#}");
+    assert_eq!(history_of(&history).len(), 1, "{history:#}");
+
+    // Forced: stored, and the rollout sees that the worker does not run it
+    // although the digest it runs is the same.
+    let forced = cli
+        .deploy(
+            guests::VERSIONED_V1,
+            TASK,
+            &["--memory-mib", "1000", "--force"],
+        )
+        .await?;
+    assert_eq!(forced["unchanged"], false, "{forced:#}");
+    let rollout = &forced["rollout"];
+    assert_eq!(rollout["workers"], 1, "{forced:#}");
+    assert_eq!(rollout["running"], 0, "{forced:#}");
+    let failed = rollout["failed"].as_object().context("rollout.failed")?;
+    assert_eq!(failed.len(), 1, "{forced:#}");
+    assert!(
+        failed
+            .values()
+            .all(|r| r.as_str().is_some_and(|r| r.contains("--memory-mib 1000"))),
+        "{forced:#}"
+    );
+
+    // A task of the version nobody can run waits, its attempt given back;
+    // it never runs under the old settings.
+    let id = api.submit_new(QUEUE, versioned(1, 0), None).await?;
+    let start = Instant::now();
+    loop {
+        let task = api.task(QUEUE, &id).await?;
+        let status = task["status"].as_str().unwrap_or_default();
+        assert!(
+            matches!(status, "QUEUED" | "SCHEDULED" | "RUNNING"),
+            "a task no worker can run must wait: {task:#}"
+        );
+        if status == "SCHEDULED" && task["error"].as_str().is_some_and(|e| e.contains(TASK)) {
+            assert_eq!(task["attempts"], 0, "{task:#}");
+            break;
+        }
+        ensure!(
+            start.elapsed() < WAIT,
+            "the task was not deferred: {task:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Rolled back: the worker runs v1 again, its failure is gone from
+    // `dtq handlers`, and the waiting task runs on v1.
+    let back = cli.admin(&["rollback", TASK]).await?;
+    assert_eq!(back["settings"], json!({}), "{back:#}");
+    wait_workers(&api, 1, NOTICE, "v1 and no failure", |worker| {
+        worker["loaded"][TASK] == v1.as_str()
+            && worker["failed"].as_object().is_none_or(|f| f.is_empty())
+    })
+    .await?;
+    let listing = cli.read(&["handlers"]).await?;
+    assert_eq!(listing["workers"][0]["failed"], json!({}), "{listing:#}");
+    let entry = handler_entry(&listing, TASK).context("the listing lacks the task")?;
+    assert_eq!(entry["workers"]["running"], 1, "{listing:#}");
+    let done = api.wait_for(QUEUE, &id, &["SUCCEEDED"], WAIT).await?;
+    assert_ran(&done, "v1", &v1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_large_deploy_shows_the_servers_answer() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let fleet = Fleet::new()?;
+    let (_api_proc, api, cli) = fleet.start_api(&[]).await?;
+    // 12 MiB, under the API's 64 MiB limit: the settings are refused
+    // before the module is looked at.
+    let dir = fleet.handlers_dir("large")?;
+    let large = dir.join("large.wasm");
+    std::fs::write(&large, vec![0u8; 12 << 20])?;
+    let large = large.to_str().context("UTF-8 path")?;
+    let line = cli
+        .refused(
+            &[
+                "deploy",
+                large,
+                "--task",
+                TASK,
+                "--allow-hosts",
+                "ftp://files.example.com",
+            ],
+            "INVALID_SETTINGS",
+        )
+        .await?;
+    assert!(line.contains("allow_hosts"), "{line}");
+
+    // Underneath: the server reads the whole body before it answers. Were
+    // it to answer at once and close, the rest of the body (more than any
+    // socket buffer holds) would meet a reset connection, and whether a
+    // client read the answer first would be a race.
+    let addr = api.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await?;
+    let body = vec![0u8; 12 << 20];
+    let head = format!(
+        "PUT /v1/handlers/{TASK}?allow_hosts=ftp%3A%2F%2Ffiles.example.com HTTP/1.1\r\n\
+         Host: {addr}\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\
+         Content-Type: application/wasm\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream
+        .write_all(&body)
+        .await
+        .context("the server cut the body off")?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
+        .await
+        .context("no answer")??;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("INVALID_SETTINGS"), "{answer}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handlers_directory_that_cannot_be_listed_keeps_its_handlers() -> Result<()> {
+    let fleet = Fleet::new()?;
+    let dir = fleet.handlers_dir("handlers")?;
+    std::fs::copy(guests::VERSIONED_V1, dir.join(format!("{TASK}.wasm")))?;
+    let dir_flag = dir.to_str().context("UTF-8 path")?;
+    let serve = fleet
+        .start("serve", "serve", &["--handlers", dir_flag])
+        .await?;
+    let api = ApiClient::new(serve.api.clone());
+    let v1 = sha256_file(guests::VERSIONED_V1)?;
+    let id = api.submit_new(QUEUE, versioned(0, 0), None).await?;
+    let task = api.wait_for(QUEUE, &id, &["SUCCEEDED"], WAIT).await?;
+    assert_ran(&task, "v1", &v1);
+
+    // The directory is away (as while it is replaced, or unreadable) for
+    // two passes at least: each logs that it cannot be listed.
+    let away = fleet.dir.path.join("handlers-away");
+    let logged = serve.log_text().len();
+    std::fs::rename(&dir, &away)?;
+    let start = Instant::now();
+    loop {
+        let log = serve.log_text();
+        let warned = log[logged..]
+            .matches("cannot list the handlers directory")
+            .count();
+        if warned >= 2 {
+            break;
+        }
+        ensure!(
+            start.elapsed() < NOTICE,
+            "no warning about the directory:\n{}",
+            &log[logged..]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its handler is still loaded, known and running.
+    let listing = get_handlers(&api).await?;
+    assert_eq!(
+        listing["workers"][0]["loaded"][TASK],
+        v1.as_str(),
+        "{listing:#}"
+    );
+    let id = api.submit_new(QUEUE, versioned(1, 0), None).await?;
+    let task = api.wait_for(QUEUE, &id, &["SUCCEEDED"], WAIT).await?;
+    assert_ran(&task, "v1", &v1);
+    std::fs::rename(&away, &dir)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serve_that_cannot_bind_its_port_never_shows_as_a_worker() -> Result<()> {
+    let fleet = Fleet::new()?;
+    let first = fleet.start("first", "serve", &[]).await?;
+    let api = ApiClient::new(first.api.clone());
+    wait_workers(&api, 1, NOTICE, "the first serve", |_| true).await?;
+
+    // A second `dtq serve` on the same port: it connects to Redis and
+    // prepares its worker, then cannot listen, and exits.
+    let port: u16 = first.api.rsplit(':').next().context("a port")?.parse()?;
+    let mut cmd = dtq_tests::process::dtq_command(DTQ);
+    cmd.arg("serve").args(fleet.server_flags(port));
+    let log = fleet.dir.path.join("second.log");
+    let mut second = DtqProcess::spawn("second", cmd, log, first.api.clone())?;
+    let status = second.wait_exit(STARTUP).await?;
+    assert_eq!(status.code(), Some(1), "{}", second.log_text());
+    assert!(
+        second.log_text().contains("cannot listen"),
+        "{}",
+        second.log_text()
+    );
+    // Only the first is a live worker, now and in the next reports.
+    let listing = get_handlers(&api).await?;
+    let workers = listing["workers"].as_array().context("workers")?;
+    assert_eq!(workers.len(), 1, "{listing:#}");
     Ok(())
 }

@@ -419,23 +419,77 @@ async fn deferrals(dtq: &Dtq, id: &str) -> Result<u64> {
     Ok(n.unwrap_or(0))
 }
 
+/// Wait until the worker of `dtq` is live in the fleet (its first report
+/// is written once it serves).
+async fn wait_for_worker(dtq: &Dtq) -> Result<()> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, fleet) = dtq.call(Method::GET, "/v1/handlers", None, &[]).await?;
+        if fleet["workers"].as_array().is_some_and(|w| !w.is_empty()) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no live worker: {fleet:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_worker_that_cannot_honour_the_settings_reports_why_and_defers() -> Result<()> {
+async fn a_deploy_no_live_worker_can_run_is_refused_unless_forced() -> Result<()> {
     // The worker's pool slots hold 64 MiB; the deploy asks for 128.
     let dtq = deploying_dtq(&["--memory-mib", "64"]).await?;
+    wait_for_worker(&dtq).await?;
     let echo = read(guests::ECHO)?;
-    let (status, body) = dtq
-        .deploy("greedy", echo, &[("memory_mib", "128")], ADMIN)
+    let refused = dtq
+        .deploy("greedy", echo.clone(), &[("memory_mib", "128")], ADMIN)
         .await?;
-    assert_eq!(status, 201, "accepted: another worker may run it: {body:#}");
+    assert_error(&refused, 409, "NO_WORKER_CAN_RUN");
+    let reasons = refused.1["error"]["details"]["workers"]
+        .as_object()
+        .context("each worker's reason")?;
+    assert_eq!(reasons.len(), 1, "{refused:?}");
+    for reason in reasons.values() {
+        let reason = reason.as_str().unwrap_or_default();
+        assert!(reason.contains("--memory-mib 128"), "{refused:?}");
+    }
+    // Nothing was stored.
+    let never = dtq
+        .call(Method::GET, "/v1/handlers/greedy", None, &[])
+        .await?;
+    assert_error(&never, 400, "UNKNOWN_TASK");
+
+    // Forced, it is stored, with a warning; a worker that can run it may
+    // come later.
+    let (status, body) = dtq
+        .deploy(
+            "greedy",
+            echo,
+            &[("memory_mib", "128"), ("force", "true")],
+            ADMIN,
+        )
+        .await?;
+    assert_eq!(status, 201, "{body:#}");
+    let warning = body["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no live worker can run it"), "{body:#}");
     let id = dtq
         .submit_new("default", json!({"task": "greedy", "payload": {}}), None)
         .await?;
 
     // And a fuel budget, which this worker (no --fuel) does not meter.
     let echo = read(guests::ECHO)?;
+    let refused = dtq
+        .deploy("metered", echo.clone(), &[("fuel", "100000")], ADMIN)
+        .await?;
+    assert_error(&refused, 409, "NO_WORKER_CAN_RUN");
     let (status, body) = dtq
-        .deploy("metered", echo, &[("fuel", "100000")], ADMIN)
+        .deploy(
+            "metered",
+            echo,
+            &[("fuel", "100000"), ("force", "true")],
+            ADMIN,
+        )
         .await?;
     assert_eq!(status, 201, "{body:#}");
 

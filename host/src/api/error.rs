@@ -135,6 +135,9 @@ error_codes! {
     NotDeadLettered = "NOT_DEAD_LETTERED", CONFLICT;
     /// A rollback with no earlier version in the task's history.
     NoEarlierVersion = "NO_EARLIER_VERSION", CONFLICT;
+    /// A deploy whose settings no live worker can honour (each worker's
+    /// reason in `details`); `force=true` deploys it anyway.
+    NoWorkerCanRun = "NO_WORKER_CAN_RUN", CONFLICT;
     /// Live events of a server that writes none (`--events none`).
     EventsOff = "EVENTS_OFF", CONFLICT;
     /// The body or the payload is over its size limit.

@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -14,13 +14,13 @@ use utoipa::ToSchema;
 use super::Shared;
 use super::auth::Scope;
 use super::error::{ApiError, ErrorCode};
-use super::extract::{ApiPath, ApiQuery};
+use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{
     ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
     HandlerPath, Undeployed,
 };
-use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError};
+use crate::deploy::{DeploySettings, Entry, FleetReport, REPORT_LIVE_MS, RegistryError};
 use crate::ingest::{now_ms, validate_task_name};
 
 type ApiResult = Result<Response, ApiError>;
@@ -45,8 +45,23 @@ fn entry_json(entry: &Entry) -> Value {
         value["digest"] = json!(v.digest);
         value["size"] = json!(v.size);
         value["settings"] = json!(v.settings);
+        value["fingerprint"] = json!(v.fingerprint);
     }
     value
+}
+
+/// Whether `worker` runs `entry`'s version of `task`: the same module with
+/// the same settings. A worker too old to report fingerprints is judged by
+/// the digest alone.
+fn runs(worker: &FleetReport, task: &str, entry: &Entry) -> bool {
+    let Some(version) = &entry.version else {
+        return false;
+    };
+    match worker.fingerprints.get(task) {
+        Some(fingerprint) => *fingerprint == version.fingerprint,
+        None if worker.capacity.is_some() => false,
+        None => worker.loaded.get(task) == Some(&version.digest),
+    }
 }
 
 impl From<RegistryError> for ApiError {
@@ -89,11 +104,7 @@ pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> Ap
     for (task, entry) in active {
         let entry = entry?;
         let mut value = active_json(&task, &entry);
-        let digest = entry.version.as_ref().map(|v| v.digest.as_str());
-        let running = workers
-            .iter()
-            .filter(|w| w.loaded.get(&task).map(String::as_str) == digest)
-            .count();
+        let running = workers.iter().filter(|w| runs(w, &task, &entry)).count();
         value["workers"] = json!({"running": running, "total": workers.len()});
         handlers.push(value);
     }
@@ -133,20 +144,31 @@ pub(super) async fn history(
 }
 
 /// `PUT /v1/handlers/{task}`: the body is the module; the query holds the
-/// settings. Checked (it compiles, fits the handler world, its imports are
-/// provided, its namespace is granted) before it is stored: a refused
-/// module never reaches a worker.
+/// settings (and `force=true`). Checked (it compiles, fits the handler
+/// world, its imports are provided, its namespace is granted, and some live
+/// worker can honour its settings) before it is stored: a refused module
+/// never reaches a worker.
+///
+/// A refusal decided before the body is read (the token, the task name,
+/// the settings, the workers) still reads the body, discarding it, up to
+/// the module limit: answered early and closed, a client still sending
+/// would see a reset connection instead of the answer.
 #[utoipa::path(
     put,
     path = "/v1/handlers/{task}",
     tag = "handlers",
-    params(HandlerPath, DeployQuery),
+    params(
+        HandlerPath,
+        DeployQuery,
+        ("force" = Option<bool>, Query, description = "Deploy even when no live worker can honour the settings (its tasks wait for one that can)"),
+    ),
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component (`wasm32-wasip2`, the handler world)"),
     responses(
         (status = 201, description = "Deployed", body = Deployed),
         (status = 200, description = "The same module and settings were active already (`unchanged: true`)", body = Deployed),
         (status = 400, description = "`INVALID_TASK_NAME`, `INVALID_SETTINGS`, `INVALID_QUERY`", body = ErrorBody),
         (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
+        (status = 409, description = "`NO_WORKER_CAN_RUN`: no live worker can honour the settings (each worker's reason in `details.workers`); `force=true` deploys anyway", body = ErrorBody),
         (status = 413, description = "`MODULE_TOO_LARGE`", body = ErrorBody),
         (status = 422, description = "`INVALID_MODULE`: it cannot run as a handler (the reason in the message)", body = ErrorBody),
     ),
@@ -155,16 +177,36 @@ pub(super) async fn history(
 pub(super) async fn deploy(
     State(shared): State<Shared>,
     ApiPath(task): ApiPath<String>,
-    ApiQuery(settings): ApiQuery<DeploySettings>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let mut body = Some(body);
+    let answer = check_and_store(&shared, task, query, &headers, &mut body).await;
+    if answer.is_err()
+        && let Some(body) = body.take()
+    {
+        discard(&shared, &headers, body).await;
+    }
+    answer
+}
+
+/// The deploy itself; `body` is taken once it is read.
+async fn check_and_store(
+    shared: &Shared,
+    task: String,
+    query: Option<String>,
+    headers: &HeaderMap,
+    body: &mut Option<Body>,
+) -> ApiResult {
+    shared.auth.authorize(headers, Scope::Admin, None)?;
     validate_task_name(&task)?;
+    let (settings, force) = deploy_query(query.as_deref())?;
     settings.check().map_err(|e| {
         ApiError::new(ErrorCode::InvalidSettings, e.to_string())
             .with_details(json!({"setting": e.setting}))
     })?;
+    let warning = check_workers(shared, &task, &settings, force).await?;
     let deploy = &shared.state.deploy;
     let limit = deploy.max_module_bytes;
     let too_large = || {
@@ -174,7 +216,8 @@ pub(super) async fn deploy(
         )
         .with_details(json!({"limit": limit}))
     };
-    let wasm = super::routes::read_limited(&shared, &headers, body, limit, too_large).await?;
+    let body = body.take().unwrap_or_default();
+    let wasm = super::routes::read_limited(shared, headers, body, limit, too_large).await?;
 
     let checker = deploy.checker.clone();
     let (t, w, s) = (task.clone(), wasm.clone(), settings.handler_settings());
@@ -208,6 +251,9 @@ pub(super) async fn deploy(
             .and_then(|e| e.version)
             .map(|v| v.digest)
     );
+    if let Some(warning) = warning {
+        body["warning"] = json!(warning);
+    }
     let status = if deployed.unchanged {
         StatusCode::OK
     } else {
@@ -215,6 +261,107 @@ pub(super) async fn deploy(
         StatusCode::CREATED
     };
     Ok((status, Json(body)).into_response())
+}
+
+/// The settings of a deploy's query, and its `force`.
+fn deploy_query(query: Option<&str>) -> Result<(DeploySettings, bool), ApiError> {
+    let mut force = false;
+    let mut rest = Vec::new();
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("force", "true" | "1" | "") => force = true,
+            ("force", "false" | "0") => force = false,
+            ("force", other) => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidQuery,
+                    format!("force: {other:?} is not true or false"),
+                ));
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let uri: axum::http::Uri = format!("/?{}", rest.join("&"))
+        .parse()
+        .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("the query: {e}")))?;
+    let Query(settings) = Query::<DeploySettings>::try_from_uri(&uri)?;
+    Ok((settings, force))
+}
+
+/// Refuse settings no live worker can honour (`NO_WORKER_CAN_RUN`, each
+/// worker's reason in `details.workers`), unless `force`. With no live
+/// worker at all there is nobody to ask (deploying before starting the
+/// workers is a normal order): accepted, with the warning returned.
+async fn check_workers(
+    shared: &Shared,
+    task: &str,
+    settings: &DeploySettings,
+    force: bool,
+) -> Result<Option<String>, ApiError> {
+    let fleet = shared.state.deploy.registry.fleet(REPORT_LIVE_MS).await?;
+    let workers: Vec<&FleetReport> = fleet.iter().filter(|r| !r.queues.is_empty()).collect();
+    if workers.is_empty() {
+        return Ok(Some(
+            "no live worker: the settings are checked by each worker when it loads the handler"
+                .into(),
+        ));
+    }
+    let mut reasons = serde_json::Map::new();
+    for worker in &workers {
+        // A worker too old to report its capacity is taken to run it.
+        match worker.capacity.and_then(|c| settings.unrunnable_on(&c)) {
+            Some(reason) => reasons.insert(worker.id.clone(), json!(reason)),
+            None => return Ok(None),
+        };
+    }
+    if force {
+        tracing::warn!(task, "deployed with force: no live worker can run it");
+        return Ok(Some(format!(
+            "no live worker can run it ({} refused it): its tasks wait for one that can",
+            reasons.len()
+        )));
+    }
+    Err(ApiError::new(
+        ErrorCode::NoWorkerCanRun,
+        format!(
+            "no live worker can run {task} with these settings ({} refused it; see details); \
+             deploy with force to store it anyway",
+            reasons.len()
+        ),
+    )
+    .with_details(json!({"task": task, "workers": reasons})))
+}
+
+/// Read what is left of a refused deploy's body, discarding it, within the
+/// body timeout and the module limit; a body declared over the limit is
+/// not read (the connection closes).
+async fn discard(shared: &Shared, headers: &HeaderMap, body: Body) {
+    use http_body_util::BodyExt as _;
+
+    let limit = shared.state.deploy.max_module_bytes as u64;
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return;
+    }
+    let drain = async {
+        let mut body = body;
+        let mut read = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                read += data.len() as u64;
+                if read > limit {
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(shared.limits.body_timeout, drain).await;
 }
 
 /// The body of a rollback (optional).

@@ -644,6 +644,9 @@ pub(super) mod schemas {
         /// The module's size, bytes.
         size: Option<u64>,
         settings: Option<DeploySettings>,
+        /// Identifies module and settings together; workers report it for
+        /// each version they run.
+        fingerprint: Option<String>,
         /// How many live workers run this version (the handler list only).
         workers: Option<WorkerCount>,
     }
@@ -674,6 +677,7 @@ pub(super) mod schemas {
         digest: Option<String>,
         size: Option<u64>,
         settings: Option<DeploySettings>,
+        fingerprint: Option<String>,
     }
 
     /// A task's active version and its history, newest first.
@@ -693,10 +697,14 @@ pub(super) mod schemas {
         digest: Option<String>,
         size: Option<u64>,
         settings: Option<DeploySettings>,
+        fingerprint: Option<String>,
         /// The same module and settings were active already (200).
         unchanged: bool,
         /// The digest it replaced, if any.
         previous: Option<String>,
+        /// Set when no live worker checked the settings: none is live, or
+        /// (deployed with `force`) none can run them.
+        warning: Option<String>,
     }
 
     /// The answer to an undeploy.
@@ -779,7 +787,10 @@ mod tests {
             .filter(|p| p["in"] == "query")
             .filter_map(|p| p["name"].as_str().map(str::to_owned))
             .collect();
-        assert_eq!(params, fields);
+        // The settings, and `force`, which is the deploy's, not a setting.
+        let mut query = fields;
+        query.insert("force".to_owned());
+        assert_eq!(params, query);
     }
 
     #[test]

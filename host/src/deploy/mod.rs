@@ -11,10 +11,13 @@
 //!
 //! A module is checked before it is stored (`Sandbox::check`: it compiles,
 //! fits the handler world, its imports are provided, its namespace is
-//! granted), so a refused module never reaches a worker. A worker that still
-//! cannot run a version (its pool is too small for the memory setting, say)
-//! reports why and leaves the task to workers that can: it defers, never
-//! fails, a task it has no handler for.
+//! granted), so a refused module never reaches a worker; its settings are
+//! checked against the [`Capacity`] every live worker reports, and refused
+//! when none can honour them (unless forced). A worker that still cannot
+//! run a version (its pool is too small for the memory setting, say)
+//! reports why, unloads the version it ran before, and leaves the task to
+//! workers that can: it defers a task it has no handler for, and the task
+//! fails only once it has waited past the defer limit.
 
 mod registry;
 mod settings;
@@ -23,5 +26,5 @@ mod watch;
 pub use registry::{
     Action, CHANNEL, Deployed, Entry, FleetReport, HISTORY_LIMIT, Registry, RegistryError, Version,
 };
-pub use settings::{DeploySettings, MAX_MEMORY_MIB, SettingsError};
+pub use settings::{Capacity, DeploySettings, MAX_MEMORY_MIB, SettingsError};
 pub use watch::{Catalog, Known, REPORT_EVERY, REPORT_LIVE_MS, Watcher};

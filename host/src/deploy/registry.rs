@@ -25,7 +25,7 @@ use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::settings::DeploySettings;
+use super::settings::{Capacity, DeploySettings};
 use crate::store::Conn;
 
 /// Entries kept in each task's history; the modules of older ones are
@@ -201,6 +201,17 @@ pub struct FleetReport {
     pub loaded: BTreeMap<String, String>,
     /// Why each task it should run could not be loaded here.
     pub failed: BTreeMap<String, String>,
+    /// The fingerprint (module and settings, see [`Version`]) of each
+    /// loaded deployed version, by task: a settings-only change keeps the
+    /// digest, so a rollout compares these. Absent for a file's handler,
+    /// and in reports of older workers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fingerprints: BTreeMap<String, String>,
+    /// What its sandbox can honour, so a deploy can be checked against
+    /// every live worker before any loads it; `None` from an older worker
+    /// (then nothing is assumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
     /// When the report was written (ms, Redis's clock); set on reading.
     #[serde(default)]
     pub seen_at: u64,

@@ -69,7 +69,51 @@ pub struct SettingsError {
     pub reason: String,
 }
 
+/// What one worker's sandbox can honour, as its fleet report publishes
+/// it: the settings a deploy may give a handler are bounded by each
+/// worker's flags, which no module check on the API can see.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// Its pool slots' linear memory, MiB (`--memory-mib`).
+    pub memory_mib: u64,
+    /// Whether it meters fuel (`--fuel`).
+    pub fuel: bool,
+}
+
+impl Capacity {
+    /// The capacity of a sandbox with `limits`.
+    pub fn of(limits: &crate::sandbox::Limits) -> Capacity {
+        Capacity {
+            memory_mib: (limits.memory_bytes >> 20) as u64,
+            fuel: limits.fuel.is_some(),
+        }
+    }
+}
+
 impl DeploySettings {
+    /// Why a worker of `capacity` cannot run a handler with these
+    /// settings; `None` when it can. The reasons are the worker's own at
+    /// load (`HandlerSettings` in the sandbox), said before it loads.
+    pub fn unrunnable_on(&self, capacity: &Capacity) -> Option<String> {
+        if let Some(mib) = self.memory_mib
+            && mib > capacity.memory_mib
+        {
+            return Some(format!(
+                "the handler may use {mib} MiB of memory, but this worker's pool slots hold {} MiB \
+                 (start it with --memory-mib {mib} or more)",
+                capacity.memory_mib
+            ));
+        }
+        if self.fuel.is_some() && !capacity.fuel {
+            return Some(
+                "the handler has a fuel budget, but this worker does not meter fuel \
+                 (start it with --fuel)"
+                    .into(),
+            );
+        }
+        None
+    }
+
     /// Check every value against its range.
     pub fn check(&self) -> Result<(), SettingsError> {
         let error = |setting, reason: String| Err(SettingsError { setting, reason });
@@ -180,6 +224,35 @@ mod tests {
             ["memory_mib", "max_attempts", "namespace", "timeout_ms"]
         );
         assert!(DeploySettings::default().check().is_ok());
+    }
+
+    #[test]
+    fn a_worker_too_small_for_the_settings_says_why() {
+        let worker = Capacity {
+            memory_mib: 64,
+            fuel: false,
+        };
+        let fits = DeploySettings {
+            memory_mib: Some(64),
+            ..DeploySettings::default()
+        };
+        assert_eq!(fits.unrunnable_on(&worker), None);
+        let big = DeploySettings {
+            memory_mib: Some(1000),
+            ..DeploySettings::default()
+        };
+        let reason = big.unrunnable_on(&worker).expect("refused");
+        assert!(reason.contains("--memory-mib 1000"), "{reason}");
+        let metered = DeploySettings {
+            fuel: Some(1_000),
+            ..DeploySettings::default()
+        };
+        assert!(metered.unrunnable_on(&worker).is_some());
+        let metering = Capacity {
+            fuel: true,
+            ..worker
+        };
+        assert_eq!(metered.unrunnable_on(&metering), None);
     }
 
     #[test]

@@ -13,10 +13,23 @@
 //! 5. in a worker, loads what changed (compiling off the async threads, and
 //!    switching only once compiled), and unloads what is gone. Calls already
 //!    running keep the instance they started with, so in-flight tasks finish
-//!    on their version. A version that fails to load here is logged once and
-//!    reported; the one loaded before keeps running;
-//! 6. in a worker, reports what it runs to the registry's fleet hash, which
-//!    `dtq handlers` and `dtq deploy`'s rollout wait read.
+//!    on their version. A deployed version that fails to load here is logged
+//!    once and reported, and the version loaded before is unloaded: a task
+//!    never runs under settings other than its active version's, it waits
+//!    (deferred) for a worker that can run them. A bad file of the
+//!    directory is skipped, and the file loaded before keeps running. A
+//!    failure is forgotten once the task's handler changes again (a
+//!    rollback, say);
+//! 6. in a worker that is serving, reports what it runs (with the
+//!    fingerprint of each deployed version, and what its sandbox can
+//!    honour) to the registry's fleet hash, which `dtq handlers`, the
+//!    deploy route's check and `dtq deploy`'s rollout wait read. A process
+//!    still starting (or one that failed to bind its port) reports nothing,
+//!    so it never shows as a live worker.
+//!
+//! A directory that cannot be listed (a permission change, a moment while
+//! it is replaced) keeps the last good listing, with a warning: a failed
+//! listing must not unload every handler of the directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::registry::{CHANNEL, Entry, FleetReport, Registry, RegistryError, Version};
+use super::settings::Capacity;
 use crate::sandbox::Sandbox;
 use crate::store::Backend;
 
@@ -153,6 +167,11 @@ pub struct Watcher {
     active: BTreeMap<String, Result<Entry, String>>,
     loaded: BTreeMap<String, Source>,
     failed: BTreeMap<String, (Source, String)>,
+    /// The directory's last good listing.
+    files: BTreeMap<String, FileStamp>,
+    /// Set once the process serves ([`Watcher::run`]); before, no report
+    /// is written.
+    serving: bool,
     reported: Option<(FleetReport, Instant)>,
 }
 
@@ -187,6 +206,8 @@ impl Watcher {
             active: BTreeMap::new(),
             loaded: BTreeMap::new(),
             failed: BTreeMap::new(),
+            files: BTreeMap::new(),
+            serving: false,
             reported: None,
         }
     }
@@ -216,10 +237,12 @@ impl Watcher {
                 .collect();
             self.revision = Some(revision);
         }
-        let files = match &self.dir {
-            Some(dir) => list_dir(dir),
-            None => BTreeMap::new(),
-        };
+        if let Some(dir) = &self.dir
+            && let Some(files) = list_dir(dir)
+        {
+            self.files = files;
+        }
+        let files = self.files.clone();
         let mut wants = BTreeMap::new();
         for (task, entry) in &self.active {
             let want = match entry {
@@ -239,7 +262,7 @@ impl Watcher {
             self.load_changes(&sandbox, &wants).await;
         }
         self.update_catalog(&wants);
-        if self.sandbox.is_some() {
+        if self.sandbox.is_some() && self.serving {
             self.report().await;
         }
         Ok(())
@@ -268,7 +291,19 @@ impl Watcher {
                         Want::File(stamp) => {
                             error!("handler skipped: {}: {e}", stamp.path.display())
                         }
-                        _ => error!(task, "deployed handler not loaded here: {e}"),
+                        _ => {
+                            error!(task, "deployed handler not loaded here: {e}");
+                            // The version loaded before is not the active
+                            // one: its tasks wait for a worker that can run
+                            // the active one, never run under old settings.
+                            if self.loaded.remove(task).is_some() {
+                                sandbox.unload(task);
+                                info!(
+                                    task,
+                                    "handler unloaded: its active version cannot load here"
+                                );
+                            }
+                        }
                     }
                     self.failed.insert(task.clone(), (source, e));
                 }
@@ -285,7 +320,10 @@ impl Watcher {
             self.loaded.remove(&task);
             info!(task, "handler unloaded");
         }
-        self.failed.retain(|task, _| wants.contains_key(task));
+        // A failure is of one version: once the task wants another (a
+        // rollback, a new deploy) it no longer says anything.
+        self.failed
+            .retain(|task, (source, _)| wants.get(task).is_some_and(|w| w.source() == *source));
     }
 
     /// Load `want` as `task`'s handler: its digest, `None` to retry later,
@@ -354,11 +392,21 @@ impl Watcher {
     /// Write the fleet report when it changed, or every [`REPORT_EVERY`].
     async fn report(&mut self) {
         let Some(sandbox) = &self.sandbox else { return };
+        let fingerprints = self
+            .loaded
+            .iter()
+            .filter_map(|(task, source)| match source {
+                Source::Registry(fingerprint) => Some((task.clone(), fingerprint.clone())),
+                Source::File(_) => None,
+            })
+            .collect();
         let report = FleetReport {
             id: self.id.clone(),
             queues: self.queues.clone(),
             loaded: sandbox.loaded(),
             failed: self.failed(),
+            fingerprints,
+            capacity: Some(Capacity::of(sandbox.limits())),
             seen_at: 0,
         };
         let fresh = self
@@ -380,7 +428,9 @@ impl Watcher {
 
     /// Pass after pass until `stop`: on each announcement, and every
     /// interval (and every [`REPORT_EVERY`] at least, for the report).
+    /// Called once the process serves: from then on a worker reports.
     pub async fn run(&mut self, stop: CancellationToken) {
+        self.serving = true;
         let announced = Arc::new(Notify::new());
         let listener = tokio::spawn(listen(
             self.backend.clone(),
@@ -425,17 +475,18 @@ async fn listen(backend: Backend, announced: Arc<Notify>, stop: CancellationToke
     }
 }
 
-/// The `<task>.wasm` files of `dir`, by task. A directory that cannot be
-/// read lists nothing (and says so).
-fn list_dir(dir: &Path) -> BTreeMap<String, FileStamp> {
+/// The `<task>.wasm` files of `dir`, by task; `None` (and a warning) when
+/// the directory cannot be read, so the caller keeps its last listing.
+fn list_dir(dir: &Path) -> Option<BTreeMap<String, FileStamp>> {
     use std::os::unix::fs::MetadataExt as _;
 
     let mut files = BTreeMap::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) => {
-            warn!(dir = %dir.display(), error = %e, "cannot list the handlers directory");
-            return files;
+            warn!(dir = %dir.display(), error = %e,
+                "cannot list the handlers directory; keeping its last listing");
+            return None;
         }
     };
     for entry in entries.flatten() {
@@ -463,7 +514,7 @@ fn list_dir(dir: &Path) -> BTreeMap<String, FileStamp> {
             },
         );
     }
-    files
+    Some(files)
 }
 
 /// An error as one line: its chain, whitespace collapsed.
