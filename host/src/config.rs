@@ -121,6 +121,13 @@ pub struct Config {
     #[arg(long, env = "DTQ_RETRY_MAX_MS", default_value_t = 300_000)]
     pub retry_max_ms: u64,
 
+    /// How long a task may wait for a handler (ms): a worker with no
+    /// handler for it gives it back (deferred, no attempt counted), and once
+    /// it has waited this long in one spell it ends FAILED, its error naming
+    /// the handler. 0 waits without bound.
+    #[arg(long, env = "DTQ_DEFER_LIMIT_MS", default_value_t = 86_400_000)]
+    pub defer_limit_ms: u64,
+
     /// Deadline of one attempt (ms), unless the submission sets a shorter
     /// `timeout_ms`.
     #[arg(long, env = "DTQ_TASK_TIMEOUT_MS", default_value_t = 30_000)]

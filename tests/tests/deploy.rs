@@ -409,6 +409,41 @@ async fn a_task_without_a_handler_on_the_worker_waits_instead_of_failing() -> Re
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_whose_handler_never_comes_fails_past_the_defer_limit() -> Result<()> {
+    let dtq = deploying_dtq(&["--defer-limit-ms", "400"]).await?;
+    // Submitted past the API's check: no handler of `missing` anywhere.
+    let request: dtq_host::ingest::SubmitRequest =
+        serde_json::from_value(json!({"task": "missing", "payload": {"n": 1}}))?;
+    let submitted = dtq_host::ingest::submit(
+        &dtq.store,
+        &dtq.config.ingest_settings(),
+        "default",
+        Some("missing-1"),
+        request,
+        |_| true,
+    )
+    .await?;
+    let id = submitted.task_id;
+
+    // Deferred (no attempt counted) until the bound, then FAILED with an
+    // error that names the handler it waited for.
+    let failed = dtq.wait_for("default", &id, &["FAILED"], WAIT).await?;
+    assert_eq!(failed["attempts"], 0, "{failed:#}");
+    assert_eq!(failed["attempt_digests"], json!([]), "{failed:#}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("missing") && error.contains("defer limit 400 ms"),
+        "{failed:#}"
+    );
+    assert!(deferrals(&dtq, &id).await? >= 1, "{failed:#}");
+    assert_eq!(
+        dtq.idem_state("default", "missing-1").await?.as_deref(),
+        Some("failed")
+    );
+    Ok(())
+}
+
 async fn deferrals(dtq: &Dtq, id: &str) -> Result<u64> {
     let mut conn = dtq.redis.conn().await?;
     let n: Option<u64> = redis::cmd("HGET")

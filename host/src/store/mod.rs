@@ -754,7 +754,10 @@ impl Store {
                     cmd.arg("").arg(c.attempt);
                 }
             }
-            if matches!(c.kind, CompletionKind::Retry | CompletionKind::Lost) {
+            if matches!(
+                c.kind,
+                CompletionKind::Retry | CompletionKind::Lost | CompletionKind::Defer
+            ) {
                 cmd.arg(c.retry_at);
             }
         }

@@ -170,8 +170,8 @@ pub enum CompletionKind {
     Expired,
     /// Not run: this worker has no handler for the task (not loaded yet,
     /// or it cannot run it). The attempt is given back and the task waits,
-    /// SCHEDULED, for any worker, after a backoff of its own (see
-    /// `complete.lua`).
+    /// SCHEDULED, for any worker, after a backoff of its own, and ends
+    /// FAILED once it has waited past the defer limit (see `complete.lua`).
     Defer,
 }
 
@@ -210,7 +210,9 @@ pub struct Completion {
     /// The attempt this completes (0 for expiry, which has none).
     pub attempt: u32,
     /// When a retry is due (ms since epoch): read for a retry or a lost
-    /// attempt only, 0 for the other outcomes.
+    /// attempt. For a [`CompletionKind::Defer`], the defer limit instead:
+    /// how long (ms) the task may wait for a handler before it ends FAILED
+    /// (0: no bound; see `complete.lua`). 0 for the other outcomes.
     pub retry_at: u64,
     /// Now (ms since epoch).
     pub now: u64,

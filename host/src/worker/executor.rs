@@ -6,7 +6,7 @@
 //! | `Fatal`, or a trap retrying cannot help ([`Outcome::is_retryable`]) | fatal | FAILED |
 //! | `Retryable`, deadline, other traps | retry | RETRYING, or DEAD_LETTERED when attempts are spent |
 //! | `Trapped(Cancelled)` | cancelled | CANCELLED |
-//! | `Trapped(UnknownHandler)`: no handler of the task loaded here | defer (the attempt is given back) | SCHEDULED, for any worker |
+//! | `Trapped(UnknownHandler)`: no handler of the task loaded here | defer (the attempt is given back) | SCHEDULED, for any worker; FAILED past `--defer-limit-ms` |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,9 +119,10 @@ async fn execute(
     }
     let now = now_ms();
     // Only a retry reads its due time; the jitter's random draw is not
-    // spent on the others.
+    // spent on the others. A deferral sends its bound in its place.
     let retry_at = match kind {
         CompletionKind::Retry => now + backoff_ms(&shared.config, task.attempts),
+        CompletionKind::Defer => shared.config.defer_limit_ms,
         _ => 0,
     };
     let mut completion = completion_of(

@@ -33,7 +33,9 @@
       `start` began;
       then, but for a carried attempt (which is always attempt 1), the
       attempt this completion belongs to ("" for expired);
-      then, for retry and lost only, the retry due time (ms since epoch).
+      then, for retry and lost only, the retry due time (ms since epoch);
+      for defer only, the defer limit: how long (ms) the task may wait for
+      a handler in one spell of deferrals, "0" for no bound.
     A completion sends only what its outcome reads: every value sent costs
     Redis a parse and a Lua string.
 
@@ -56,7 +58,11 @@
     is not counted, and the task waits in the delayed set, SCHEDULED, for
     any worker: DEFER_BASE_MS doubling with each deferral of the task
     (field `deferrals`), at most DEFER_MAX_MS. A deferred task whose cancel
-    was requested is CANCELLED instead.
+    was requested is CANCELLED instead. A spell of deferrals (field
+    `deferred_since`, "<attempts spent>:<ms>" of its first: a run in between
+    counts an attempt, and so starts a new spell) longer than the defer
+    limit ends the task FAILED, its error naming the handler it waited
+    for: no task waits unbounded for a handler nobody deploys.
 
   Every attempt that ran appends its module digest to the task's field
   `digests` (comma-separated, "-" for an attempt whose worker died), but a
@@ -120,7 +126,7 @@ while a <= argc do
   if ARGV[a - 1] == "" then
     a = a + 1
   end
-  if failed[outcome] then
+  if failed[outcome] or outcome == "defer" then
     a = a + 1
   end
 end
@@ -136,7 +142,7 @@ local function completeOne(taskKey, idemKey, a)
   if carriedAt == "" then
     attempt, a = ARGV[a], a + 1
   end
-  if failed[outcome] then
+  if failed[outcome] or outcome == "defer" then
     retryAt = ARGV[a]
   end
 
@@ -201,9 +207,30 @@ local function completeOne(taskKey, idemKey, a)
       end
       return 1, "CANCELLED"
     end
+    local before = tonumber(attempts) - 1
+    local limit = tonumber(retryAt)
+    local spent, since = string.match(rcall("HGET", taskKey, "deferred_since") or "",
+      "^(%d+):(%d+)$")
+    if tonumber(spent) ~= before then
+      since = nil
+    end
+    if since and limit > 0 and tonumber(now) - tonumber(since) >= limit then
+      local waited = tonumber(now) - tonumber(since)
+      rcall("HSET", taskKey, "status", "FAILED", "updated_at", now, "attempts", before,
+        "error", string.format("gave up after waiting %d ms for a handler (defer limit %d ms): %s",
+          waited, limit, detail), "finished_at", now)
+      rcall("EXPIRE", taskKey, retention)
+      pushEvent(taskId, "FAILED", before, now)
+      if hasKey then
+        setIdemState(idemKey, taskId, "failed", now)
+      end
+      return 1, "FAILED"
+    end
+    if not since then
+      rcall("HSET", taskKey, "deferred_since", before .. ":" .. now)
+    end
     local n = rcall("HINCRBY", taskKey, "deferrals", 1)
     local due = tonumber(now) + math.min(DEFER_BASE_MS * 2 ^ math.min(n - 1, 16), DEFER_MAX_MS)
-    local before = tonumber(attempts) - 1
     rcall("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
       "attempts", before, "error", detail, "run_at", due)
     pushEvent(taskId, "SCHEDULED", before, now)
