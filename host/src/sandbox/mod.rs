@@ -73,6 +73,7 @@ mod log;
 mod namespace;
 mod operation;
 mod outcome;
+mod quota;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -576,7 +577,7 @@ impl Sandbox {
             pre,
             kv_prefix: namespace::kv_prefix(&namespace),
             claim_prefix: namespace::claim_prefix(&namespace),
-            quota_keys: namespace::quota_keys(&namespace),
+            quota_keys: quota::keys(&namespace),
             kv_quota_bytes: limits.kv_quota_bytes,
             digest: sha256.as_str().into(),
             limits,
