@@ -187,10 +187,12 @@ async fn a_write_past_the_budget_is_refused_and_writes_nothing() -> Result<()> {
     Ok(())
 }
 
-/// What Redis holds (`INFO memory`'s `used_memory`), but its clients'
-/// buffers (`mem_clients_normal`): a request that carries a 1 MiB result
-/// leaves its connection's query buffer that large for a while, which is
-/// not what the namespace stores.
+/// What Redis holds (`INFO memory`'s `used_memory`), but two transient
+/// parts that are not what the namespace stores: its clients' buffers
+/// (`mem_clients_normal`; a request carrying a 1 MiB result leaves its
+/// connection's query buffer that large for a while) and the Lua engine's
+/// heap (`used_memory_lua`; a script's 1 MiB argument stays there until
+/// Lua's collector runs).
 async fn used_memory(redis: &RedisServer) -> Result<u64> {
     let mut conn = redis.conn().await?;
     let info: String = redis::cmd("INFO")
@@ -205,7 +207,8 @@ async fn used_memory(redis: &RedisServer) -> Result<u64> {
             .trim()
             .parse()?)
     };
-    Ok(field("used_memory")?.saturating_sub(field("mem_clients_normal")?))
+    let transient = field("mem_clients_normal")? + field("used_memory_lua")?;
+    Ok(field("used_memory")?.saturating_sub(transient))
 }
 
 /// Whether `key` exists in Redis.
