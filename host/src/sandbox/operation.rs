@@ -12,6 +12,11 @@
 //! claim taken over: its commit is then refused (`claim-lost`), so the kv
 //! writes still apply once.
 //!
+//! A claim counts against the namespace's budget from `begin` (its key and
+//! record) and with its result from `commit`, until it expires or is
+//! aborted; a `begin` without room, or past the namespace's live claims,
+//! and a `commit` without room, are `quota-exceeded` ([`quota`]).
+//!
 //! The scripts live with the others in `store/lua/`; every key they touch is
 //! in the namespace's hash tag.
 
