@@ -171,11 +171,21 @@ pub struct Config {
     )]
     pub namespaces: Vec<(String, String)>,
 
-    /// Bytes (MiB) each handler namespace's kv keys may hold in Redis: key
-    /// names plus values. A write past it gets the error `quota-exceeded`
-    /// and writes nothing, so no tenant can fill Redis. 0: no budget.
+    /// Bytes (MiB) each handler namespace may be charged in Redis: its kv
+    /// keys and idempotency claims (names, values, kept results, plus a
+    /// fixed overhead per key and per claim; see docs/sandbox.md). A write
+    /// past it gets the error `quota-exceeded` and writes nothing, so no
+    /// tenant can fill Redis. 0: no budget.
     #[arg(long, env = "DTQ_KV_QUOTA_MIB", default_value_t = 256)]
     pub kv_quota_mib: u64,
+
+    /// A file holding the fleet's secret (at least 32 bytes, e.g. `head -c
+    /// 32 /dev/urandom | base64`), which keys the Idempotency-Key handlers'
+    /// requests carry downstream, so that no handler can compute another's.
+    /// Give every process of the fleet the same file. Without it, dtq makes
+    /// one once, in Redis.
+    #[arg(long, env = "DTQ_FLEET_SECRET_FILE", value_name = "FILE")]
+    pub fleet_secret_file: Option<PathBuf>,
 
     /// Let TASK's handler send HTTP requests to hosts matching PATTERN
     /// (`scheme://host[:port]`: `https://api.example.com`,
@@ -383,6 +393,7 @@ impl Config {
                 .or_else(SandboxConfig::default_cache_dir),
             max_concurrent_calls: self.concurrency as u32,
             handlers: self.handler_settings(),
+            fleet_secret_file: self.fleet_secret_file.clone(),
             ..SandboxConfig::default()
         }
     }

@@ -10,8 +10,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use dtq_tests::Dtq;
+use dtq_host::sandbox::{
+    AllowList, Call, CancelHandle, HandlerSettings, Sandbox, SandboxConfig, TaskContext,
+};
 use dtq_tests::services::{Recorded, Service};
+use dtq_tests::{Dtq, guests};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -399,6 +402,109 @@ async fn a_key_the_guest_sets_is_sent_as_is() -> Result<()> {
         keys(&service.requests_to("/ok")),
         [Some("refund-A-1".to_string())]
     );
+    Ok(())
+}
+
+/// A sandbox on `redis` with `http_client` loaded as `attacker` and as
+/// `victim`: two handlers in two namespaces, both allowed loopback.
+fn two_tenants(redis: dtq_host::store::Conn) -> Result<Sandbox> {
+    let config = SandboxConfig {
+        cache_dir: Some(std::env::temp_dir().join("dtq-test-artifact-cache")),
+        ..SandboxConfig::default()
+    };
+    let sandbox = Sandbox::new(config, redis)?;
+    let settings = HandlerSettings {
+        allow_hosts: AllowList::parse("http://127.0.0.1:*")?,
+        ..HandlerSettings::default()
+    };
+    let wasm = std::fs::read(guests::HTTP_CLIENT)?;
+    for task in ["attacker", "victim"] {
+        sandbox.load_with(task, &wasm, &settings)?;
+    }
+    Ok(sandbox)
+}
+
+/// Run `task` of `sandbox` with `payload` to its result.
+async fn call(sandbox: &Sandbox, task: &str, payload: Value) -> Result<Value> {
+    let call = Call {
+        task: task.into(),
+        ctx: TaskContext {
+            task_id: uuid::Uuid::now_v7().to_string(),
+            queue: "default".into(),
+            task_name: task.into(),
+            attempt: 1,
+            max_attempts: 1,
+            idempotency_key: None,
+        },
+        payload: payload.to_string(),
+        deadline: None,
+    };
+    dtq_tests::success(&sandbox.call(call, &CancelHandle::new()).await)
+}
+
+/// The key as a plain digest of namespace and operation key, as the host
+/// once made it: what any handler can compute for any other.
+fn unkeyed(namespace: &str, operation: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    for part in [namespace, operation] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    format!("dtq-{}", hex::encode(&hash.finalize()[..16]))
+}
+
+/// Two handlers, one payment service: the attacker sends first, with what
+/// it can compute or guess of the victim's key, and the victim's own charge
+/// is still made. The host's key is keyed by the fleet secret, and a key of
+/// the guest's own that looks like the host's is refused unsent.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_handler_can_send_another_namespaces_idempotency_key_first() -> Result<()> {
+    let service = Service::start()?;
+    let redis = dtq_tests::RedisServer::start()?;
+    let sandbox = two_tenants(redis.manager().await?)?;
+    let url = format!("{}/charges", service.url());
+
+    let computed = unkeyed("victim", "charge:o-1");
+    for key in [
+        computed.clone(),
+        computed.to_uppercase(),
+        "dtq-guess".into(),
+    ] {
+        let charge = json!({"order_id": "o-1", "amount_cents": 1});
+        let attack = json!({"op": "own_key", "url": url, "key": key, "json": charge});
+        let refused = call(&sandbox, "attacker", attack).await?;
+        assert!(refused["error"].is_string(), "{refused}");
+    }
+    assert!(service.requests_to("/charges").is_empty());
+
+    let charge = json!({"op": "post", "url": url, "in_operation": "charge:o-1",
+        "json": {"order_id": "o-1", "amount_cents": 1999}});
+    let charged = call(&sandbox, "victim", charge).await?;
+    assert_eq!(charged["outcome"], "executed", "{charged}");
+    let charges = service.charges();
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(
+        (charges[0].order_id.as_str(), charges[0].amount_cents),
+        ("o-1", 1999)
+    );
+    let key = charges[0].idempotency_key.clone().context("no key")?;
+    assert_ne!(key, computed);
+
+    // Another worker of the fleet (another sandbox on the same Redis)
+    // derives the same key, so the service still applies the charge once.
+    let mut conn = redis.conn().await?;
+    let _: () = redis::cmd("DEL")
+        .arg("dtq:claim:{victim}:charge:o-1")
+        .query_async(&mut conn)
+        .await?;
+    let other = two_tenants(redis.manager().await?)?;
+    let charge = json!({"op": "post", "url": url, "in_operation": "charge:o-1",
+        "json": {"order_id": "o-1", "amount_cents": 1999}});
+    call(&other, "victim", charge).await?;
+    let sent = keys(&service.requests_to("/charges"));
+    assert_eq!(sent, [Some(key.clone()), Some(key)]);
+    assert_eq!(service.charges().len(), 1);
     Ok(())
 }
 

@@ -761,7 +761,8 @@ async fn kv_keys_cannot_reach_claims() -> Result<()> {
         assert!(
             key.starts_with("dtq:guest:{operations}:")
                 || key == claim("K")
-                || key == "dtq:quota:{operations}",
+                || key == "dtq:quota:{operations}"
+                || key == "dtq:quota-claims:{operations}",
             "{key}"
         );
     }
@@ -842,6 +843,7 @@ async fn the_operator_can_give_a_handler_another_namespace() -> Result<()> {
             "dtq:claim:{billing}:N",
             "dtq:guest:{billing}:charges",
             "dtq:guest:{billing}:email",
+            "dtq:quota-claims:{billing}",
             "dtq:quota:{billing}"
         ]
     );

@@ -165,8 +165,9 @@ pub(crate) struct LoadedHandler {
     pub(crate) kv_prefix: String,
     /// `dtq:claim:{<namespace>}:`
     pub(crate) claim_prefix: String,
-    /// `dtq:quota:{<namespace>}` and `dtq:quota-ttl:{<namespace>}`.
-    pub(crate) quota_keys: [String; 2],
+    /// Its namespace's budget: count, kv TTL index, claims index
+    /// ([`quota::keys`](super::quota::keys)).
+    pub(crate) quota_keys: [String; 3],
     pub(crate) kv_quota_bytes: u64,
     /// SHA-256 of the module, lowercase hex.
     pub(crate) digest: Arc<str>,

@@ -16,12 +16,15 @@
 //! Redirects are not followed (a guest sees the 3xx and may ask for the new
 //! location, which the allow-list checks again), and no proxy is used. A
 //! request made inside an idempotent operation carries `Idempotency-Key`, a
-//! digest of the handler's namespace and the operation's key: what names
-//! the operation's claim. It is the same on every retry and redelivery, and
-//! in whichever task runs the operation (one that takes over the claim of a
-//! task that died mid-request included), so a downstream service that
-//! honours the header applies the effect once. A guest that sets the header
-//! itself keeps its own. Each request is one line of the
+//! keyed digest of the handler's namespace and the operation's key: what
+//! names the operation's claim (`fleet_secret.rs`). It is the same on every
+//! retry and redelivery, and in whichever task runs the operation (one that
+//! takes over the claim of a task that died mid-request included), so a
+//! downstream service that honours the header applies the effect once; and
+//! no other handler can compute it. A guest that sets the header itself
+//! keeps its own, unless it starts with the host's `dtq-`: that request is
+//! denied, so no handler can send a key the host made for another
+//! namespace. Each request is one line of the
 //! task log: method, scheme, host and port, status or error, duration; never
 //! a path, a header or a body. Cancelling or interrupting the call drops the
 //! requests in flight with its store.
@@ -36,10 +39,10 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use http::header::{CONTENT_LENGTH, HOST, HeaderName};
 use http_body_util::{BodyExt as _, Limited, StreamBody};
-use sha2::{Digest as _, Sha256};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::call::LoadedHandler;
+use super::fleet_secret::{self, FleetSecret};
 use super::log::TaskLog;
 
 /// The header a request inside an idempotent operation carries.
@@ -306,17 +309,19 @@ impl reqwest::dns::Resolve for PublicOnly {
 }
 
 /// The host's HTTP clients, shared by every call of a sandbox: connection
-/// pools, TLS with the system's roots, no redirects, no proxy.
+/// pools, TLS with the system's roots, no redirects, no proxy; and the
+/// secret that keys the `Idempotency-Key`s they send.
 #[derive(Clone)]
 pub(crate) struct Clients {
     /// For hosts a hostname pattern allows: public addresses only.
     public: reqwest::Client,
     /// For hosts a pattern names (an address, `localhost`).
     named: reqwest::Client,
+    secret: Arc<FleetSecret>,
 }
 
 impl Clients {
-    pub(crate) fn new() -> Result<Clients, reqwest::Error> {
+    pub(crate) fn new(secret: FleetSecret) -> Result<Clients, reqwest::Error> {
         let builder = || {
             reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -327,19 +332,9 @@ impl Clients {
         Ok(Clients {
             public: builder().dns_resolver(Arc::new(PublicOnly)).build()?,
             named: builder().build()?,
+            secret: Arc::new(secret),
         })
     }
-}
-
-/// The `Idempotency-Key` of operation `operation` of a handler namespace:
-/// the same for every attempt, delivery and task that runs the operation.
-pub(crate) fn idempotency_key(namespace: &str, operation: &str) -> String {
-    let mut hash = Sha256::new();
-    for part in [namespace, operation] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part.as_bytes());
-    }
-    format!("dtq-{}", hex::encode(&hash.finalize()[..16]))
 }
 
 /// One call's outbound HTTP: the hooks wasmtime-wasi-http sends through.
@@ -375,12 +370,10 @@ impl OutboundHttp {
     }
 
     /// Check `request` and build what sends it, with the target as the log
-    /// names it (`GET https://host:443`); the error goes to the guest, and
-    /// is logged.
-    fn prepare(
-        &mut self,
-        request: http::Request<WasiBody>,
-    ) -> Result<(String, reqwest::RequestBuilder, WasiBody), HttpError> {
+    /// names it (`GET https://host:443`) and the operation whose key it is
+    /// to carry (none when outside one or the guest set its own); the error
+    /// goes to the guest, and is logged.
+    fn prepare(&mut self, request: http::Request<WasiBody>) -> Result<Prepared, HttpError> {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         let host = uri.host().unwrap_or_default().to_owned();
@@ -418,14 +411,22 @@ impl OutboundHttp {
         let mut headers = parts.headers;
         // The client writes Host itself.
         headers.remove(HOST);
-        if let Some(operation) = &self.operation
-            && !headers.contains_key(IDEMPOTENCY_KEY)
+        let own_keys = headers.get_all(IDEMPOTENCY_KEY);
+        if own_keys
+            .iter()
+            .any(|key| fleet_secret::is_host_key(key.as_bytes()))
         {
-            let key = idempotency_key(&handler.namespace, operation);
-            if let Ok(value) = http::HeaderValue::from_str(&key) {
-                headers.insert(IDEMPOTENCY_KEY, value);
-            }
+            self.log.line([
+                "[dtq] http: ",
+                &target,
+                " denied: an Idempotency-Key starting with \"dtq-\" is the host's to set",
+            ]);
+            return Err(HttpError::HttpRequestDenied);
         }
+        let operation = self
+            .operation
+            .clone()
+            .filter(|_| !headers.contains_key(IDEMPOTENCY_KEY));
         let client = if named {
             &handler.http.named
         } else {
@@ -436,7 +437,53 @@ impl OutboundHttp {
             .request(parts.method, url)
             .headers(headers)
             .timeout(timeout);
-        Ok((target, builder, body))
+        Ok(Prepared {
+            target,
+            builder,
+            body,
+            operation,
+        })
+    }
+}
+
+/// A request checked and ready to send.
+struct Prepared {
+    /// As the log names it: `GET https://host:443`.
+    target: String,
+    builder: reqwest::RequestBuilder,
+    body: WasiBody,
+    /// The operation whose `Idempotency-Key` it is to carry.
+    operation: Option<String>,
+}
+
+/// Add the `Idempotency-Key` of `operation` of `handler`'s namespace; the
+/// fleet secret may first have to be read from Redis. Without it the
+/// request is not sent: sent without its key, it could apply twice.
+async fn with_key(
+    builder: reqwest::RequestBuilder,
+    handler: &LoadedHandler,
+    operation: &str,
+    log: &TaskLog,
+    target: &str,
+) -> Result<reqwest::RequestBuilder, HttpError> {
+    let mut redis = handler.redis.clone();
+    let secret = &handler.http.secret;
+    match secret
+        .idempotency_key(&mut redis, &handler.namespace, operation)
+        .await
+    {
+        Ok(key) => Ok(builder.header(IDEMPOTENCY_KEY, key)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the fleet secret");
+            log.line([
+                "[dtq] http: ",
+                target,
+                " not sent: its Idempotency-Key could not be made (Redis unavailable)",
+            ]);
+            Err(HttpError::InternalError(Some(
+                "the host could not make the request's Idempotency-Key".into(),
+            )))
+        }
     }
 }
 
@@ -484,8 +531,17 @@ impl WasiHttpHooks for OutboundHttp {
         let log = self.log.clone();
         let max_request = self.handler.limits.max_payload_bytes;
         let max_response = self.handler.limits.max_http_response_bytes;
+        let handler = self.handler.clone();
         Box::new(async move {
-            let (target, builder, body) = prepared?;
+            let Prepared {
+                target,
+                mut builder,
+                body,
+                operation,
+            } = prepared?;
+            if let Some(operation) = operation {
+                builder = with_key(builder, &handler, &operation, &log, &target).await?;
+            }
             let body = Limited::new(body, max_request)
                 .collect()
                 .await
@@ -632,16 +688,5 @@ mod tests {
             let ip: IpAddr = public.parse().expect("an address");
             assert!(is_public(ip), "{public} counted as private");
         }
-    }
-
-    #[test]
-    fn the_idempotency_key_is_stable_and_distinct() {
-        let key = idempotency_key("billing", "charge:1");
-        assert_eq!(key, idempotency_key("billing", "charge:1"));
-        assert!(key.starts_with("dtq-") && key.len() == 36, "{key}");
-        assert_ne!(key, idempotency_key("billing", "charge:2"));
-        assert_ne!(key, idempotency_key("shipping", "charge:1"));
-        // Parts are length-prefixed: moving a boundary changes the key.
-        assert_ne!(idempotency_key("ab", "c"), idempotency_key("a", "bc"));
     }
 }

@@ -24,6 +24,7 @@ use super::call::LoadedHandler;
 use super::limits::{Limit, LimitTrap};
 use super::log::TaskLog;
 use super::operation::{Operation, Staged};
+use super::quota;
 use crate::store::Conn;
 
 /// Bindings generated from the WIT contract in `wit/`.
@@ -46,13 +47,9 @@ use bindings::dtq::handler::kv::SetOptions;
 use bindings::dtq::handler::log::Level;
 use bindings::dtq::handler::types::HostError;
 
-/// `kv_write.lua`, with the quota bookkeeping it shares with the commit.
-static KV_WRITE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(concat!(
-        include_str!("../store/lua/include/quota.lua"),
-        include_str!("../store/lua/kv_write.lua")
-    ))
-});
+/// `kv_write.lua`, with the quota bookkeeping it shares with the claims.
+static KV_WRITE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| quota::script(include_str!("../store/lua/kv_write.lua")));
 
 /// One kv write outside an operation, as `kv_write.lua` takes it.
 enum KvWrite<'a> {
@@ -175,11 +172,7 @@ impl HostCtx {
 
     /// Make one kv write, counted against the namespace's budget, once.
     async fn write(&mut self, key: &str, write: KvWrite<'_>) -> Result<i64, HostError> {
-        let mut invocation = KV_WRITE.prepare_invoke();
-        invocation
-            .key(key)
-            .key(&self.handler.quota_keys[0])
-            .key(&self.handler.quota_keys[1]);
+        let mut invocation = quota::invocation(&KV_WRITE, key, &self.handler);
         let (op, arg, nx, ex) = match write {
             KvWrite::Set {
                 value,
@@ -195,13 +188,7 @@ impl HostCtx {
             KvWrite::Del => ("del", String::new(), "", String::new()),
             KvWrite::Expire(seconds) => ("expire", seconds.to_string(), "", String::new()),
         };
-        invocation
-            .arg(op)
-            .arg(&self.handler.kv_prefix)
-            .arg(arg)
-            .arg(nx)
-            .arg(ex)
-            .arg(self.handler.kv_quota_bytes);
+        invocation.arg(op).arg(arg).arg(nx).arg(ex);
         let (state, value): (String, i64) = invocation
             .invoke_async(self.redis())
             .await
@@ -215,7 +202,7 @@ impl HostCtx {
     /// The refusal of a write past the namespace's budget.
     pub(crate) fn quota_exceeded(&self, used: i64) -> HostError {
         HostError::QuotaExceeded(format!(
-            "the namespace's keys hold {used} bytes of its budget of {}",
+            "the namespace's keys and claims are charged {used} bytes of its budget of {}",
             self.handler.kv_quota_bytes
         ))
     }

@@ -145,15 +145,26 @@ pub struct Limits {
     /// [`Limits::max_result_bytes`] for those limits to answer first.
     pub max_hostcall_bytes: usize,
 
-    /// Bytes one namespace's kv keys may hold in Redis (key names after the
-    /// namespace prefix, plus values). Default 256 MiB; 0: no budget. The
+    /// Bytes one namespace's kv keys and idempotency claims may be charged
+    /// in Redis: names, values and kept results, plus a fixed overhead per
+    /// key ([`KEY_OVERHEAD_BYTES`](super::KEY_OVERHEAD_BYTES)) and per claim
+    /// ([`CLAIM_OVERHEAD_BYTES`](super::CLAIM_OVERHEAD_BYTES)) for what
+    /// Redis holds beside them. Default 256 MiB; 0: no budget. The
     /// operator may set another per handler
     /// ([`HandlerSettings::kv_quota_bytes`](super::HandlerSettings::kv_quota_bytes)).
     ///
     /// Stops one tenant from filling Redis, which with a `maxmemory` would
-    /// stop every queue. A write past it gets the WIT error
-    /// `quota-exceeded` and writes nothing.
+    /// stop every queue. A kv write, a `begin` or a `commit` past it gets
+    /// the WIT error `quota-exceeded` and writes nothing.
     pub kv_quota_bytes: u64,
+
+    /// Idempotency claims one namespace may hold at once (those whose TTL
+    /// has not ended). Default 100 000.
+    ///
+    /// Bounds the claims of a namespace whatever its byte budget (with none,
+    /// too); a `begin` that would open one more gets the WIT error
+    /// `quota-exceeded`, naming the claims, and writes nothing.
+    pub max_live_claims: u64,
 
     /// Longest an outbound HTTP request may take, response body included;
     /// the call's remaining deadline caps it too. Default 10 s.
@@ -198,6 +209,7 @@ impl Default for Limits {
             claim_lease: Duration::from_secs(5),
             max_hostcall_bytes: 4 << 20,
             kv_quota_bytes: 256 << 20,
+            max_live_claims: 100_000,
             http_timeout: Duration::from_secs(10),
             max_http_response_bytes: 4 << 20,
             max_http_requests: 100,

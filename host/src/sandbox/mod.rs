@@ -66,6 +66,7 @@ pub mod baseline;
 mod cache;
 mod call;
 mod engine;
+mod fleet_secret;
 mod http;
 mod imports;
 mod limits;
@@ -73,6 +74,7 @@ mod log;
 mod namespace;
 mod operation;
 mod outcome;
+mod quota;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,10 +87,12 @@ use wasmtime::component::{HasSelf, Linker};
 
 pub use call::{Call, CancelHandle, TaskContext};
 pub use engine::SlotReset;
+pub use fleet_secret::{FLEET_SECRET_KEY, HOST_KEY_PREFIX};
 pub use http::{AllowList, IDEMPOTENCY_KEY, PatternError};
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
 pub use outcome::{CallReport, Outcome, Trap};
+pub use quota::{CLAIM_OVERHEAD_BYTES, KEY_OVERHEAD_BYTES};
 
 use cache::ArtifactCache;
 use call::{LoadedHandler, TaskState};
@@ -129,6 +133,11 @@ pub struct SandboxConfig {
     /// cost per call, and no memory kept resident between calls. Default
     /// false.
     pub madvise_slot_reset: bool,
+    /// The operator's fleet secret, which keys the `Idempotency-Key`s
+    /// handlers' requests carry downstream: a file of at least 32 bytes,
+    /// the same for every process of the fleet. Default `None`: the
+    /// fleet's own, made once in Redis ([`FLEET_SECRET_KEY`]).
+    pub fleet_secret_file: Option<PathBuf>,
 }
 
 /// What the operator decides for one task's handler, whatever its component
@@ -204,6 +213,7 @@ impl Default for SandboxConfig {
             max_concurrent_calls: 64,
             handlers: HashMap::new(),
             madvise_slot_reset: false,
+            fleet_secret_file: None,
         }
     }
 }
@@ -283,6 +293,17 @@ pub enum SandboxError {
     /// worker may run it.
     #[error("this worker cannot run it: {0}")]
     Unsupported(String),
+    /// The operator's fleet secret is too short to key anything.
+    #[error(
+        "the fleet secret in {} is {len} bytes; it must have at least 32",
+        path.display()
+    )]
+    FleetSecret {
+        /// The file.
+        path: PathBuf,
+        /// Its bytes, trailing whitespace trimmed.
+        len: usize,
+    },
     /// The handler's namespace is not acceptable.
     #[error("invalid namespace {namespace:?}: {reason}")]
     InvalidNamespace {
@@ -395,7 +416,8 @@ impl Sandbox {
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
         Handler::add_to_linker::<TaskState, HasSelf<HostCtx>>(&mut linker, |state| &mut state.host)
             .map_err(|e| SandboxError::Engine(error_chain(&e)))?;
-        let http = http::Clients::new()
+        let secret = fleet_secret::FleetSecret::new(config.fleet_secret_file.as_deref())?;
+        let http = http::Clients::new(secret)
             .map_err(|e| SandboxError::Engine(format!("cannot set up the HTTP client: {e}")))?;
         let cache = ArtifactCache::new(config.cache_dir.clone(), &engine)?;
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick)?;
@@ -576,7 +598,7 @@ impl Sandbox {
             pre,
             kv_prefix: namespace::kv_prefix(&namespace),
             claim_prefix: namespace::claim_prefix(&namespace),
-            quota_keys: namespace::quota_keys(&namespace),
+            quota_keys: quota::keys(&namespace),
             kv_quota_bytes: limits.kv_quota_bytes,
             digest: sha256.as_str().into(),
             limits,

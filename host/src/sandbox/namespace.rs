@@ -117,15 +117,6 @@ pub(crate) fn kv_prefix(namespace: &str) -> String {
     format!("{GUEST_KEY_PREFIX}{{{namespace}}}:")
 }
 
-/// The count of `namespace`'s kv bytes and its TTL index (see
-/// `store/lua/include/quota.lua`).
-pub(crate) fn quota_keys(namespace: &str) -> [String; 2] {
-    [
-        format!("dtq:quota:{{{namespace}}}"),
-        format!("dtq:quota-ttl:{{{namespace}}}"),
-    ]
-}
-
 /// The prefix of every idempotency claim of `namespace`.
 pub(crate) fn claim_prefix(namespace: &str) -> String {
     format!("{CLAIM_KEY_PREFIX}{{{namespace}}}:")

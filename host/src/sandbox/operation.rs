@@ -12,6 +12,11 @@
 //! claim taken over: its commit is then refused (`claim-lost`), so the kv
 //! writes still apply once.
 //!
+//! A claim counts against the namespace's budget from `begin` (its key and
+//! record) and with its result from `commit`, until it expires or is
+//! aborted; a `begin` without room, or past the namespace's live claims,
+//! and a `commit` without room, are `quota-exceeded` ([`quota`]).
+//!
 //! The scripts live with the others in `store/lua/`; every key they touch is
 //! in the namespace's hash tag.
 
@@ -24,18 +29,15 @@ use redis::Script;
 use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimState, Host};
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, guest_try};
+use super::quota;
 use crate::store::Conn;
 
 static BEGIN: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_begin.lua")));
-static COMMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../store/lua/include/quota.lua"),
-        include_str!("../store/lua/claim_commit.lua")
-    ))
-});
+    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_begin.lua")));
+static COMMIT: LazyLock<Script> =
+    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_commit.lua")));
 static ABORT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_abort.lua")));
+    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_abort.lua")));
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../store/lua/claim_renew.lua")));
 
@@ -235,15 +237,16 @@ impl Host for HostCtx {
         }
         let claim = format!("{}{key}", self.handler.claim_prefix);
         let token = self.token();
-        let mut invocation = BEGIN.prepare_invoke();
+        let limits = &self.handler.limits;
+        let mut invocation = quota::invocation(&BEGIN, &claim, &self.handler);
         invocation
-            .key(&claim)
             .arg(&token)
             .arg(&self.caller.task_id)
             .arg(self.caller.attempt)
             .arg(options.ttl_seconds)
-            .arg(self.handler.limits.claim_lease.as_millis() as u64)
-            .arg(if options.external_effects { "1" } else { "0" });
+            .arg(limits.claim_lease.as_millis() as u64)
+            .arg(if options.external_effects { "1" } else { "0" })
+            .arg(limits.max_live_claims);
         let (state, value): (String, Option<String>) =
             guest_try!(self.repeatable(&invocation).await);
         Ok(Ok(match state.as_str() {
@@ -263,6 +266,15 @@ impl Host for HostCtx {
             "done" => ClaimState::Done(value),
             "busy" => ClaimState::InProgress,
             "abandoned" => ClaimState::Abandoned,
+            "quota" => return Ok(Err(self.quota_exceeded(parse_count(value)))),
+            "claims" => {
+                return Ok(Err(HostError::QuotaExceeded(format!(
+                    "the namespace holds {} live idempotency claims, the most it may \
+                     ({}); nothing was claimed",
+                    parse_count(value),
+                    self.handler.limits.max_live_claims
+                ))));
+            }
             other => unknown_state("claim_begin", other)?,
         }))
     }
@@ -271,15 +283,9 @@ impl Host for HostCtx {
         self.count()?;
         guest_try!(self.check_value(&result));
         let op = guest_try!(self.take_operation(&key));
-        let mut invocation = COMMIT.prepare_invoke();
-        invocation
-            .key(&op.claim)
-            .key(&self.handler.quota_keys[0])
-            .key(&self.handler.quota_keys[1])
-            .arg(self.token())
-            .arg(result)
-            .arg(&self.handler.kv_prefix)
-            .arg(self.handler.kv_quota_bytes);
+        let token = self.token();
+        let mut invocation = quota::invocation(&COMMIT, &op.claim, &self.handler);
+        invocation.arg(token).arg(result);
         for write in &op.writes {
             invocation.key(write.key());
             for arg in write.args() {
@@ -295,7 +301,7 @@ impl Host for HostCtx {
             "refused" => Err(HostError::WrongType(format!(
                 "{detail}; nothing of the operation on {key:?} was applied"
             ))),
-            "quota" => Err(self.quota_exceeded(detail.parse().unwrap_or(0))),
+            "quota" => Err(self.quota_exceeded(parse_count(Some(detail)))),
             other => unknown_state("claim_commit", other)?,
         })
     }
@@ -303,8 +309,9 @@ impl Host for HostCtx {
     async fn abort(&mut self, key: String) -> HostResult<()> {
         self.count()?;
         let op = guest_try!(self.take_operation(&key));
-        let mut invocation = ABORT.prepare_invoke();
-        invocation.key(&op.claim).arg(self.token());
+        let token = self.token();
+        let mut invocation = quota::invocation(&ABORT, &op.claim, &self.handler);
+        invocation.arg(token);
         // 0 (not this call's running claim any more) is fine too: the
         // staged writes are dropped either way.
         let _released: i64 = guest_try!(self.repeatable(&invocation).await);
@@ -321,6 +328,12 @@ impl Host for HostCtx {
         );
         Ok(Ok(result.filter(|_| state.as_deref() == Some("done"))))
     }
+}
+
+/// The count a script answered as text; 0 if it is not one (the count is
+/// only told to the guest).
+fn parse_count(value: Option<String>) -> i64 {
+    value.and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// A script answered with a state its header does not list: a host bug,

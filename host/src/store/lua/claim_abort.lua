@@ -1,17 +1,21 @@
 --[[
   Abort an idempotent operation: release its claim, if the caller still owns
-  it and it is not done, so that a retry may run the operation. Its staged
-  writes were never sent, so there is nothing to undo.
+  it and it is not done, so that a retry may run the operation, and take it
+  off the namespace's budget (include/quota.lua). Its staged writes were
+  never sent, so there is nothing to undo.
 
   Input:
     KEYS[1] the claim   dtq:claim:{<namespace>}:<key>
-    ARGV[1] owner token
+    KEYS[2..4], ARGV[1..3] the quota's (include/quota.lua)
+    ARGV[4] owner token
 
   Output: 1 released; 0 not this owner's running claim (nothing changed)
 ]]
-local c = redis.call("HMGET", KEYS[1], "state", "owner")
-if c[1] == "running" and c[2] == ARGV[1] then
-  redis.call("DEL", KEYS[1])
+local claimKey = KEYS[1]
+local c = redis.call("HMGET", claimKey, "state", "owner")
+if c[1] == "running" and c[2] == ARGV[4] then
+  redis.call("DEL", claimKey)
+  dropClaim(string.sub(claimKey, #Q.claimPrefix + 1))
   return 1
 end
 return 0

@@ -20,15 +20,21 @@
   A begin by the claim's own owner is the retry of a begin whose reply was
   lost; it is answered as the first one was.
 
+  A new claim is charged to the namespace's budget (include/quota.lua) for
+  its key and record, and indexed until it expires; it is refused when the
+  budget has no room for it or the namespace holds its most live claims.
+
   Input:
     KEYS[1] the claim      dtq:claim:{<namespace>}:<key>
+    KEYS[2..4], ARGV[1..3] the quota's (include/quota.lua)
 
-    ARGV[1] owner token of the calling handler call
-    ARGV[2] task id of the call
-    ARGV[3] attempt of the call
-    ARGV[4] TTL of a new claim (s)
-    ARGV[5] lease (ms)
-    ARGV[6] "1" when the operation has external effects, else "0"
+    ARGV[4] owner token of the calling handler call
+    ARGV[5] task id of the call
+    ARGV[6] attempt of the call
+    ARGV[7] TTL of a new claim (s)
+    ARGV[8] lease (ms)
+    ARGV[9] "1" when the operation has external effects, else "0"
+    ARGV[10] the most live claims the namespace may hold
 
   Output: a state and one value
     "run", "0"             a new claim (or this owner's own), run the effect
@@ -36,13 +42,16 @@
     "done", result         the stored result, false when none was stored
     "busy", task id        a live owner holds it
     "abandoned", task id   a dead owner's, with external effects
+    "quota", used          no room in the budget for a new claim; nothing
+                           written; the bytes charged
+    "claims", live         the namespace holds ARGV[10] live claims already;
+                           nothing written
 ]]
 local claimKey = KEYS[1]
-local token, taskId, attempt, ttl, lease, external =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local token, taskId, attempt, ttl, lease, external, maxClaims =
+  ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMs()
 
 local c = redis.call("HMGET", claimKey, "state", "owner", "task_id", "attempt", "lease_until",
   "external", "result")
@@ -55,8 +64,20 @@ local function own()
 end
 
 if not state then
+  reconcile(now, 8)
+  local live = liveClaims(now)
+  if live >= maxClaims then
+    return { "claims", tostring(live) }
+  end
+  local suffix = string.sub(claimKey, #Q.claimPrefix + 1)
+  local size = claimSize(suffix, 0)
+  if not fits(now, function() return size - sizeOf("c:" .. suffix) end) then
+    return { "quota", tostring(usedOf()) }
+  end
   own()
   redis.call("EXPIRE", claimKey, ttl)
+  redis.call("ZADD", Q.claimsKey, now + tonumber(ttl) * 1000, suffix)
+  record("c:" .. suffix, size)
   return { "run", "0" }
 end
 if state == "done" then

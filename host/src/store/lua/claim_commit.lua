@@ -4,25 +4,23 @@
 
   The writes are checked before any is applied (an INCRBY of a key that does
   not hold an integer, or that would leave the range where Lua's numbers
-  are exact, 2^53; the bytes they leave against the namespace's budget,
-  include/quota.lua), so a refused commit writes nothing. Claim, count and
-  kv keys share the namespace's hash tag, so this is one Redis Cluster slot.
+  are exact, 2^53; the bytes they and the kept result leave against the
+  namespace's budget, include/quota.lua), so a refused commit writes
+  nothing. Claim, count and kv keys share the namespace's hash tag, so this
+  is one Redis Cluster slot.
 
   A commit whose reply was lost is sent again by its owner: finding the
   claim done by the same owner, it answers "committed" and writes nothing.
 
   Input:
     KEYS[1] the claim        dtq:claim:{<namespace>}:<key>
-    KEYS[2] the namespace's count   dtq:quota:{<namespace>}
-    KEYS[3] its TTL index           dtq:quota-ttl:{<namespace>}
-    KEYS[4..] the kv key of each staged write, in order
+    KEYS[2..4], ARGV[1..3]   the quota's (include/quota.lua)
+    KEYS[5..] the kv key of each staged write, in order
                              dtq:guest:{<namespace>}:<key>
 
-    ARGV[1] owner token
-    ARGV[2] the operation's result (JSON text)
-    ARGV[3] the kv keys' prefix     dtq:guest:{<namespace>}:
-    ARGV[4] the namespace's budget in bytes, "0" for none
-    then, per staged write i (from 0), 4 values from ARGV[5 + 4i]:
+    ARGV[4] owner token
+    ARGV[5] the operation's result (JSON text)
+    then, per staged write i (from 0), 4 values from ARGV[6 + 4i]:
       "set", value, "nx" or "", expire seconds or ""
       "incrby", delta, "", ""
       "del", "", "", ""
@@ -35,11 +33,19 @@
                             expired: state "gone"); nothing applied
     "refused", reason       a write cannot apply; nothing applied, and the
                             claim is released so that a retry may run it
-    "quota", used           the writes would pass the budget; as "refused"
+    "quota", used           the writes and the result would pass the
+                            budget; as "refused"
 ]]
-local claimKey, quotaKey, ttlKey = KEYS[1], KEYS[2], KEYS[3]
-local token, result, prefix, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local FIRST = 4
+local claimKey = KEYS[1]
+local token, result = ARGV[4], ARGV[5]
+local FIRST, FIRST_ARG = 5, 6
+local claimSuffix = string.sub(claimKey, #Q.claimPrefix + 1)
+
+-- Release the claim: a retry may run the operation.
+local function release()
+  redis.call("DEL", claimKey)
+  dropClaim(claimSuffix)
+end
 
 local c = redis.call("HMGET", claimKey, "state", "owner")
 local state, owner = c[1], c[2]
@@ -76,7 +82,7 @@ local function integerAt(key)
 end
 
 for i = FIRST, #KEYS do
-  local a = 5 + 4 * (i - FIRST)
+  local a = FIRST_ARG + 4 * (i - FIRST)
   local op, key = ARGV[a], KEYS[i]
   if op == "set" then
     local applies = ARGV[a + 2] ~= "nx" or seen[key] == false
@@ -87,12 +93,12 @@ for i = FIRST, #KEYS do
   elseif op == "incrby" then
     local current = integerAt(key)
     if not current then
-      redis.call("DEL", claimKey)
+      release()
       return { "refused", "incr-by: a key does not hold an integer" }
     end
     local n = current + tonumber(ARGV[a + 1])
     if n >= EXACT or n <= -EXACT then
-      redis.call("DEL", claimKey)
+      release()
       return { "refused", "incr-by: the value would overflow" }
     end
     seen[key] = string.format("%d", n)
@@ -103,27 +109,38 @@ for i = FIRST, #KEYS do
   end
 end
 
--- The bytes the writes leave, against the budget.
+-- The bytes the writes and the result leave, against the budget.
 local now = nowMs()
-local delta = 0
-for key, value in pairs(seen) do
-  local suffix = string.sub(key, #prefix + 1)
-  local size = value and (#suffix + #value) or 0
-  delta = delta + size - sizeOf(quotaKey, suffix)
+reconcile(now, 8)
+local claimField = "c:" .. claimSuffix
+local function delta()
+  local d = claimSize(claimSuffix, #result) - sizeOf(claimField)
+  for key, value in pairs(seen) do
+    local suffix = string.sub(key, #Q.kvPrefix + 1)
+    local size = value and kvSize(suffix, #value) or 0
+    d = d + size - sizeOf("k:" .. suffix)
+  end
+  return d
 end
-if not fits(quotaKey, delta, budget) then
-  redis.call("DEL", claimKey)
-  return { "quota", tostring(usedOf(quotaKey)) }
+if not fits(now, delta) then
+  local used = usedOf()
+  release()
+  return { "quota", tostring(used) }
 end
 
--- The claim first: under maxmemory a script's first write is the one Redis
--- may refuse, and then nothing is written.
+-- The claim first: under maxmemory Redis refuses a write that may grow
+-- memory only while the script has written nothing, so either this one is
+-- refused and nothing of the commit is written, or all of it is.
 redis.call("HSET", claimKey, "state", "done", "result", result, "done_at", now)
-reconcile(quotaKey, ttlKey, prefix, now, 8)
+record(claimField, claimSize(claimSuffix, #result))
+local left = redis.call("PTTL", claimKey)
+if left > 0 then
+  redis.call("ZADD", Q.claimsKey, now + left, claimSuffix)
+end
 for i = FIRST, #KEYS do
-  local a = 5 + 4 * (i - FIRST)
+  local a = FIRST_ARG + 4 * (i - FIRST)
   local op, key = ARGV[a], KEYS[i]
-  local suffix = string.sub(key, #prefix + 1)
+  local suffix = string.sub(key, #Q.kvPrefix + 1)
   if op == "set" then
     local cmd = { "SET", key, ARGV[a + 1] }
     if ARGV[a + 2] == "nx" then
@@ -135,27 +152,27 @@ for i = FIRST, #KEYS do
     end
     if redis.call(unpack(cmd)) then
       if ARGV[a + 3] ~= "" then
-        redis.call("ZADD", ttlKey, now + tonumber(ARGV[a + 3]) * 1000, suffix)
+        redis.call("ZADD", Q.ttlKey, now + tonumber(ARGV[a + 3]) * 1000, suffix)
       else
-        redis.call("ZREM", ttlKey, suffix)
+        redis.call("ZREM", Q.ttlKey, suffix)
       end
     end
   elseif op == "incrby" then
     redis.call("INCRBY", key, ARGV[a + 1])
   elseif op == "del" then
     redis.call("DEL", key)
-    redis.call("ZREM", ttlKey, suffix)
+    redis.call("ZREM", Q.ttlKey, suffix)
   elseif redis.call("EXPIRE", key, ARGV[a + 1]) == 1 then
-    redis.call("ZADD", ttlKey, now + tonumber(ARGV[a + 1]) * 1000, suffix)
+    redis.call("ZADD", Q.ttlKey, now + tonumber(ARGV[a + 1]) * 1000, suffix)
   end
 end
--- Each key written is counted as it now is.
-for key, value in pairs(seen) do
-  local suffix = string.sub(key, #prefix + 1)
+-- Each key written is charged as it now is.
+for key, _ in pairs(seen) do
+  local suffix = string.sub(key, #Q.kvPrefix + 1)
   local size = 0
   if redis.call("EXISTS", key) == 1 then
-    size = #suffix + redis.call("STRLEN", key)
+    size = kvSize(suffix, redis.call("STRLEN", key))
   end
-  record(quotaKey, suffix, size)
+  record("k:" .. suffix, size)
 end
 return { "committed", "1" }

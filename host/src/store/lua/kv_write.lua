@@ -1,68 +1,71 @@
 --[[
-  One kv write of a handler, outside an idempotent operation, counted
-  against its namespace's budget (include/quota.lua).
+  One kv write of a handler, outside an idempotent operation, charged to
+  its namespace's budget (include/quota.lua).
 
   Input:
     KEYS[1] the kv key            dtq:guest:{<ns>}:<key>
-    KEYS[2] the namespace's count dtq:quota:{<ns>}
-    KEYS[3] its TTL index         dtq:quota-ttl:{<ns>}
+    KEYS[2..4], ARGV[1..3]        the quota's (include/quota.lua)
 
-    ARGV[1] the write: "set", "incrby", "del" or "expire"
-    ARGV[2] the key's prefix      dtq:guest:{<ns>}:
-    ARGV[3] set: the value; incrby: the delta; expire: seconds
-    ARGV[4] set: "nx" to write only when absent, else ""
-    ARGV[5] set: expire seconds, or ""
-    ARGV[6] the budget in bytes, "0" for none
+    ARGV[4] the write: "set", "incrby", "del" or "expire"
+    ARGV[5] set: the value; incrby: the delta; expire: seconds
+    ARGV[6] set: "nx" to write only when absent, else ""
+    ARGV[7] set: expire seconds, or ""
 
   Output: a state and one value
     "ok", n          set: 1 written, 0 NX found the key; incrby: the new
-                     value; del, expire: 1 when the key existed, else 0
-    "quota", used    over the budget: nothing written; the bytes counted
+                     value, as decimal text; del, expire: 1 when the key
+                     existed, else 0
+    "quota", used    over the budget: nothing written; the bytes charged
   A key holding a value of another type is Redis's own error (WRONGTYPE,
-  not an integer), before anything of the write.
+  not an integer), and so is a sum past 64 bits (overflow), before
+  anything of the write.
 ]]
-local key, quotaKey, ttlKey = KEYS[1], KEYS[2], KEYS[3]
-local op, prefix, arg, nx, ex, budget =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-local suffix = string.sub(key, #prefix + 1)
+local key = KEYS[1]
+local op, arg, nx, ex = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local suffix = string.sub(key, #Q.kvPrefix + 1)
+local field = "k:" .. suffix
 local now = nowMs()
-reconcile(quotaKey, ttlKey, prefix, now, 8)
+reconcile(now, 8)
 
 if op == "set" then
   if nx == "nx" and redis.call("EXISTS", key) == 1 then
     return { "ok", 0 }
   end
-  local size = #suffix + #arg
-  if not fits(quotaKey, size - sizeOf(quotaKey, suffix), budget) then
-    return { "quota", usedOf(quotaKey) }
+  local size = kvSize(suffix, #arg)
+  if not fits(now, function() return size - sizeOf(field) end) then
+    return { "quota", usedOf() }
   end
   if ex ~= "" then
     redis.call("SET", key, arg, "EX", ex)
-    redis.call("ZADD", ttlKey, now + tonumber(ex) * 1000, suffix)
+    redis.call("ZADD", Q.ttlKey, now + tonumber(ex) * 1000, suffix)
   else
     redis.call("SET", key, arg)
-    redis.call("ZREM", ttlKey, suffix)
+    redis.call("ZREM", Q.ttlKey, suffix)
   end
-  record(quotaKey, suffix, size)
+  record(field, size)
   return { "ok", 1 }
 elseif op == "incrby" then
   -- At most 20 digits: the budget is checked for the longest the value can
-  -- be, then the key is counted as it is.
-  if not fits(quotaKey, #suffix + 20 - sizeOf(quotaKey, suffix), budget) then
-    return { "quota", usedOf(quotaKey) }
+  -- be, then the key is charged as it is.
+  if not fits(now, function() return kvSize(suffix, 20) - sizeOf(field) end) then
+    return { "quota", usedOf() }
   end
-  local value = redis.call("INCRBY", key, arg)
-  record(quotaKey, suffix, #suffix + redis.call("STRLEN", key))
+  -- Redis refuses a sum past 64 bits (an error the host hands the guest);
+  -- the sum itself goes back as Redis's text, since a Lua number is exact
+  -- only to 2^53 and would come back wrapped past 2^63.
+  redis.call("INCRBY", key, arg)
+  local value = redis.call("GET", key)
+  record(field, kvSize(suffix, #value))
   return { "ok", value }
 elseif op == "del" then
   local existed = redis.call("DEL", key)
-  record(quotaKey, suffix, 0)
-  redis.call("ZREM", ttlKey, suffix)
+  record(field, 0)
+  redis.call("ZREM", Q.ttlKey, suffix)
   return { "ok", existed }
 elseif op == "expire" then
   local exists = redis.call("EXPIRE", key, arg)
   if exists == 1 then
-    redis.call("ZADD", ttlKey, now + tonumber(arg) * 1000, suffix)
+    redis.call("ZADD", Q.ttlKey, now + tonumber(arg) * 1000, suffix)
   end
   return { "ok", exists }
 end

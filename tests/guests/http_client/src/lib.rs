@@ -9,7 +9,7 @@
 //! | `{"op": "get", "url": U}` | `GET U` | `{"status": n, "body": S}` |
 //! | `{"op": "post", "url": U, "json": V, "in_operation": K?}` | `POST U` with JSON `V`, inside `idempotency::operation(K)` when `K` is given | `{"status": n, "body": S}`, plus `"outcome": "executed"` or `"done"` inside an operation |
 //! | `{"op": "many", "url": U, "n": N}` | N × `GET U`, stopping at the first error | `{"ok": n, "error": S?}` |
-//! | `{"op": "own_key", "url": U, "key": K}` | `POST U` with `Idempotency-Key: K`, inside operation `own:K` | `{"status": n, "body": S}` |
+//! | `{"op": "own_key", "url": U, "key": K, "json": V?}` | `POST U` with `Idempotency-Key: K` and JSON `V` (default `{}`), inside operation `own:K` | `{"status": n, "body": S}` |
 //! | `{"op": "operations", "url": U, "keys": [K…]}` | one `POST U` inside each operation `K` | `{"statuses": [n…]}` |
 //! | `{"op": "fail_after_post", "url": U, "key": K}` | inside operation `K`: `POST U`, then a retryable error while the attempt is below 2 (so the operation runs again on the retry) | `{"status": n, "attempt": n}` |
 //!
@@ -46,6 +46,8 @@ enum Op {
     OwnKey {
         url: String,
         key: String,
+        #[serde(default)]
+        json: Option<Value>,
     },
     Operations {
         url: String,
@@ -88,11 +90,11 @@ fn http_client(ctx: Context, op: Op) -> Result<Value> {
             }
             json!({"ok": ok})
         }
-        Op::OwnKey { url, key } => {
+        Op::OwnKey { url, key, json } => {
             let sent = in_operation(&format!("own:{key}"), || {
                 Request::new(Method::Post, url)
                     .idempotency_key(&key)
-                    .json(&json!({}))
+                    .json(&json.unwrap_or_else(|| json!({})))
                     .send()
                     .map(summary)
             });

@@ -11,9 +11,11 @@
 //! | `{"op": "reads"}` | inside one operation, reads and writes keys `r:*` and reports what each call saw | `{"seen": {...}}` |
 //! | `{"op": "nest"}` | begins an operation inside another | `{"error": S, "fatal": bool}` |
 //! | `{"op": "ttl", "seconds": N}` | kv `set` with expiry N, then an operation with TTL N | `{"set": S, "operation": S}`: each error's message, or `"ok"` |
-//! | `{"op": "incr", "key": S, "spin_ms": N}` | spins N ms, then kv incr of S outside any operation | `{"value": n}`, or `{"error": S, "refusal": S}` |
+//! | `{"op": "incr", "key": S, "spin_ms": N, "by": D}` | spins N ms, then kv incr of S by D (default 1) outside any operation | `{"value": n}`, or `{"error": S, "refusal": S}` |
 //! | `{"op": "get", "key": S, "spin_ms": N}` | spins N ms, then kv get of S | `{"value": S?}`, or `{"error": S, "refusal": S}` |
-//! | `{"op": "flood", "kb": N, "max": M, "ttl": T?}` | kv `set` of `f:<i>` to N KiB values (expiring after T s if given) until a write fails or M are written | `{"written": n, "error"?: S, "refusal"?: S}` |
+//! | `{"op": "flood", "kb": N, "max": M, "ttl": T?, "from": I?}` | kv `set` of `f:<i>`, i from I (default 0), to N KiB values (expiring after T s if given) until a write fails or M are written | `{"written": n, "error"?: S, "refusal"?: S}` |
+//! | `{"op": "keep", "count": N, "kb": K, "ttl": T?, "from": I?}` | N operations `keep:<i>`, i from I (default 0), with TTL T s (default an hour): each sets kv `kept:<i>` and keeps a result of K KiB, until one fails | `{"kept": n, "error"?: S, "refusal"?: S}` |
+//! | `{"op": "fill", "claims": N, "claim_kb": K, "log_kb": L, "result_kb": R, "from": I?}` | every path a handler stores through: `keep` of N results of K KiB, then empty kv values until one is refused (at most 5,000), both numbered from I, then L KiB of log lines, then a result of R KiB | `{"kept": n, "written": n, "result": S}` |
 //! | `{"op": "stage", "key": K, "bytes": N}` | an operation on K that sets kv `s:K` to N bytes | `{"outcome": …}` or `{"error": S, "refusal": S}` |
 //! | `{"op": "forge", "key": K}` | kv writes, deletes and reads of names that look like claim `K` | `{"seen": [S?…]}` |
 //!
@@ -61,6 +63,8 @@ enum Op {
         key: String,
         #[serde(default)]
         spin_ms: u64,
+        #[serde(default)]
+        by: Option<i64>,
     },
     Get {
         key: String,
@@ -75,10 +79,28 @@ enum Op {
         max: usize,
         #[serde(default)]
         ttl: Option<u32>,
+        #[serde(default)]
+        from: usize,
+    },
+    Keep {
+        count: usize,
+        kb: usize,
+        #[serde(default)]
+        ttl: Option<u32>,
+        #[serde(default)]
+        from: usize,
     },
     Stage {
         key: String,
         bytes: usize,
+    },
+    Fill {
+        claims: usize,
+        claim_kb: usize,
+        log_kb: usize,
+        result_kb: usize,
+        #[serde(default)]
+        from: usize,
     },
 }
 
@@ -91,7 +113,7 @@ enum Then {
     Panic,
 }
 
-fn run(_ctx: Context, op: Op) -> Result<Value> {
+fn run(ctx: Context, op: Op) -> Result<Value> {
     match op {
         Op::Run {
             key,
@@ -172,9 +194,9 @@ fn run(_ctx: Context, op: Op) -> Result<Value> {
             let text = |r: Result<()>| r.map_or_else(|e| e.message().to_string(), |()| "ok".into());
             Ok(json!({"set": text(set.map(|_| ())), "operation": text(operation.map(|_| ()))}))
         }
-        Op::Incr { key, spin_ms } => {
+        Op::Incr { key, spin_ms, by } => {
             spin_for(Duration::from_millis(spin_ms));
-            Ok(match kv::incr(&key) {
+            Ok(match kv::incr_by(&key, by.unwrap_or(1)) {
                 Ok(value) => json!({"value": value}),
                 Err(e) => refused(&e),
             })
@@ -186,20 +208,72 @@ fn run(_ctx: Context, op: Op) -> Result<Value> {
                 Err(e) => refused(&e),
             })
         }
-        Op::Flood { kb, max, ttl } => {
+        Op::Flood { kb, max, ttl, from } => {
             let value = "x".repeat(kb << 10);
             let options = kv::SetOptions {
                 only_if_absent: false,
                 expire_seconds: ttl,
             };
             for i in 0..max {
-                if let Err(e) = kv::set_with(format!("f:{i}"), &value, options) {
+                if let Err(e) = kv::set_with(format!("f:{}", from + i), &value, options) {
                     let mut out = refused(&e);
                     out["written"] = json!(i);
                     return Ok(out);
                 }
             }
             Ok(json!({"written": max}))
+        }
+        Op::Keep {
+            count,
+            kb,
+            ttl,
+            from,
+        } => {
+            let result = "x".repeat(kb << 10);
+            let options = Options::ttl(ttl.unwrap_or(TTL_SECONDS));
+            for i in 0..count {
+                let kept = idempotency::operation(format!("keep:{}", from + i), options, || {
+                    kv::set(format!("kept:{}", from + i), "1")?;
+                    Ok(result.clone())
+                });
+                if let Err(e) = kept {
+                    let mut out = refused(&e);
+                    out["kept"] = json!(i);
+                    return Ok(out);
+                }
+            }
+            Ok(json!({"kept": count}))
+        }
+        Op::Fill {
+            claims,
+            claim_kb,
+            log_kb,
+            result_kb,
+            from,
+        } => {
+            let keep = Op::Keep {
+                count: claims,
+                kb: claim_kb,
+                ttl: None,
+                from,
+            };
+            let kept = run(ctx.clone(), keep)?;
+            let flood = Op::Flood {
+                kb: 0,
+                max: 5_000,
+                ttl: None,
+                from,
+            };
+            let written = run(ctx, flood)?;
+            let line = "l".repeat(1 << 10);
+            for _ in 0..log_kb {
+                dtq_guest::log::info(&line);
+            }
+            Ok(json!({
+                "kept": kept["kept"],
+                "written": written["written"],
+                "result": "x".repeat(result_kb << 10),
+            }))
         }
         Op::Stage { key, bytes } => {
             let value = "x".repeat(bytes);

@@ -1,54 +1,127 @@
--- A namespace's Redis budget: what its kv keys hold, counted in bytes of
--- key names (after the namespace prefix) and values.
+-- A namespace's Redis budget: what its kv keys and its idempotency claims
+-- hold, charged by one rule (sandbox/quota.rs says why these numbers):
 --
---   quotaKey  dtq:quota:{<ns>}      hash: "used" = bytes in all; "k:<key>" =
---                                   bytes of one key
---   ttlKey    dtq:quota-ttl:{<ns>}  sorted set: key -> when its TTL ends (ms)
+--   a kv key   KEY_OVERHEAD + bytes of its name + bytes of its value
+--   a claim    CLAIM_OVERHEAD + bytes of its key + bytes of its result
 --
--- Keys that expire leave by themselves; `reconcile` takes their bytes off
--- the count a few at a time, on later writes. Every kv key of the namespace
--- shares its hash tag, so the keys built here from the prefix are in the
+-- The overheads stand for what Redis holds per key beyond the bytes named:
+-- the key object, its TTL, its encoding, and this file's own entries for it
+-- (a count field and an index entry). The host puts their values before
+-- this file (`local KEY_OVERHEAD, CLAIM_OVERHEAD = …`).
+--
+-- Every script that includes this file takes the same six inputs first:
+--   KEYS[2] quotaKey   dtq:quota:{<ns>}         hash: "used" = bytes charged
+--                      in all; "k:<key>" one kv key's; "c:<key>" one claim's
+--   KEYS[3] ttlKey     dtq:quota-ttl:{<ns>}     sorted set: kv key -> when
+--                      its TTL ends (ms)
+--   KEYS[4] claimsKey  dtq:quota-claims:{<ns>}  sorted set: claim key ->
+--                      when it expires (ms); every live claim is in it
+--   ARGV[1] the kv keys' prefix      dtq:guest:{<ns>}:
+--   ARGV[2] the claims' prefix       dtq:claim:{<ns>}:
+--   ARGV[3] the budget in bytes, "0" for none
+--
+-- Keys and claims that expire leave by themselves; `reconcile` takes them
+-- off the count a few at a time, on later writes, and all that are due
+-- before a write is refused for want of room. Every key of the namespace
+-- shares its hash tag, so the keys built here from the prefixes are in the
 -- script's slot.
+
+local Q = {
+  quotaKey = KEYS[2], ttlKey = KEYS[3], claimsKey = KEYS[4],
+  kvPrefix = ARGV[1], claimPrefix = ARGV[2], budget = tonumber(ARGV[3]),
+}
 
 local function nowMs()
   local t = redis.call("TIME")
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The bytes `suffix` counts for now.
-local function sizeOf(quotaKey, suffix)
-  return tonumber(redis.call("HGET", quotaKey, "k:" .. suffix) or "0")
+-- The bytes a kv key of name `suffix` holding `len` bytes is charged.
+local function kvSize(suffix, len)
+  return KEY_OVERHEAD + #suffix + len
 end
 
-local function usedOf(quotaKey)
-  return tonumber(redis.call("HGET", quotaKey, "used") or "0")
+-- The bytes a claim on `suffix` keeping a result of `len` bytes is charged.
+local function claimSize(suffix, len)
+  return CLAIM_OVERHEAD + #suffix + len
 end
 
--- Count `suffix` as `size` bytes (0: gone).
-local function record(quotaKey, suffix, size)
-  local delta = size - sizeOf(quotaKey, suffix)
+-- The bytes `field` ("k:<key>", "c:<key>") is charged now.
+local function sizeOf(field)
+  return tonumber(redis.call("HGET", Q.quotaKey, field) or "0")
+end
+
+local function usedOf()
+  return tonumber(redis.call("HGET", Q.quotaKey, "used") or "0")
+end
+
+-- Charge `field` `size` bytes (0: gone).
+local function record(field, size)
+  local delta = size - sizeOf(field)
   if size == 0 then
-    redis.call("HDEL", quotaKey, "k:" .. suffix)
+    redis.call("HDEL", Q.quotaKey, field)
   else
-    redis.call("HSET", quotaKey, "k:" .. suffix, size)
+    redis.call("HSET", Q.quotaKey, field, size)
   end
   if delta ~= 0 then
-    redis.call("HINCRBY", quotaKey, "used", delta)
+    redis.call("HINCRBY", Q.quotaKey, "used", delta)
   end
 end
 
--- Take the bytes of up to `max` keys whose TTL has ended off the count.
-local function reconcile(quotaKey, ttlKey, prefix, now, max)
-  local due = redis.call("ZRANGEBYSCORE", ttlKey, "-inf", now, "LIMIT", 0, max)
+-- A claim on `suffix` is gone (aborted, refused): off the count and the index.
+local function dropClaim(suffix)
+  record("c:" .. suffix, 0)
+  redis.call("ZREM", Q.claimsKey, suffix)
+end
+
+-- Take up to `max` entries of `index` whose time has come off the count;
+-- one still there (its TTL moved) is indexed again at its new end.
+local function reconcileIndex(index, prefix, tag, now, max)
+  local due = redis.call("ZRANGEBYSCORE", index, "-inf", now, "LIMIT", 0, max)
   for _, suffix in ipairs(due) do
-    if redis.call("EXISTS", prefix .. suffix) == 0 then
-      record(quotaKey, suffix, 0)
+    local left = redis.call("PTTL", prefix .. suffix)
+    if left > 0 then
+      redis.call("ZADD", index, now + left, suffix)
+    else
+      if left == -2 then
+        record(tag .. suffix, 0)
+      end
+      redis.call("ZREM", index, suffix)
     end
-    redis.call("ZREM", ttlKey, suffix)
   end
+  return #due
 end
 
--- Whether `suffix` growing by `delta` bytes stays within `budget` (0: none).
-local function fits(quotaKey, delta, budget)
-  return budget == 0 or delta <= 0 or usedOf(quotaKey) + delta <= budget
+-- Take up to `max` expired kv keys and up to `max` expired claims off the
+-- count; the number taken.
+local function reconcile(now, max)
+  return reconcileIndex(Q.ttlKey, Q.kvPrefix, "k:", now, max)
+    + reconcileIndex(Q.claimsKey, Q.claimPrefix, "c:", now, max)
+end
+
+-- Whether the bytes `delta()` says a write adds stay within the budget (0:
+-- none), once what expired is off the count: up to 1,024 keys and as many
+-- claims are taken off here, so one refused write costs Redis a bounded
+-- pause. `delta` is asked again after each round, as what it compares
+-- against may have been taken off.
+local function fits(now, delta)
+  if Q.budget == 0 then
+    return true
+  end
+  for _ = 1, 4 do
+    local d = delta()
+    if d <= 0 or usedOf() + d <= Q.budget then
+      return true
+    end
+    if reconcile(now, 256) == 0 then
+      return false
+    end
+  end
+  local d = delta()
+  return d <= 0 or usedOf() + d <= Q.budget
+end
+
+-- The claims of the namespace that have not expired.
+local function liveClaims(now)
+  return redis.call("ZCOUNT", Q.claimsKey, "(" .. now, "+inf")
 end
