@@ -113,11 +113,7 @@ async fn a_start_whose_reply_was_lost_resumes_the_same_attempt() -> Result<()> {
     // The resumed attempt completes as attempt 1.
     let done = dtq
         .store
-        .complete(&[completion(
-            &deliveries[0],
-            resumed,
-            CompletionKind::Success,
-        )])
+        .complete(&[completion(&deliveries[0], resumed, CompletionKind::Success)])
         .await?;
     assert_eq!(done, [CompleteOutcome::Done(TaskStatus::Succeeded)]);
     Ok(())
@@ -166,10 +162,7 @@ async fn a_second_message_for_a_running_task_is_acknowledged_and_not_run() -> Re
         .query_async(&mut conn)
         .await?;
     let second = read(&dtq, "w2", 10).await?;
-    ensure!(
-        second.len() == 1 && second[0].msg_id == dup,
-        "{second:?}"
-    );
+    ensure!(second.len() == 1 && second[0].msg_id == dup, "{second:?}");
     let decisions = start(&dtq, "w2", &second).await?;
     assert!(
         matches!(decisions.as_slice(), [StartDecision::Skip(s)] if s == "RUNNING"),

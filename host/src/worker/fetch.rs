@@ -41,8 +41,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Value;
-use tokio::sync::OwnedSemaphorePermit;
 use redis::streams::StreamInfoGroupsReply;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -216,10 +216,9 @@ async fn read_back(
             return Ok((true, dispatched));
         };
         let room = permits.len();
-        let (deliveries, holds) =
-            shared
-                .running
-                .hold_unheld(&queue.into(), page.deliveries, room);
+        let (deliveries, holds) = shared
+            .running
+            .hold_unheld(&queue.into(), page.deliveries, room);
         if !deliveries.is_empty() {
             dispatched = true;
             warn!(

@@ -193,7 +193,9 @@ impl Running {
                 break;
             }
             let dup = |h: &Held| h.queue == *queue && h.delivery.msg_id == delivery.msg_id;
-            if held.values().any(dup) || taken.iter().any(|d: &Delivery| d.msg_id == delivery.msg_id) {
+            if held.values().any(dup)
+                || taken.iter().any(|d: &Delivery| d.msg_id == delivery.msg_id)
+            {
                 continue;
             }
             taken.push(delivery);
