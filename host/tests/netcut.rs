@@ -7,7 +7,9 @@
 //!
 //! Every task allows one attempt (`max_attempts: 1`), so an attempt counted
 //! for a delivery no handler ran, or a live worker judged dead, shows as a
-//! task dead-lettered. Each task runs an idempotent operation (the test
+//! task dead-lettered. Two tasks in three have an expiry, so that `start`
+//! runs for them (a task without one runs its first attempt from its
+//! message, with no `start`). Each task runs an idempotent operation (the test
 //! guest `operations`) that increments a kv key of its own and a shared
 //! total. At the end, while the cuts go on:
 //!
@@ -25,8 +27,8 @@
 //!
 //! | variable | default | |
 //! |---|---|---|
-//! | `DTQ_NETCUT_TASKS` | 1200 | tasks, submitted at an even pace |
-//! | `DTQ_NETCUT_SECS` | 20 | seconds over which they are submitted |
+//! | `DTQ_NETCUT_TASKS` | 2400 | tasks, submitted at an even pace |
+//! | `DTQ_NETCUT_SECS` | 15 | seconds over which they are submitted |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -140,8 +142,8 @@ fn is_terminal(status: Option<&str>) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_run_once_each_while_every_worker_connection_keeps_breaking() -> Result<()> {
-    let tasks = env_usize("DTQ_NETCUT_TASKS", 1_200)?;
-    let secs = env_usize("DTQ_NETCUT_SECS", 20)? as u64;
+    let tasks = env_usize("DTQ_NETCUT_TASKS", 2_400)?;
+    let secs = env_usize("DTQ_NETCUT_SECS", 15)? as u64;
     ensure!(
         tasks > 0 && secs > 0,
         "DTQ_NETCUT_TASKS and _SECS must be positive"
@@ -179,11 +181,16 @@ async fn run(
     let began = Instant::now();
     let mut ids = Vec::with_capacity(tasks);
     for i in 0..tasks {
-        let body = json!({
+        let mut body = json!({
             "task": "operations",
             "payload": {"op": "run", "key": format!("op-{i}"), "incr": [format!("done:{i}"), "total"]},
             "max_attempts": 1,
         });
+        // Two tasks in three with an expiry, far off: their messages do not
+        // carry them, so each goes through `start` (see `store/carried.rs`).
+        if i % 3 != 0 {
+            body["expires_in_ms"] = json!(3_600_000);
+        }
         ids.push(dtq.submit_new(QUEUE, body, None).await?);
         if let Some(ahead) = (pace * (i as u32 + 1)).checked_sub(began.elapsed()) {
             tokio::time::sleep(ahead).await;
