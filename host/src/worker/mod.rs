@@ -831,6 +831,28 @@ mod tests {
     }
 
     #[test]
+    fn a_message_held_already_is_not_taken_again() {
+        let running = Arc::new(Running::default());
+        // Being run here, then read back (or reclaimed) with two others,
+        // one of them twice, and room for one only at first.
+        let [_run] = hold(&running, [delivery("1-0", "a")]);
+        let pending = || {
+            vec![
+                delivery("1-0", "a"),
+                delivery("2-0", "b"),
+                delivery("2-0", "b"),
+            ]
+        };
+        let (taken, holds) = running.hold_unheld(&"q".into(), pending(), 1);
+        let ids: Vec<&str> = taken.iter().map(|d| d.msg_id.as_str()).collect();
+        assert_eq!((ids, holds.len()), (vec!["2-0"], 1));
+        // Read back again while those run: nothing left to take.
+        let (taken, holds) = running.hold_unheld(&"q".into(), pending(), 8);
+        assert!(taken.is_empty() && holds.is_empty(), "{taken:?}");
+        assert_eq!(running.len(), 2);
+    }
+
+    #[test]
     fn only_started_attempts_are_beaten_for_and_a_stale_one_is_stopped_once() {
         let running = Arc::new(Running::default());
         let [starting, run] = hold(&running, [delivery("1-0", "a"), delivery("2-0", "b")]);
