@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod cluster;
 pub mod polyglot;
 pub mod process;
+pub mod proxy;
 pub mod services;
 
 /// The SHA-256 of `bytes`, lowercase hex: a module's digest as the host

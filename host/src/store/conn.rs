@@ -37,6 +37,14 @@ use super::StoreError;
 /// How long a new connection may take to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest pause between two tries to reconnect a dropped connection. The
+/// client's default doubles from 100 ms over its six tries, so a link that
+/// broke a few times in a row could stay down for seconds after Redis was
+/// reachable again: heartbeats and reads waited behind it, and a live
+/// worker risked looking dead. Capped, it is back within this of Redis
+/// answering.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
+
 /// The Redis deployment a process talks to.
 #[derive(Clone)]
 pub enum Backend {
@@ -121,6 +129,7 @@ impl Backend {
         match self {
             Backend::Single(client) => {
                 let config = ConnectionManagerConfig::new()
+                    .set_max_delay(RECONNECT_MAX_DELAY)
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
                     .set_response_timeout(Some(response_timeout));
                 Ok(Conn::Single(

@@ -44,14 +44,52 @@ impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
 
 /// The deliveries of an XREADGROUP reply for `queue`'s stream, read fresh
 /// from its group (a message may carry its task, see `carried.rs`).
-///
-/// The reply is nil when nothing was read, else the streams read with
-/// their entries: `[[stream, entries]]` in RESP2, a map of stream to
-/// entries in RESP3.
 pub(crate) fn fresh_deliveries(queue: &str, reply: Value) -> Result<Vec<Delivery>, StoreError> {
     let mut out = Vec::new();
+    for entries in streams_of(reply)? {
+        parse(entries, Some(queue), &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One page of a consumer's own pending messages, as `XREADGROUP … STREAMS
+/// <stream> <id>` (an id, not `>`) reads them back.
+#[derive(Debug, Default)]
+pub struct OwnPending {
+    /// The messages that name a task, as reclaimed ones: none carries its
+    /// task, so each goes through `start`, which resumes an attempt it
+    /// already counted for this consumer.
+    pub deliveries: Vec<Delivery>,
+    /// The id of the page's last entry, to read the next page after; `None`
+    /// when the page is empty.
+    pub last: Option<String>,
+    /// Entries in the page, those without a body (deleted) included.
+    pub entries: usize,
+}
+
+/// The page of pending messages an `XREADGROUP` with an id returned.
+pub(crate) fn own_pending(reply: Value) -> Result<OwnPending, StoreError> {
+    let mut page = OwnPending::default();
+    for entries in streams_of(reply)? {
+        if let Value::Array(list) = &entries {
+            page.entries += list.len();
+            if let Some(Value::Array(entry)) = list.last()
+                && let Some(Value::BulkString(id)) = entry.first()
+            {
+                page.last = Some(String::from_utf8(id.clone()).map_err(|_| malformed("entry id"))?);
+            }
+        }
+        parse(entries, None, &mut page.deliveries)?;
+    }
+    Ok(page)
+}
+
+/// The entries of each stream of an XREADGROUP reply: nil when nothing
+/// was read, else `[[stream, entries]]` in RESP2, a map of stream to
+/// entries in RESP3.
+fn streams_of(reply: Value) -> Result<Vec<Value>, StoreError> {
     let streams = match reply {
-        Value::Nil => return Ok(out),
+        Value::Nil => return Ok(Vec::new()),
         Value::Map(pairs) => pairs.into_iter().map(|(_, entries)| entries).collect(),
         Value::Array(streams) => streams
             .into_iter()
@@ -62,10 +100,7 @@ pub(crate) fn fresh_deliveries(queue: &str, reply: Value) -> Result<Vec<Delivery
             .collect::<Result<Vec<_>, _>>()?,
         other => return Err(malformed_value("XREADGROUP reply", &other)),
     };
-    for entries in streams {
-        parse(entries, Some(queue), &mut out)?;
-    }
-    Ok(out)
+    Ok(streams)
 }
 
 /// Parse `[[id, [field, value, ...]], ...]` into deliveries: read fresh

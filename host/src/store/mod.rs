@@ -38,7 +38,8 @@ use redis::{FromRedisValue, Value};
 
 pub use conn::{Backend, Conn, Subscription};
 pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
-pub(crate) use entries::fresh_deliveries;
+pub use entries::OwnPending;
+pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{
     EventId, EventsGap, EventsStart, InvalidEventId, InvalidStreamId, QueueEvent, StreamId,
 };
@@ -564,7 +565,9 @@ impl Store {
         inv.arg(GROUP)
             .arg(now)
             .arg(consumer)
-            .arg(self.settings.events_max_len);
+            .arg(self.settings.events_max_len)
+            .arg(logical_queue(queue))
+            .arg(self.settings.task_retention_s);
         for d in deliveries {
             inv.arg(&d.msg_id).arg(&d.task_id);
         }
@@ -576,8 +579,10 @@ impl Store {
             .iter()
             .map(|delivery| {
                 let code = code_of(reply.next())?;
-                if code == Code::Skipped {
-                    return Ok(StartDecision::Skip(from_value(reply.next())?));
+                match code {
+                    Code::Skipped => return Ok(StartDecision::Skip(from_value(reply.next())?)),
+                    Code::Corrupt => return Ok(StartDecision::Corrupt(from_value(reply.next())?)),
+                    _ => {}
                 }
                 let task = StartedTask::from_reply(queue, &delivery.task_id, &mut reply)?;
                 Ok(match code {

@@ -97,6 +97,9 @@ pub enum Code {
     Expired,
     /// start: the task's worker died and no attempts are left.
     Exhausted,
+    /// start: the task's record is not a readable task; it was failed
+    /// alone.
+    Corrupt,
     /// ingest: the key's task is still in flight.
     InProgress,
     /// ingest: the key was used with another payload or task name.
@@ -127,6 +130,7 @@ impl Code {
             3 => Code::CancelRequested,
             4 => Code::Expired,
             5 => Code::Exhausted,
+            6 => Code::Corrupt,
             -1 => Code::InProgress,
             -2 => Code::KeyMismatch,
             -3 => Code::QueueFull,
@@ -192,6 +196,7 @@ mod tests {
             Code::CancelRequested,
             Code::Expired,
             Code::Exhausted,
+            Code::Corrupt,
             Code::InProgress,
             Code::KeyMismatch,
             Code::QueueFull,
@@ -209,6 +214,7 @@ mod tests {
                 | Code::CancelRequested
                 | Code::Expired
                 | Code::Exhausted
+                | Code::Corrupt
                 | Code::InProgress
                 | Code::KeyMismatch
                 | Code::QueueFull

@@ -85,6 +85,9 @@ pub enum StartDecision {
     Expired(StartedTask),
     /// Its worker died with no attempts left; dead-letter it.
     Exhausted(StartedTask),
+    /// Its record is not a readable task: `start` failed it alone (FAILED,
+    /// with this error) and acknowledged its message.
+    Corrupt(String),
 }
 
 /// What a worker needs of a task to run and complete one attempt: the part

@@ -16,6 +16,17 @@
 //! ran the busy one a few tasks per block time (200 tasks with
 //! `--concurrency 4` took 50 s instead of 0.2 s with four idle queues).
 //!
+//! Reading back: a read whose reply is lost on a broken connection may
+//! still have delivered messages, which are then pending on this worker
+//! though it never received them; so may a `start` or a reclaim whose reply
+//! is lost. After such a failure ([`Shared::read_back`], or a read here
+//! that failed) the next round first reads this worker's own pending
+//! messages of each queue (`XREADGROUP` from id 0, page by page) and
+//! dispatches those it does not hold; `start` resumes the attempt of one it
+//! had already started (`start.lua`). So a delivery lost in transit runs at
+//! once, as the attempt it was, instead of waiting a visibility timeout for
+//! this worker's own reclaim.
+//!
 //! The wait is a plain `XREAD` (no group, so it delivers nothing: dropping it
 //! at shutdown loses nothing) from each group's last delivered id, which
 //! returns as soon as any queue has a message the group has not been given,
@@ -26,15 +37,20 @@
 //! first to return ends the wait.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Value;
 use redis::streams::StreamInfoGroupsReply;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise};
-use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_deliveries};
+use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_deliveries, own_pending};
+
+/// Pending messages read back per `XREADGROUP`.
+const READ_BACK_PAGE: usize = 64;
 
 /// Read new messages of every queue of the worker while slots are free,
 /// until `stop`. Each batch is started and dispatched on a task of its own:
@@ -43,6 +59,8 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut queues = shared.queues();
     let (mut streams, mut waits) = wait_groups(&shared, &queues);
     let mut wait_conns: Vec<Option<Conn>> = vec![None; waits.len()];
+    // Queues whose own pending messages are to be read back.
+    let mut unread = vec![false; queues.len()];
     let mut conn = None;
     let mut backoff = Backoff::default();
     let mut first = 0;
@@ -53,7 +71,11 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             queues = current;
             (streams, waits) = wait_groups(&shared, &queues);
             wait_conns = vec![None; waits.len()];
+            unread = vec![true; queues.len()];
             first %= queues.len();
+        }
+        if shared.read_back.swap(false, Ordering::AcqRel) {
+            unread.fill(true);
         }
         if queues.iter().any(|q| supervise::injected("fetch", q)) {
             return;
@@ -83,19 +105,34 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
             let at = (first + i) % queues.len();
             let (queue, stream) = (&queues[at], &streams[at]);
+            if unread[at] {
+                match read_back(&shared, conn, queue, stream, &mut permits).await {
+                    Ok((done, dispatched)) => {
+                        unread[at] = !done;
+                        found |= dispatched;
+                    }
+                    Err(e) => {
+                        failed = true;
+                        warn!(queue, error = %e, "reading back pending messages failed; retrying");
+                        continue;
+                    }
+                }
+                if permits.is_empty() {
+                    break;
+                }
+            }
             match read_now(conn, queue, stream, &shared.consumer, permits.len()).await {
                 Ok(deliveries) if deliveries.is_empty() => {}
                 Ok(deliveries) => {
                     found = true;
                     let batch = permits.split_off(permits.len() - deliveries.len());
-                    let shared2 = shared.clone();
-                    let queue = queue.clone();
-                    shared
-                        .tracker
-                        .spawn(async move { shared2.dispatch(&queue, deliveries, batch).await });
+                    let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
+                    spawn_dispatch(&shared, queue, deliveries, holds, batch);
                 }
                 Err(e) => {
                     failed = true;
+                    // It may have delivered with its reply lost.
+                    unread[at] = true;
                     if e.to_string().contains("NOGROUP") {
                         let _ = shared.store.ensure_group(queue).await;
                     }
@@ -127,6 +164,78 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             warn!(error = %e, "waiting for new messages failed; retrying");
             backoff.wait(&stop).await;
         }
+    }
+}
+
+/// Start and dispatch `deliveries` of `queue`, held already (before the
+/// next read, so that reading back never takes them a second time), on a
+/// task of their own.
+fn spawn_dispatch(
+    shared: &Arc<Shared>,
+    queue: &str,
+    deliveries: Vec<Delivery>,
+    holds: Vec<super::Registration>,
+    permits: Vec<OwnedSemaphorePermit>,
+) {
+    let shared2 = shared.clone();
+    let queue = queue.to_owned();
+    shared.tracker.spawn(async move {
+        shared2
+            .dispatch_held(&queue, deliveries, holds, permits)
+            .await
+    });
+}
+
+/// Read back this worker's own pending messages of `queue` (see the module
+/// docs) and dispatch those it does not hold, one of `permits` each:
+/// whether every pending message was looked at (else the permits ran out
+/// first), and whether any was dispatched.
+async fn read_back(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    queue: &str,
+    stream: &str,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+) -> Result<(bool, bool), StoreError> {
+    let mut from = "0".to_owned();
+    let mut dispatched = false;
+    loop {
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&shared.consumer)
+            .arg("COUNT")
+            .arg(READ_BACK_PAGE)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(&from)
+            .query_async(conn)
+            .await?;
+        let page = own_pending(reply)?;
+        let Some(last) = page.last else {
+            return Ok((true, dispatched));
+        };
+        let room = permits.len();
+        let (deliveries, holds) = shared
+            .running
+            .hold_unheld(&queue.into(), page.deliveries, room);
+        if !deliveries.is_empty() {
+            dispatched = true;
+            warn!(
+                queue,
+                count = deliveries.len(),
+                "read back messages delivered here but never received or started"
+            );
+            let batch = permits.split_off(room - deliveries.len());
+            spawn_dispatch(shared, queue, deliveries, holds, batch);
+        }
+        if permits.is_empty() {
+            return Ok((false, dispatched));
+        }
+        if page.entries < READ_BACK_PAGE {
+            return Ok((true, dispatched));
+        }
+        from = last;
     }
 }
 

@@ -132,6 +132,16 @@ impl Running {
     /// running attempt once [`Running::started_as`] says which.
     fn hold(self: &Arc<Self>, queue: &Arc<str>, deliveries: &[Delivery]) -> Vec<Registration> {
         let mut held = self.lock();
+        self.hold_locked(&mut held, queue, deliveries)
+    }
+
+    /// [`Running::hold`], the set already locked.
+    fn hold_locked(
+        self: &Arc<Self>,
+        held: &mut HeldById,
+        queue: &Arc<str>,
+        deliveries: &[Delivery],
+    ) -> Vec<Registration> {
         let registrations = deliveries
             .iter()
             .map(|delivery| {
@@ -165,6 +175,35 @@ impl Running {
         registrations
     }
 
+    /// Hold each message of `deliveries` of `queue` that is not held yet,
+    /// at most `max` of them, in one step: the messages taken, each with
+    /// its guard. Two loops that find the same pending message (the
+    /// reclaim of this worker's own, and the fetch loop reading them back)
+    /// cannot both take it, so one delivery never runs twice at once.
+    fn hold_unheld(
+        self: &Arc<Self>,
+        queue: &Arc<str>,
+        deliveries: Vec<Delivery>,
+        max: usize,
+    ) -> (Vec<Delivery>, Vec<Registration>) {
+        let mut held = self.lock();
+        let mut taken = Vec::new();
+        for delivery in deliveries {
+            if taken.len() == max {
+                break;
+            }
+            let dup = |h: &Held| h.queue == *queue && h.delivery.msg_id == delivery.msg_id;
+            if held.values().any(dup)
+                || taken.iter().any(|d: &Delivery| d.msg_id == delivery.msg_id)
+            {
+                continue;
+            }
+            taken.push(delivery);
+        }
+        let registrations = self.hold_locked(&mut held, queue, &taken);
+        (taken, registrations)
+    }
+
     /// Each registration of `started` runs its task as the attempt given,
     /// from now on.
     fn started_as<'a>(&self, started: impl IntoIterator<Item = (&'a Registration, u32)>) {
@@ -177,6 +216,7 @@ impl Running {
     }
 
     /// Whether message `msg_id` of `queue` is held.
+    #[cfg(test)]
     fn holds(&self, queue: &str, msg_id: &str) -> bool {
         self.lock()
             .values()
@@ -287,6 +327,11 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// The messages this worker holds, and the attempts it runs.
     running: Arc<Running>,
+    /// Set when a reply from Redis may have been lost with messages pending
+    /// on this worker that it does not hold (a read, a `start` or a reclaim
+    /// that failed): the fetch loop then reads back this worker's pending
+    /// messages at once, rather than a visibility timeout later.
+    read_back: AtomicBool,
     completions: mpsc::Sender<completion::Pending>,
     /// Every spawned executor, so shutdown can wait for them.
     tracker: TaskTracker,
@@ -324,13 +369,33 @@ impl Shared {
     /// permit per delivery. Each message is held from before its `start`
     /// until its completion is written, so this worker's own reclaim never
     /// takes back a message it is starting or running.
-    async fn dispatch(
+    ///
+    /// This is for messages that may be held already (this worker's own
+    /// pending messages, reclaimed or read back): those held are left
+    /// alone, and the permits they would have taken released.
+    async fn dispatch_unheld(
+        self: &Arc<Self>,
+        queue: &str,
+        deliveries: Vec<Delivery>,
+        permits: Vec<OwnedSemaphorePermit>,
+    ) {
+        let (deliveries, holds) =
+            self.running
+                .hold_unheld(&queue.into(), deliveries, permits.len());
+        if !deliveries.is_empty() {
+            self.dispatch_held(queue, deliveries, holds, permits).await;
+        }
+    }
+
+    /// [`Shared::dispatch_unheld`] of messages held already, one guard in
+    /// `holds` per delivery.
+    async fn dispatch_held(
         self: &Arc<Self>,
         queue: &str,
         mut deliveries: Vec<Delivery>,
+        holds: Vec<Registration>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
-        let holds = self.running.hold(&queue.into(), &deliveries);
         let now = crate::ingest::now_ms();
         let decisions = match self
             .feed
@@ -339,9 +404,16 @@ impl Shared {
         {
             Ok(decisions) => decisions,
             Err(e) => {
-                // The messages stay pending on this consumer, held no more:
-                // this worker reclaims them after the visibility timeout.
+                // The messages stay pending on this consumer, held no more.
+                // The script may have run with its reply lost: started again
+                // by this consumer, each resumes its attempt (`start.lua`).
+                // After a failure to reach Redis the fetch loop reads them
+                // back at once; after any other, this worker reclaims them
+                // after the visibility timeout.
                 warn!(queue, error = %e, count = deliveries.len(), "start failed");
+                if matches!(e, StoreError::Redis(_)) {
+                    self.read_back.store(true, Ordering::Release);
+                }
                 return;
             }
         };
@@ -352,6 +424,9 @@ impl Shared {
                 StartDecision::Run(task) => runs.push((delivery, task, permit, hold)),
                 StartDecision::Skip(status) => {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
+                }
+                StartDecision::Corrupt(error) => {
+                    error!(queue, task_id = %delivery.task_id, %error, "corrupt task record failed");
                 }
                 StartDecision::Expired(task) => {
                     let finish =
@@ -460,6 +535,7 @@ pub async fn run_with_metrics(
         sandbox,
         consumer,
         running: Arc::new(Running::counted(metrics.in_flight())),
+        read_back: AtomicBool::new(false),
         metrics,
         completions: tx,
         tracker: TaskTracker::new(),
@@ -752,6 +828,28 @@ mod tests {
         assert!(running.holds("q", "1-0"));
         drop(second);
         assert!(!running.holds("q", "1-0"));
+    }
+
+    #[test]
+    fn a_message_held_already_is_not_taken_again() {
+        let running = Arc::new(Running::default());
+        // Being run here, then read back (or reclaimed) with two others,
+        // one of them twice, and room for one only at first.
+        let [_run] = hold(&running, [delivery("1-0", "a")]);
+        let pending = || {
+            vec![
+                delivery("1-0", "a"),
+                delivery("2-0", "b"),
+                delivery("2-0", "b"),
+            ]
+        };
+        let (taken, holds) = running.hold_unheld(&"q".into(), pending(), 1);
+        let ids: Vec<&str> = taken.iter().map(|d| d.msg_id.as_str()).collect();
+        assert_eq!((ids, holds.len()), (vec!["2-0"], 1));
+        // Read back again while those run: nothing left to take.
+        let (taken, holds) = running.hold_unheld(&"q".into(), pending(), 8);
+        assert!(taken.is_empty() && holds.is_empty(), "{taken:?}");
+        assert_eq!(running.len(), 2);
     }
 
     #[test]

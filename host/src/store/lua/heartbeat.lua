@@ -24,6 +24,7 @@
      worker, started when the message was delivered): an attempt that
      outlives a beat then looks like any other to readers, reclaim and its
      completion. One that ends sooner never costs this write.
+     A task key that is not a hash is no attempt's: STALE.
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
@@ -56,8 +57,13 @@ local claim = { "XCLAIM", streamKey, group, consumer, 0 }
 local out = {}
 for i = 4, #KEYS do
   local msgId, attempt = ARGV[2 * i - 4], ARGV[2 * i - 3]
-  local f = redis.call("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",
+  -- pcall: a task key of another type (corrupt) is not this attempt's;
+  -- an error would stop every beat of this worker, which would look dead.
+  local f = redis.pcall("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",
     "status")
+  if f.err then
+    f = {}
+  end
   local mine = f[1] == consumer and f[3] == attempt
   local carried = not mine and attempt == "1" and carriedFirst(f[5], f[3], f[2], msgId)
   if (mine or carried) and f[2] == msgId then

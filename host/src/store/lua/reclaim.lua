@@ -112,8 +112,13 @@ local function archiveLost(entries, owners)
     end
     if taskId then
       local taskKey = taskPrefix .. taskId
-      local f = redis.call("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
+      -- pcall: a task key of another type would fail the whole reclaim,
+      -- every time; its message is left to start.lua, which fails it.
+      local f = redis.pcall("HMGET", taskKey, "status", "worker", "msg_id", "attempts",
         "max_attempts", "started_at", "digests", "expires_at")
+      if f.err then
+        f = {}
+      end
       if carriedFirst(f[1], f[4], f[3], msgId) and not f[8] and carries then
         -- A carried first attempt (ingest.lua) its worker never beat for
         -- (heartbeat.lua writes the attempt at its first beat): written

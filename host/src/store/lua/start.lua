@@ -1,6 +1,29 @@
 --[[
-  Start a batch of fetched (or reclaimed) stream messages: decide for each
-  whether it runs, and mark the runnable ones RUNNING with one more attempt.
+  Start a batch of fetched (or reclaimed, or read back) stream messages:
+  decide for each whether it runs, and mark the runnable ones RUNNING with
+  one more attempt.
+
+  Per delivery: a start is keyed by its message and consumer. The same
+  message started again by the same consumer (its earlier `start` ran but
+  the reply was lost, or the worker read the message back after a broken
+  connection) finds the task RUNNING by that consumer on that message: it
+  resumes that attempt, writing nothing (no new attempt, no second RUNNING
+  event). A RUNNING task's message started by another consumer was
+  reclaimed from a dead worker (reclaim.lua): a new attempt, or EXHAUSTED
+  when none is left. A message other than the one the RUNNING task names
+  is a duplicate: it is acknowledged and deleted, never run beside the
+  running attempt.
+
+  Bad data is contained: a task key that is not a hash, or a hash that a
+  runnable task cannot be read from (no task name or payload, a count that
+  is not a number), fails that task alone, checked before anything is
+  written for it. A key of another type is kept whole (DUMP, in hex) in
+  field `corrupt_record` of the FAILED hash written in its place; fields a
+  reader needs that the record lacks are filled in (task name
+  "(unknown)", a null payload), so that it reads as a FAILED task with
+  its error. The other tasks of the batch start as if it were not
+  there. (Its idempotency record, not in KEYS, stays "processing" until
+  its TTL.)
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
@@ -12,26 +35,34 @@
     ARGV[2] now (ms since epoch)
     ARGV[3] consumer (worker) name
     ARGV[4] events stream max length
+    ARGV[5] the queue's name, written into a record rebuilt as FAILED
+    ARGV[6] retention of terminal task hashes (s)
     then, per task hash k (from 0), in the same order:
-    ARGV[5 + 2k] its stream message id
-    ARGV[6 + 2k] its task id
+    ARGV[7 + 2k] its stream message id
+    ARGV[8 + 2k] its task id
 
   Output: one flat array, a record per message in order, each a code and
   what follows it:
-    1, task     RUN: the task, now RUNNING, counting this attempt
-    0, status   SKIP: already terminal, or its hash is gone ("MISSING"); the
+    1, task     RUN: the task, RUNNING, counting this attempt (a new one,
+                or the one this consumer already started on this message)
+    0, status   SKIP: already terminal, its hash is gone ("MISSING"), or
+                RUNNING on another message ("RUNNING": a duplicate); the
                 message was acknowledged and deleted here
     4, task     EXPIRED: not started before its expiry; the caller
                 completes it as EXPIRED
-    5, task     EXHAUSTED: found RUNNING (its worker died) with no
-                attempts left; the caller dead-letters it
+    5, task     EXHAUSTED: found RUNNING on this message by another
+                consumer (its worker died) with no attempts left; the
+                caller dead-letters it
+    6, error    CORRUPT: its record is not a readable task; it is FAILED
+                with `error`, its message acknowledged and deleted here
   where task is the 7 values of `RETURNED` below, in that order, false for
   a field the hash lacks (the host's `StartedTask` mirrors it). Flat,
   because Redis converts each table of a script's reply on its own (seven
   field lookups and a length written back): nested, the reply cost Redis
   5 500 instructions more per message.
 
-  Events: RUNNING for each started task, one stream entry for the batch.
+  Events: RUNNING for each task started (not for one resumed), FAILED for
+  each corrupt one, one stream entry for the batch.
 
   Expiry index: a task with an expiry leaves it here whatever the
   decision (it starts, it is expired by the caller, or it is already
@@ -39,13 +70,17 @@
   this script handed to a worker. Tasks without an expiry skip the ZREM.
 ]]
 local FIELDS = { "status", "attempts", "max_attempts", "expires_at", "task", "payload",
-  "timeout_ms", "idempotency_key", "cancel_requested" }
-local STATUS, ATTEMPTS, MAX_ATTEMPTS, EXPIRES_AT = 1, 2, 3, 4
+  "timeout_ms", "idempotency_key", "cancel_requested", "worker", "msg_id" }
+local STATUS, ATTEMPTS, MAX_ATTEMPTS, EXPIRES_AT, TASK, PAYLOAD = 1, 2, 3, 4, 5, 6
+local WORKER, MSG_ID = 10, 11
+-- The fields that must be numbers when present.
+local NUMERIC = { 2, 3, 4, 7 }
 -- The fields the caller gets, as indexes into FIELDS.
 local RETURNED = { 2, 3, 5, 6, 7, 8, 9 }
 
 local streamKey, eventsKey, expiryKey = KEYS[1], KEYS[2], KEYS[3]
-local group, now, consumer, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local group, now, consumer, eventsMaxLen, queueName, retention =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local nowMs = tonumber(now)
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
@@ -71,30 +106,101 @@ local function emit(code, task)
   n = n + 1 + #RETURNED
 end
 
-for i = 4, #KEYS do
-  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 3], ARGV[2 * i - 2]
-  local task = redis.call("HMGET", taskKey, unpack(FIELDS))
-  local status = task[STATUS]
-  if task[EXPIRES_AT] then
-    redis.call("ZREM", expiryKey, taskId)
+-- Why a runnable task's fields cannot be started from, or nil.
+local function unreadable(task)
+  if not task[TASK] or not task[PAYLOAD] then
+    return "its record has no task name or payload"
   end
-  if not status or not (waiting[status] or status == "RUNNING") then
-    acks[#acks + 1] = msgId
-    out[n + 1], out[n + 2] = 0, status or "MISSING"
-    n = n + 2
+  for _, j in ipairs(NUMERIC) do
+    if task[j] and not tonumber(task[j]) then
+      return "its record's field " .. FIELDS[j] .. " is not a number"
+    end
+  end
+  return nil
+end
+
+-- Fail the task of `taskKey` alone: nothing was written for it before.
+-- A key of another type is replaced by a hash keeping it whole.
+local function contain(taskKey, taskId, msgId, err, notHash)
+  if notHash then
+    local kind = redis.call("TYPE", taskKey)["ok"]
+    -- Hex: a hash field readers take as text.
+    local kept = string.gsub(redis.call("DUMP", taskKey), ".", function(c)
+      return string.format("%02x", string.byte(c))
+    end)
+    err = "its record is a " .. kind ..
+      ", not a hash; kept in field corrupt_record (DUMP format, in hex)"
+    redis.call("DEL", taskKey)
+    redis.call("HSET", taskKey, "corrupt_record", kept)
+  end
+  -- What a reader needs of a record, where it is missing: a task name no
+  -- handler can have ("(unknown)") and a null payload.
+  local needed = { id = taskId, queue = queueName, task = "(unknown)", payload = "null",
+    attempts = "0", created_at = now }
+  for field, value in pairs(needed) do
+    redis.call("HSETNX", taskKey, field, value)
+  end
+  err = "task not started: " .. err
+  redis.call("HSET", taskKey, "status", "FAILED", "error", err, "updated_at", now,
+    "finished_at", now)
+  redis.call("EXPIRE", taskKey, retention)
+  redis.call("ZREM", expiryKey, taskId)
+  pushEvent(taskId, "FAILED", "0", now)
+  acks[#acks + 1] = msgId
+  out[n + 1], out[n + 2] = 6, err
+  n = n + 2
+end
+
+local function skip(msgId, status)
+  acks[#acks + 1] = msgId
+  out[n + 1], out[n + 2] = 0, status
+  n = n + 2
+end
+
+local function begin(taskKey, taskId, msgId, task)
+  local attempt = nextCount(task[ATTEMPTS] or "0")
+  redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempt, "started_at", now,
+    "updated_at", now, "worker", consumer, "msg_id", msgId)
+  task[ATTEMPTS] = attempt
+  pushEvent(taskId, "RUNNING", attempt, now)
+  emit(1, task)
+end
+
+for i = 4, #KEYS do
+  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]
+  -- pcall: a key of another type answers WRONGTYPE, which would end the
+  -- script with the writes made for the tasks before it kept.
+  local task = redis.pcall("HMGET", taskKey, unpack(FIELDS))
+  local status = task[STATUS]
+  if task.err then
+    contain(taskKey, taskId, msgId, nil, true)
+  elseif not status or not (waiting[status] or status == "RUNNING") then
+    if task[EXPIRES_AT] then
+      redis.call("ZREM", expiryKey, taskId)
+    end
+    skip(msgId, status or "MISSING")
+  elseif unreadable(task) then
+    contain(taskKey, taskId, msgId, unreadable(task), false)
   else
-    local attempts = task[ATTEMPTS] or "0"
-    if waiting[status] and task[EXPIRES_AT] and nowMs >= tonumber(task[EXPIRES_AT]) then
-      emit(4, task)
-    elseif status == "RUNNING" and tonumber(attempts) >= tonumber(task[MAX_ATTEMPTS] or "1") then
+    if task[EXPIRES_AT] then
+      redis.call("ZREM", expiryKey, taskId)
+    end
+    if waiting[status] then
+      if task[EXPIRES_AT] and nowMs >= tonumber(task[EXPIRES_AT]) then
+        emit(4, task)
+      else
+        begin(taskKey, taskId, msgId, task)
+      end
+    elseif task[MSG_ID] and task[MSG_ID] ~= msgId then
+      -- RUNNING on another message: this one is a duplicate.
+      skip(msgId, "RUNNING")
+    elseif task[WORKER] == consumer then
+      -- This consumer's attempt on this message: its start again.
+      emit(1, task)
+    elseif tonumber(task[ATTEMPTS] or "0") >= tonumber(task[MAX_ATTEMPTS] or "1") then
       emit(5, task)
     else
-      local attempt = nextCount(attempts)
-      redis.call("HSET", taskKey, "status", "RUNNING", "attempts", attempt, "started_at", now,
-        "updated_at", now, "worker", consumer, "msg_id", msgId)
-      task[ATTEMPTS] = attempt
-      pushEvent(taskId, "RUNNING", attempt, now)
-      emit(1, task)
+      begin(taskKey, taskId, msgId, task)
     end
   end
 end

@@ -1,0 +1,332 @@
+//! Network faults between workers and Redis: real `dtq worker` processes
+//! reach Redis only through a proxy that cuts every connection after a
+//! random 0.3–1 s (`dtq_tests::proxy`), reset mid-traffic, so commands run
+//! with their replies lost: reads that delivered, `start`s that counted,
+//! heartbeats that stamped, completions that were written. No worker dies
+//! and Redis stays up; the API talks to Redis directly.
+//!
+//! Every task allows one attempt (`max_attempts: 1`), so an attempt counted
+//! for a delivery no handler ran, or a live worker judged dead, shows as a
+//! task dead-lettered. Two tasks in three have an expiry, so that `start`
+//! runs for them (a task without one runs its first attempt from its
+//! message, with no `start`). Each task runs an idempotent operation (the test
+//! guest `operations`) that increments a kv key of its own and a shared
+//! total. At the end, while the cuts go on:
+//!
+//! - every task SUCCEEDED, with one attempt;
+//! - each task's key is 1 and the total is the number of tasks: every
+//!   effect applied once;
+//! - no task waited from its submission to its completion more than
+//!   `MAX_WAIT_VISIBILITIES` visibility timeouts: a delivery lost in
+//!   transit is read back at once, not left for the cuts to stop;
+//! - every worker is still running.
+//!
+//! Sizes come from the environment; the defaults are the short form that
+//! `cargo test` (and so CI) runs in well under a minute. `scripts/chaos-network`
+//! runs the long form.
+//!
+//! | variable | default | |
+//! |---|---|---|
+//! | `DTQ_NETCUT_TASKS` | 2400 | tasks, submitted at an even pace |
+//! | `DTQ_NETCUT_SECS` | 15 | seconds over which they are submitted |
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use dtq_host::store::QueueKeys;
+use dtq_tests::process::DtqProcess;
+use dtq_tests::proxy::CuttingProxy;
+use dtq_tests::{Dtq, TempDir, env_usize, guests};
+use serde_json::json;
+
+/// The binary under test.
+const DTQ: &str = env!("CARGO_BIN_EXE_dtq");
+
+/// The queue every task goes to.
+const QUEUE: &str = "default";
+
+/// Workers, each its own process.
+const WORKERS: usize = 3;
+
+/// Each worker's execution slots.
+const CONCURRENCY: &str = "8";
+
+/// The visibility timeout of every process (ms).
+const VISIBILITY_MS: u64 = 1_000;
+
+/// How long a connection through the proxy lives while it cuts.
+const LIFETIME: std::ops::Range<Duration> =
+    Duration::from_millis(300)..Duration::from_millis(1_000);
+
+/// Longest a task may take from submission to completion, in visibility
+/// timeouts, while the cuts go on.
+const MAX_WAIT_VISIBILITIES: u64 = 8;
+
+/// How long a worker may take to start (it may compile the handlers when
+/// the artifact cache is cold).
+const STARTUP: Duration = Duration::from_secs(120);
+
+/// Deadline for every task to be done once all are submitted.
+const DRAIN: Duration = Duration::from_secs(60);
+
+/// A `dtq worker` reaching Redis through `redis_url`, started and ready.
+async fn worker(dir: &Path, i: usize, redis_url: &str) -> Result<DtqProcess> {
+    let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+    let mut cmd = dtq_tests::process::dtq_command(DTQ);
+    cmd.env("NO_COLOR", "1").arg("worker").args([
+        "--redis",
+        redis_url,
+        "--handlers",
+        guests::TEST_GUESTS_DIR,
+        "--concurrency",
+        CONCURRENCY,
+        "--visibility-timeout-ms",
+        &VISIBILITY_MS.to_string(),
+        "--cache-dir",
+        &cache.display().to_string(),
+    ]);
+    let name = format!("worker-{i}");
+    let log = dir.join(format!("{name}.log"));
+    let mut proc = DtqProcess::spawn(&name, cmd, log, String::new())?;
+    proc.print_log_on_drop = false;
+    proc.wait_log("worker started", STARTUP).await?;
+    Ok(proc)
+}
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What the task hashes say: status, attempts, created_at, finished_at,
+/// error; read straight from Redis.
+type Row = (
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<String>,
+);
+
+async fn rows(dtq: &Dtq, ids: &[String]) -> Result<Vec<Row>> {
+    let mut conn = dtq.redis.conn().await?;
+    let keys = QueueKeys::new(QUEUE);
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(500) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(&[
+                "status",
+                "attempts",
+                "created_at",
+                "finished_at",
+                "error",
+            ]);
+        }
+        let got: Vec<Row> = pipe.query_async(&mut conn).await?;
+        out.extend(got);
+    }
+    Ok(out)
+}
+
+fn is_terminal(status: Option<&str>) -> bool {
+    matches!(
+        status,
+        Some("SUCCEEDED" | "FAILED" | "DEAD_LETTERED" | "CANCELLED" | "EXPIRED")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_run_once_each_while_every_worker_connection_keeps_breaking() -> Result<()> {
+    let tasks = env_usize("DTQ_NETCUT_TASKS", 2_400)?;
+    let secs = env_usize("DTQ_NETCUT_SECS", 15)? as u64;
+    ensure!(
+        tasks > 0 && secs > 0,
+        "DTQ_NETCUT_TASKS and _SECS must be positive"
+    );
+    let dir = TempDir::new("netcut")?;
+    let visibility = VISIBILITY_MS.to_string();
+    let dtq = Dtq::start(false, &["--visibility-timeout-ms", &visibility]).await?;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
+    let proxy = CuttingProxy::start(upstream, LIFETIME).await?;
+
+    let mut workers = Vec::new();
+    for i in 0..WORKERS {
+        workers.push(worker(&dir.path, i, &proxy.redis_url()).await?);
+    }
+    proxy.set_cutting(true);
+    let outcome = run(&dtq, &proxy, &mut workers, tasks, secs).await;
+    proxy.set_cutting(false);
+    if outcome.is_err() {
+        for w in &workers {
+            eprintln!("--- tail of {} ---\n{}", w.name, tail(&w.log_text(), 60));
+        }
+    }
+    outcome
+}
+
+async fn run(
+    dtq: &Dtq,
+    proxy: &CuttingProxy,
+    workers: &mut [DtqProcess],
+    tasks: usize,
+    secs: u64,
+) -> Result<()> {
+    // Submissions at an even pace, so that no task waits behind a backlog.
+    let pace = Duration::from_secs(secs) / tasks as u32;
+    let began = Instant::now();
+    let mut ids = Vec::with_capacity(tasks);
+    for i in 0..tasks {
+        let mut body = json!({
+            "task": "operations",
+            "payload": {"op": "run", "key": format!("op-{i}"), "incr": [format!("done:{i}"), "total"]},
+            "max_attempts": 1,
+        });
+        // Two tasks in three with an expiry, far off: their messages do not
+        // carry them, so each goes through `start` (see `store/carried.rs`).
+        if i % 3 != 0 {
+            body["expires_in_ms"] = json!(3_600_000);
+        }
+        ids.push(dtq.submit_new(QUEUE, body, None).await?);
+        if let Some(ahead) = (pace * (i as u32 + 1)).checked_sub(began.elapsed()) {
+            tokio::time::sleep(ahead).await;
+        }
+    }
+
+    // Every task done while the cuts go on.
+    let deadline = Instant::now() + DRAIN;
+    let rows = loop {
+        let rows = rows(dtq, &ids).await?;
+        if rows.iter().all(|r| is_terminal(r.0.as_deref())) {
+            break rows;
+        }
+        for w in workers.iter_mut() {
+            w.check_alive()?;
+        }
+        if Instant::now() > deadline {
+            let open: Vec<_> = ids
+                .iter()
+                .zip(&rows)
+                .filter(|(_, r)| !is_terminal(r.0.as_deref()))
+                .map(|(id, r)| format!("{id}: {:?}", r.0))
+                .take(20)
+                .collect();
+            bail!("tasks not done within {DRAIN:?} of the last submission: {open:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    for w in workers.iter_mut() {
+        w.check_alive()?;
+    }
+
+    // The effects: each task's key once, and the total.
+    let mut conn = dtq.redis.conn().await?;
+    let kv = |k: &str| format!("dtq:guest:{{operations}}:{k}");
+    let mut pipe = redis::pipe();
+    for i in 0..tasks {
+        pipe.cmd("GET").arg(kv(&format!("done:{i}")));
+    }
+    let done: Vec<Option<i64>> = pipe.query_async(&mut conn).await?;
+    let total: Option<i64> = redis::cmd("GET")
+        .arg(kv("total"))
+        .query_async(&mut conn)
+        .await?;
+
+    let mut by_status: HashMap<String, usize> = HashMap::new();
+    for r in &rows {
+        *by_status
+            .entry(r.0.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let waits: Vec<u64> = rows
+        .iter()
+        .map(|r| r.3.unwrap_or(0).saturating_sub(r.2.unwrap_or(0)))
+        .collect();
+    let longest = waits.iter().copied().max().unwrap_or(0);
+    let read_backs: usize = workers
+        .iter()
+        .map(|w| w.log_text().matches("read back messages").count())
+        .sum();
+    eprintln!(
+        "tasks {tasks}, by status {by_status:?}, longest wait {longest} ms, \
+         connections cut {}, accepted {}, read-backs {read_backs}",
+        proxy.cuts(),
+        proxy.accepted()
+    );
+    ensure!(proxy.cuts() > 0, "the proxy cut no connection");
+
+    let failed: Vec<_> = ids
+        .iter()
+        .zip(&rows)
+        .filter(|(_, r)| r.0.as_deref() != Some("SUCCEEDED") || r.1 != Some(1))
+        .map(|(id, r)| format!("{id}: {:?} attempts {:?}: {:?}", r.0, r.1, r.4))
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "{} tasks did not succeed in one attempt: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(20)]
+    );
+    let wrong: Vec<_> = done
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| **v != Some(1))
+        .map(|(i, v)| format!("done:{i} = {v:?}"))
+        .collect();
+    ensure!(
+        wrong.is_empty(),
+        "effects not applied once: {:?}",
+        &wrong[..wrong.len().min(20)]
+    );
+    ensure!(
+        total == Some(tasks as i64),
+        "the total is {total:?}, not {tasks}"
+    );
+    let bound = MAX_WAIT_VISIBILITIES * VISIBILITY_MS;
+    ensure!(
+        longest <= bound,
+        "a task waited {longest} ms from submission to completion, more than \
+         {MAX_WAIT_VISIBILITIES} visibility timeouts ({bound} ms)"
+    );
+    Ok(())
+}
+
+/// The proxy itself: it forwards, and it cuts.
+#[tokio::test]
+async fn the_proxy_forwards_until_it_cuts() -> Result<()> {
+    let redis = dtq_tests::RedisServer::start()?;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", redis.port()).parse()?;
+    let proxy = CuttingProxy::start(
+        upstream,
+        Duration::from_millis(50)..Duration::from_millis(100),
+    )
+    .await?;
+    let client = redis::Client::open(proxy.redis_url())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+    assert_eq!(pong, "PONG");
+    // Not cutting: the connection outlives many lifetimes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+    assert_eq!(pong, "PONG");
+    proxy.set_cutting(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.cuts() == 0 {
+        ensure!(Instant::now() < deadline, "never cut");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+    assert!(after.is_err(), "a cut connection still answered");
+    // A new connection gets through.
+    let mut fresh = client
+        .get_multiplexed_async_connection()
+        .await
+        .context("reconnect")?;
+    let pong: String = redis::cmd("PING").query_async(&mut fresh).await?;
+    assert_eq!(pong, "PONG");
+    Ok(())
+}
