@@ -73,8 +73,10 @@ pub struct Config {
     #[arg(long, env = "DTQ_VISIBILITY_TIMEOUT_MS", default_value_t = 30_000)]
     pub visibility_timeout_ms: u64,
 
-    /// Bearer token of the admin routes (DLQ requeue). Without it they are
-    /// disabled (403).
+    /// Bearer token with the admin scope on every queue: the fleet's
+    /// operator (DLQ, partitions, schedules, deploys). Without it, and
+    /// without a token with the admin or deploy scope, the admin and fleet
+    /// routes are disabled (403).
     #[arg(long, env = "DTQ_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
@@ -225,8 +227,8 @@ pub struct Config {
     #[arg(long, env = "DTQ_API_MAX_EVENT_STREAMS", default_value_t = 256)]
     pub api_max_event_streams: usize,
 
-    /// API tokens with scopes, one `TOKEN SCOPES [QUEUES]` per line (see
-    /// the README). Without any (here or in DTQ_TOKENS) the API is open to
+    /// API tokens with scopes, one `TOKEN SCOPES [QUEUES] [KEY=VALUE...]`
+    /// per line (see the README). Without any (here or in DTQ_TOKENS) the API is open to
     /// anyone who reaches it, except the admin routes.
     #[arg(long, env = "DTQ_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,

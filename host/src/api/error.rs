@@ -108,9 +108,11 @@ error_codes! {
     InvalidSettings = "INVALID_SETTINGS", BAD_REQUEST;
     /// No bearer token, or one that is not configured.
     Unauthorized = "UNAUTHORIZED", UNAUTHORIZED;
-    /// The token lacks the route's scope or the queue.
+    /// The token lacks the route's scope, the queue, or (on a fleet route)
+    /// the task, namespace, host or quota; `details.scope` names the scope.
     Forbidden = "FORBIDDEN", FORBIDDEN;
-    /// An admin route while no token has the admin scope.
+    /// An admin or fleet route while no token has the admin or the deploy
+    /// scope.
     AdminDisabled = "ADMIN_DISABLED", FORBIDDEN;
     /// No such task in the queue.
     TaskNotFound = "TASK_NOT_FOUND", NOT_FOUND;

@@ -1,6 +1,8 @@
 //! The routes of the handler registry: list, history, deploy, rollback,
 //! undeploy. Changing what the fleet runs is running code on it, so every
-//! change needs the `admin` scope; listing needs `read`.
+//! change needs a deploy grant that covers the task and the settings the
+//! version runs with, or admin on every queue (`auth.rs`); listing needs
+//! `read`.
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -20,7 +22,7 @@ use super::openapi::schemas::{
     ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
     HandlerPath, Undeployed,
 };
-use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError};
+use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError, Version};
 use crate::ingest::{now_ms, validate_task_name};
 
 type ApiResult = Result<Response, ApiError>;
@@ -159,12 +161,13 @@ pub(super) async fn deploy(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
     settings.check().map_err(|e| {
         ApiError::new(ErrorCode::InvalidSettings, e.to_string())
             .with_details(json!({"setting": e.setting}))
     })?;
+    fleet.may_activate(&task, &settings)?;
     let deploy = &shared.state.deploy;
     let limit = deploy.max_module_bytes;
     let too_large = || {
@@ -246,14 +249,20 @@ pub(super) async fn rollback(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
+    fleet.may_touch(&task)?;
     let request: RollbackRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RollbackRequest::default()
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))?
     };
+    if !fleet.is_operator()
+        && let Some(target) = rollback_target(&shared, &task, request.to.as_deref()).await?
+    {
+        fleet.may_activate(&task, &target.settings)?;
+    }
     let entry = shared
         .state
         .deploy
@@ -263,6 +272,31 @@ pub(super) async fn rollback(
     shared.state.catalog.note(&task, entry.version.as_ref());
     tracing::info!(task, "handler rolled back");
     Ok(Json(active_json(&task, &entry)).into_response())
+}
+
+/// The version a rollback of `task` to `to` would make active, as
+/// `handler_rollback.lua` picks it: the newest entry with digest `to`, or
+/// the newest whose module or settings differ from the active version's.
+/// `None` when there is none (the rollback itself then answers why).
+///
+/// A rollback restores a version's settings with its module, so a limited
+/// deploy grant must cover them as it would a deploy of them. The version
+/// is read before the rollback runs: a deploy of the same task landing in
+/// between could change which one it picks.
+async fn rollback_target(
+    shared: &Shared,
+    task: &str,
+    to: Option<&str>,
+) -> Result<Option<Version>, ApiError> {
+    let (active, history) = shared.state.deploy.registry.history(task).await?;
+    let current = active.and_then(|e| e.version).map(|v| v.fingerprint);
+    Ok(history
+        .into_iter()
+        .filter_map(|e| e.version)
+        .find(|v| match to {
+            Some(digest) => v.digest == digest,
+            None => Some(&v.fingerprint) != current.as_ref(),
+        }))
 }
 
 /// `DELETE /v1/handlers/{task}`.
@@ -282,8 +316,9 @@ pub(super) async fn undeploy(
     ApiPath(task): ApiPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
+    fleet.may_touch(&task)?;
     let undeployed = shared
         .state
         .deploy
