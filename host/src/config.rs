@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::api::{ApiLimits, ApiSettings, Tokens};
+use crate::deploy::{SigningError, TrustedKeys};
 use crate::ingest::IngestSettings;
 use crate::sandbox::{AllowList, HandlerSettings, Limits, SandboxConfig};
 use crate::store::StoreSettings;
@@ -238,6 +239,13 @@ pub struct Config {
     #[arg(long, env = "DTQ_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
 
+    /// Run signed modules only: a file of public keys, one
+    /// `dtq-ed25519 <base64> <name>` line each (`dtq keygen` writes them).
+    /// The API refuses a deploy no key signed, and every worker refuses to
+    /// load a version no key signed. Unset: nothing is checked.
+    #[arg(long, env = "DTQ_TRUSTED_KEYS")]
+    pub trusted_keys: Option<PathBuf>,
+
     /// Also serve `GET /metrics` (Prometheus) alone on this address, with
     /// the API's tokens (`read` scope) and limits: for a `dtq worker`, which
     /// has no API to scrape. Unset: only the API serves `/metrics`.
@@ -332,7 +340,16 @@ impl Config {
                 max_event_streams: self.api_max_event_streams,
             },
             tokens,
+            trusted_keys: self.trusted_keys().map_err(|e| e.to_string())?,
         })
+    }
+
+    /// The keys of `--trusted-keys`, read; `None` without the flag.
+    pub fn trusted_keys(&self) -> Result<Option<TrustedKeys>, SigningError> {
+        self.trusted_keys
+            .as_deref()
+            .map(TrustedKeys::load)
+            .transpose()
     }
 
     /// The largest module a deploy accepts, bytes.

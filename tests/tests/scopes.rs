@@ -122,6 +122,10 @@ async fn deploy_refuses_a_queue_admin_and_serves_a_covering_grant() -> Result<()
     Ok(())
 }
 
+/// A deploy a grant refuses: task, settings, and the detail naming what it
+/// does not cover, with its value.
+type Refused<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, Value);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deploy_grant_deploys_only_within_its_limits() -> Result<()> {
     let dtq = start().await?;
@@ -134,7 +138,7 @@ async fn a_deploy_grant_deploys_only_within_its_limits() -> Result<()> {
     assert_eq!(status, 201, "{body}");
     let before = handler(&dtq, "greeter").await?;
 
-    let outside: [(&str, &[(&str, &str)], &str, Value); 6] = [
+    let outside: [Refused<'_>; 6] = [
         (
             "payments",
             &[("namespace", "mail")],

@@ -114,6 +114,12 @@ error_codes! {
     /// An admin or fleet route while no token has the admin or the deploy
     /// scope.
     AdminDisabled = "ADMIN_DISABLED", FORBIDDEN;
+    /// A deploy without a `Dtq-Signature` to a fleet that runs signed
+    /// modules only (`--trusted-keys`).
+    SignatureRequired = "SIGNATURE_REQUIRED", FORBIDDEN;
+    /// A deploy whose signature is malformed, or by no trusted key over
+    /// this task, module and settings.
+    SignatureInvalid = "SIGNATURE_INVALID", FORBIDDEN;
     /// No such task in the queue.
     TaskNotFound = "TASK_NOT_FOUND", NOT_FOUND;
     /// No such route.

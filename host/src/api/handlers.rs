@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 use utoipa::ToSchema;
 
 use super::Shared;
@@ -22,7 +23,9 @@ use super::openapi::schemas::{
     ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
     HandlerPath, Undeployed,
 };
-use crate::deploy::{DeploySettings, Entry, REPORT_LIVE_MS, RegistryError, Version};
+use crate::deploy::{
+    DeploySettings, Entry, REPORT_LIVE_MS, RegistryError, SIGNATURE_HEADER, Version,
+};
 use crate::ingest::{now_ms, validate_task_name};
 
 type ApiResult = Result<Response, ApiError>;
@@ -149,6 +152,7 @@ pub(super) async fn history(
         (status = 200, description = "The same module and settings were active already (`unchanged: true`)", body = Deployed),
         (status = 400, description = "`INVALID_TASK_NAME`, `INVALID_SETTINGS`, `INVALID_QUERY`", body = ErrorBody),
         (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: no deploy grant covers the task, namespace, hosts or quota; `SIGNATURE_REQUIRED`, `SIGNATURE_INVALID` (`--trusted-keys`)", body = ErrorBody),
         (status = 413, description = "`MODULE_TOO_LARGE`", body = ErrorBody),
         (status = 422, description = "`INVALID_MODULE`: it cannot run as a handler (the reason in the message)", body = ErrorBody),
     ),
@@ -178,6 +182,7 @@ pub(super) async fn deploy(
         .with_details(json!({"limit": limit}))
     };
     let wasm = super::routes::read_limited(&shared, &headers, body, limit, too_large).await?;
+    let signature = check_signature(&shared, &task, &wasm, &settings, &headers)?;
 
     let checker = deploy.checker.clone();
     let (t, w, s) = (task.clone(), wasm.clone(), settings.handler_settings());
@@ -194,9 +199,10 @@ pub(super) async fn deploy(
             .with_details(json!({"task": task, "size": wasm.len()})));
     }
 
+    let version = Version::signed(&wasm, settings, signature);
     let deployed = deploy
         .registry
-        .deploy(&task, &wasm, settings, now_ms())
+        .deploy_version(&task, &wasm, version, now_ms())
         .await?;
     shared
         .state
@@ -218,6 +224,40 @@ pub(super) async fn deploy(
         StatusCode::CREATED
     };
     Ok((status, Json(body)).into_response())
+}
+
+/// With `--trusted-keys`, the deploy's `Dtq-Signature`, checked: 403
+/// `SIGNATURE_REQUIRED` without one, `SIGNATURE_INVALID` for one no trusted
+/// key made over this task, module and settings. Without trusted keys the
+/// header is ignored, as before signing.
+fn check_signature(
+    shared: &Shared,
+    task: &str,
+    wasm: &[u8],
+    settings: &DeploySettings,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
+    let Some(keys) = &shared.trusted_keys else {
+        return Ok(None);
+    };
+    let signature = headers
+        .get(SIGNATURE_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let digest = hex::encode(Sha256::digest(wasm));
+    match keys.verify(task, &digest, settings, signature.as_deref()) {
+        Ok(key) => {
+            tracing::info!(task, key, "deploy signature verified");
+            Ok(signature)
+        }
+        Err(e) => {
+            let code = match e.is_missing() {
+                true => ErrorCode::SignatureRequired,
+                false => ErrorCode::SignatureInvalid,
+            };
+            Err(ApiError::new(code, e.to_string())
+                .with_details(json!({"task": task, "digest": digest})))
+        }
+    }
 }
 
 /// The body of a rollback (optional).

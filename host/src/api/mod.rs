@@ -21,7 +21,7 @@
 //! | `DELETE /v1/queues/{queue}/dlq` | `admin` | purge dead-lettered tasks: `{"ids": [...]}`, `{"all": true}` or `older_than_ms` (`api::dlq`) |
 //! | `GET /v1/handlers` | `read` | each deployed task's active version and how many live workers run it; each live worker's handlers |
 //! | `GET /v1/handlers/{task}` | `read` | a task's active version and history |
-//! | `PUT /v1/handlers/{task}` | `deploy` covering task, namespace, hosts, quota; or `admin` on every queue | deploy: the body is the module (`application/wasm`), the query its settings |
+//! | `PUT /v1/handlers/{task}` | `deploy` covering task, namespace, hosts, quota; or `admin` on every queue | deploy: the body is the module (`application/wasm`), the query its settings, the `Dtq-Signature` header its signature (required with `--trusted-keys`) |
 //! | `POST /v1/handlers/{task}/rollback` | as a deploy of the version restored | make an earlier version active (`{"to": digest}`, optional) |
 //! | `DELETE /v1/handlers/{task}` | `deploy` covering the task; or `admin` on every queue | undeploy |
 //! | `GET /healthz` | none | Redis reachable |
@@ -81,7 +81,7 @@ use utoipa_axum::routes;
 pub use auth::{Scope, Tokens, TokensError};
 pub use metrics::{serve_metrics, serve_with_metrics};
 
-use crate::deploy::{Catalog, Registry};
+use crate::deploy::{Catalog, Registry, TrustedKeys};
 use crate::ingest::IngestSettings;
 use crate::sandbox::Sandbox;
 use crate::store::Store;
@@ -175,6 +175,9 @@ pub struct ApiSettings {
     pub limits: ApiLimits,
     /// Scoped API tokens; none: the API is open (except admin routes).
     pub tokens: Tokens,
+    /// `--trusted-keys`: a deploy must be signed by one of them
+    /// (`deploy::signing`); `None`, as before signing.
+    pub trusted_keys: Option<TrustedKeys>,
 }
 
 /// What the handlers share: the state the server was given, the tokens to
@@ -188,6 +191,8 @@ struct Shared {
     body_limit: usize,
     /// The bound on concurrent event streams.
     events: events::EventStreams,
+    /// The keys a deploy's signature must be by, if any.
+    trusted_keys: Option<TrustedKeys>,
 }
 
 /// Slack over the payload limit for the rest of the submission body.
@@ -211,6 +216,7 @@ pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
         limits: settings.limits,
         body_limit,
         events: events::EventStreams::new(settings.limits.max_event_streams),
+        trusted_keys: settings.trusted_keys.clone(),
     };
     let (router, _, _) = route_table().split();
     router
