@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::api::{ApiLimits, ApiSettings, Tokens};
+use crate::deploy::{SigningError, TrustedKeys};
 use crate::ingest::IngestSettings;
 use crate::sandbox::{AllowList, HandlerSettings, Limits, SandboxConfig};
 use crate::store::StoreSettings;
@@ -73,8 +74,10 @@ pub struct Config {
     #[arg(long, env = "DTQ_VISIBILITY_TIMEOUT_MS", default_value_t = 30_000)]
     pub visibility_timeout_ms: u64,
 
-    /// Bearer token of the admin routes (DLQ requeue). Without it they are
-    /// disabled (403).
+    /// Bearer token with the admin scope on every queue: the fleet's
+    /// operator (DLQ, partitions, schedules, deploys). Without it, and
+    /// without a token with the admin or deploy scope, the admin and fleet
+    /// routes are disabled (403).
     #[arg(long, env = "DTQ_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
@@ -242,8 +245,8 @@ pub struct Config {
     #[arg(long, env = "DTQ_API_MAX_EVENT_STREAMS", default_value_t = 256)]
     pub api_max_event_streams: usize,
 
-    /// API tokens with scopes, one `TOKEN SCOPES [QUEUES]` per line (see
-    /// the README). Without any (here or in DTQ_TOKENS) the API is open to
+    /// API tokens with scopes, one `TOKEN SCOPES [QUEUES] [KEY=VALUE...]`
+    /// per line (see the README). Without any (here or in DTQ_TOKENS) the API is open to
     /// anyone who reaches it, except the admin routes.
     #[arg(long, env = "DTQ_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
@@ -252,6 +255,13 @@ pub struct Config {
     /// or `;`. Prefer the variable or the file: a flag shows in `ps`.
     #[arg(long, env = "DTQ_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
+
+    /// Run signed modules only: a file of public keys, one
+    /// `dtq-ed25519 <base64> <name>` line each (`dtq keygen` writes them).
+    /// The API refuses a deploy no key signed, and every worker refuses to
+    /// load a version no key signed. Unset: nothing is checked.
+    #[arg(long, env = "DTQ_TRUSTED_KEYS")]
+    pub trusted_keys: Option<PathBuf>,
 
     /// Also serve `GET /metrics` (Prometheus) alone on this address, with
     /// the API's tokens (`read` scope) and limits: for a `dtq worker`, which
@@ -347,7 +357,16 @@ impl Config {
                 max_event_streams: self.api_max_event_streams,
             },
             tokens,
+            trusted_keys: self.trusted_keys().map_err(|e| e.to_string())?,
         })
+    }
+
+    /// The keys of `--trusted-keys`, read; `None` without the flag.
+    pub fn trusted_keys(&self) -> Result<Option<TrustedKeys>, SigningError> {
+        self.trusted_keys
+            .as_deref()
+            .map(TrustedKeys::load)
+            .transpose()
     }
 
     /// The largest module a deploy accepts, bytes.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use dtq_host::Config;
+use dtq_host::deploy::SigningKeyFile;
 use dtq_host::server::{self, Roles, ServerError};
 use serde_json::{Value, json};
 use tracing::info;
@@ -194,6 +195,14 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Write a signing key pair for `dtq deploy --sign-key`: NAME (private,
+    /// mode 0600) and NAME.pub (public: add its line to the fleet's
+    /// --trusted-keys file). Existing files are not overwritten.
+    Keygen {
+        /// The private key's path; the public key goes beside it with
+        /// `.pub` added, and the key is named by the file's name.
+        name: std::path::PathBuf,
+    },
     /// Remove a task's handler from the fleet (needs the admin token). New
     /// submissions of the task are refused; waiting ones wait for a deploy.
     /// Its history stays, so `dtq rollback TASK` brings it back.
@@ -246,6 +255,11 @@ struct DeployArgs {
     manifest: Option<std::path::PathBuf>,
     #[command(flatten)]
     settings: dtq_host::deploy::DeploySettings,
+    /// Sign each deploy with this private key (`dtq keygen`), as a fleet
+    /// with --trusted-keys requires: over the task, the module's SHA-256
+    /// and the settings, sent as the `Dtq-Signature` header.
+    #[arg(long)]
+    sign_key: Option<std::path::PathBuf>,
     /// Wait up to this many seconds for every live worker to run the new
     /// version; 0 does not wait.
     #[arg(long, default_value_t = 10)]
@@ -518,6 +532,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             (client, Method::GET, path)
         }
         Command::Deploy(args) => return deploy(args).await,
+        Command::Keygen { name } => return keygen(&name),
         Command::Handlers {
             command: None,
             client,
@@ -1128,15 +1143,19 @@ impl Api {
         wasm: Vec<u8>,
         settings: &dtq_host::deploy::DeploySettings,
         force: bool,
+        signature: Option<&str>,
     ) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.put(&url).query(settings);
         if force {
             req = req.query(&[("force", "true")]);
         }
-        let req = req
+        let mut req = req
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(wasm);
+        if let Some(signature) = signature {
+            req = req.header(dtq_host::deploy::SIGNATURE_HEADER, signature);
+        }
         self.send(req, &url).await
     }
 
@@ -1257,13 +1276,22 @@ async fn deploy(args: DeployArgs) -> Result<(), Failure> {
         }],
         (None, None) => return Err(fail(2, anyhow::anyhow!("name a module or --manifest"))),
     };
+    let sign_key = match &args.sign_key {
+        Some(path) => Some(SigningKeyFile::load(path).map_err(|e| fail(2, e))?),
+        None => None,
+    };
     let api = Api::new(args.client)?;
     let mut results = Vec::new();
     for d in &deployments {
         let wasm = std::fs::read(&d.file)
             .map_err(|e| fail(2, anyhow::anyhow!("cannot read {}: {e}", d.file.display())))?;
         let path = path(&["handlers", &d.task])?;
-        let deployed = api.put_module(&path, wasm, &d.settings, args.force).await?;
+        let signature = sign_key
+            .as_ref()
+            .map(|k| k.sign(&d.task, &wasm, &d.settings));
+        let deployed = api
+            .put_module(&path, wasm, &d.settings, args.force, signature.as_deref())
+            .await?;
         if let Some(warning) = deployed["warning"].as_str() {
             eprintln!("warning: {}: {warning}", d.task);
         }
@@ -1279,6 +1307,27 @@ async fn deploy(args: DeployArgs) -> Result<(), Failure> {
         Ok(one) => print_json(&json!(one)),
         Err(all) => print_json(&json!(all)),
     }
+}
+
+/// `dtq keygen NAME`: write the pair, print where and the public line.
+fn keygen(path: &std::path::Path) -> Result<(), Failure> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty() && !n.contains(char::is_whitespace))
+        .ok_or_else(|| {
+            fail(
+                2,
+                anyhow::anyhow!("name the key file (no spaces in its name)"),
+            )
+        })?;
+    let key = SigningKeyFile::generate(name);
+    let public = key.write(path).map_err(|e| fail(2, e))?;
+    print_json(&json!({
+        "private": path.display().to_string(),
+        "public": public.display().to_string(),
+        "key": key.public_line(),
+    }))
 }
 
 /// Wait (up to `wait` from `stored`) until every live worker runs the

@@ -68,6 +68,9 @@ pub enum ServerError {
     /// The API tokens (`--tokens-file`, `DTQ_TOKENS`) cannot be read.
     #[error("invalid API tokens: {0}")]
     Tokens(String),
+    /// The trusted keys (`--trusted-keys`) cannot be read.
+    #[error("invalid trusted keys")]
+    TrustedKeys(#[source] crate::deploy::SigningError),
     /// Redis did not answer.
     #[error("cannot reach Redis at {url}")]
     Redis {
@@ -118,6 +121,7 @@ impl ServerError {
         match self {
             ServerError::Config(_)
             | ServerError::Tokens(_)
+            | ServerError::TrustedKeys(_)
             | ServerError::NoHandlersDir(_)
             | ServerError::Worker(WorkerError::Config(_)) => 2,
             ServerError::Redis { .. } | ServerError::Registry(_) => 3,
@@ -179,6 +183,7 @@ impl Server {
     /// ones load), an API knows it.
     pub async fn prepare(config: Config, roles: Roles) -> Result<Server, ServerError> {
         config.check()?;
+        let trusted_keys = config.trusted_keys().map_err(ServerError::TrustedKeys)?;
         if let Some(dir) = &config.handlers
             && !dir.is_dir()
         {
@@ -212,7 +217,8 @@ impl Server {
         if let Some(sandbox) = &sandbox {
             metrics.set_sandbox(sandbox.clone());
         }
-        let mut watcher = new_watcher(&config, &store, &registry, &catalog, sandbox.clone());
+        let mut watcher = new_watcher(&config, &store, &registry, &catalog, sandbox.clone())
+            .with_trusted_keys(trusted_keys);
         let started = Instant::now();
         watcher.sync().await.map_err(ServerError::Registry)?;
         let tasks = catalog.tasks();
@@ -252,6 +258,11 @@ impl Server {
             &self.registry,
             &self.catalog,
             Some(sandbox.clone()),
+        )
+        .with_trusted_keys(
+            self.config
+                .trusted_keys()
+                .map_err(ServerError::TrustedKeys)?,
         );
         Ok(Server {
             roles,

@@ -108,10 +108,18 @@ error_codes! {
     InvalidSettings = "INVALID_SETTINGS", BAD_REQUEST;
     /// No bearer token, or one that is not configured.
     Unauthorized = "UNAUTHORIZED", UNAUTHORIZED;
-    /// The token lacks the route's scope or the queue.
+    /// The token lacks the route's scope, the queue, or (on a fleet route)
+    /// the task, namespace, host or quota; `details.scope` names the scope.
     Forbidden = "FORBIDDEN", FORBIDDEN;
-    /// An admin route while no token has the admin scope.
+    /// An admin or fleet route while no token has the admin or the deploy
+    /// scope.
     AdminDisabled = "ADMIN_DISABLED", FORBIDDEN;
+    /// A deploy without a `Dtq-Signature` to a fleet that runs signed
+    /// modules only (`--trusted-keys`).
+    SignatureRequired = "SIGNATURE_REQUIRED", FORBIDDEN;
+    /// A deploy whose signature is malformed, or by no trusted key over
+    /// this task, module and settings.
+    SignatureInvalid = "SIGNATURE_INVALID", FORBIDDEN;
     /// No such task in the queue.
     TaskNotFound = "TASK_NOT_FOUND", NOT_FOUND;
     /// No such route.

@@ -1,6 +1,8 @@
 //! The routes of the handler registry: list, history, deploy, rollback,
 //! undeploy. Changing what the fleet runs is running code on it, so every
-//! change needs the `admin` scope; listing needs `read`.
+//! change needs a deploy grant that covers the task and the settings the
+//! version runs with, or admin on every queue (`auth.rs`); listing needs
+//! `read`.
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -9,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 use utoipa::ToSchema;
 
 use super::Shared;
@@ -20,7 +23,9 @@ use super::openapi::schemas::{
     ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
     HandlerPath, Undeployed,
 };
-use crate::deploy::{DeploySettings, Entry, FleetReport, REPORT_LIVE_MS, RegistryError};
+use crate::deploy::{
+    DeploySettings, Entry, FleetReport, REPORT_LIVE_MS, RegistryError, SIGNATURE_HEADER, Version,
+};
 use crate::ingest::{now_ms, validate_task_name};
 
 type ApiResult = Result<Response, ApiError>;
@@ -168,6 +173,7 @@ pub(super) async fn history(
         (status = 200, description = "The same module and settings were active already (`unchanged: true`)", body = Deployed),
         (status = 400, description = "`INVALID_TASK_NAME`, `INVALID_SETTINGS`, `INVALID_QUERY`", body = ErrorBody),
         (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
+        (status = 403, description = "`FORBIDDEN`: no deploy grant covers the task, namespace, hosts or quota; `SIGNATURE_REQUIRED`, `SIGNATURE_INVALID` (`--trusted-keys`)", body = ErrorBody),
         (status = 409, description = "`NO_WORKER_CAN_RUN`: no live worker can honour the settings (each worker's reason in `details.workers`); `force=true` deploys anyway", body = ErrorBody),
         (status = 413, description = "`MODULE_TOO_LARGE`", body = ErrorBody),
         (status = 422, description = "`INVALID_MODULE`: it cannot run as a handler (the reason in the message)", body = ErrorBody),
@@ -199,13 +205,14 @@ async fn check_and_store(
     headers: &HeaderMap,
     body: &mut Option<Body>,
 ) -> ApiResult {
-    shared.auth.authorize(headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(headers)?;
     validate_task_name(&task)?;
     let (settings, force) = deploy_query(query.as_deref())?;
     settings.check().map_err(|e| {
         ApiError::new(ErrorCode::InvalidSettings, e.to_string())
             .with_details(json!({"setting": e.setting}))
     })?;
+    fleet.may_activate(&task, &settings)?;
     let warning = check_workers(shared, &task, &settings, force).await?;
     let deploy = &shared.state.deploy;
     let limit = deploy.max_module_bytes;
@@ -218,6 +225,7 @@ async fn check_and_store(
     };
     let body = body.take().unwrap_or_default();
     let wasm = super::routes::read_limited(shared, headers, body, limit, too_large).await?;
+    let signature = check_signature(shared, &task, &wasm, &settings, headers)?;
 
     let checker = deploy.checker.clone();
     let (t, w, s) = (task.clone(), wasm.clone(), settings.handler_settings());
@@ -234,9 +242,10 @@ async fn check_and_store(
             .with_details(json!({"task": task, "size": wasm.len()})));
     }
 
+    let version = Version::signed(&wasm, settings, signature);
     let deployed = deploy
         .registry
-        .deploy(&task, &wasm, settings, now_ms())
+        .deploy_version(&task, &wasm, version, now_ms())
         .await?;
     shared
         .state
@@ -364,6 +373,40 @@ async fn discard(shared: &Shared, headers: &HeaderMap, body: Body) {
     let _ = tokio::time::timeout(shared.limits.body_timeout, drain).await;
 }
 
+/// With `--trusted-keys`, the deploy's `Dtq-Signature`, checked: 403
+/// `SIGNATURE_REQUIRED` without one, `SIGNATURE_INVALID` for one no trusted
+/// key made over this task, module and settings. Without trusted keys the
+/// header is ignored, as before signing.
+fn check_signature(
+    shared: &Shared,
+    task: &str,
+    wasm: &[u8],
+    settings: &DeploySettings,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
+    let Some(keys) = &shared.trusted_keys else {
+        return Ok(None);
+    };
+    let signature = headers
+        .get(SIGNATURE_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let digest = hex::encode(Sha256::digest(wasm));
+    match keys.verify(task, &digest, settings, signature.as_deref()) {
+        Ok(key) => {
+            tracing::info!(task, key, "deploy signature verified");
+            Ok(signature)
+        }
+        Err(e) => {
+            let code = match e.is_missing() {
+                true => ErrorCode::SignatureRequired,
+                false => ErrorCode::SignatureInvalid,
+            };
+            Err(ApiError::new(code, e.to_string())
+                .with_details(json!({"task": task, "digest": digest})))
+        }
+    }
+}
+
 /// The body of a rollback (optional).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -393,14 +436,20 @@ pub(super) async fn rollback(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
+    fleet.may_touch(&task)?;
     let request: RollbackRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RollbackRequest::default()
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))?
     };
+    if !fleet.is_operator()
+        && let Some(target) = rollback_target(&shared, &task, request.to.as_deref()).await?
+    {
+        fleet.may_activate(&task, &target.settings)?;
+    }
     let entry = shared
         .state
         .deploy
@@ -410,6 +459,31 @@ pub(super) async fn rollback(
     shared.state.catalog.note(&task, entry.version.as_ref());
     tracing::info!(task, "handler rolled back");
     Ok(Json(active_json(&task, &entry)).into_response())
+}
+
+/// The version a rollback of `task` to `to` would make active, as
+/// `handler_rollback.lua` picks it: the newest entry with digest `to`, or
+/// the newest whose module or settings differ from the active version's.
+/// `None` when there is none (the rollback itself then answers why).
+///
+/// A rollback restores a version's settings with its module, so a limited
+/// deploy grant must cover them as it would a deploy of them. The version
+/// is read before the rollback runs: a deploy of the same task landing in
+/// between could change which one it picks.
+async fn rollback_target(
+    shared: &Shared,
+    task: &str,
+    to: Option<&str>,
+) -> Result<Option<Version>, ApiError> {
+    let (active, history) = shared.state.deploy.registry.history(task).await?;
+    let current = active.and_then(|e| e.version).map(|v| v.fingerprint);
+    Ok(history
+        .into_iter()
+        .filter_map(|e| e.version)
+        .find(|v| match to {
+            Some(digest) => v.digest == digest,
+            None => Some(&v.fingerprint) != current.as_ref(),
+        }))
 }
 
 /// `DELETE /v1/handlers/{task}`.
@@ -429,8 +503,9 @@ pub(super) async fn undeploy(
     ApiPath(task): ApiPath<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    shared.auth.authorize(&headers, Scope::Admin, None)?;
+    let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
+    fleet.may_touch(&task)?;
     let undeployed = shared
         .state
         .deploy

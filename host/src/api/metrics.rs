@@ -102,6 +102,7 @@ pub async fn serve_metrics(
         limits: settings.limits,
         body_limit: 0,
         events: super::events::EventStreams::new(0),
+        trusted_keys: None,
     };
     tracing::info!(
         addr = %listener.local_addr()?,

@@ -11,18 +11,19 @@
 //! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | `cancel` | cancel a waiting or running task |
 //! | `GET /v1/queues` | `read` | every queue's counts (those the token may read) |
 //! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
+//! | `PUT /v1/queues/{queue}/partitions` | `admin` on every queue | raise the queue's partition count (`api::partitions`) |
 //! | `GET /v1/queues/{queue}/dlq` | `read` | dead-lettered tasks |
 //! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | `admin` | requeue a dead-lettered task |
-//! | `PUT /v1/queues/{queue}/schedules/{name}` | `admin` | set a periodic task: `{"cron", "task", "payload", "max_attempts", "timeout_ms"}`, UTC (`api::schedules`) |
+//! | `PUT /v1/queues/{queue}/schedules/{name}` | `admin` on the queue, and a grant covering the task | set a periodic task: `{"cron", "task", "payload", "max_attempts", "timeout_ms"}`, UTC (`api::schedules`) |
 //! | `GET /v1/queues/{queue}/schedules` | `read` | the queue's schedules, each with its next tick and last fired one |
-//! | `DELETE /v1/queues/{queue}/schedules/{name}` | `admin` | delete a schedule |
+//! | `DELETE /v1/queues/{queue}/schedules/{name}` | `admin` on the queue, and a grant covering its task | delete a schedule |
 //! | `POST /v1/queues/{queue}/dlq/requeue` | `admin` | requeue dead-lettered tasks: `{"ids": [...]}` or `{"all": true}` (`api::dlq`) |
 //! | `DELETE /v1/queues/{queue}/dlq` | `admin` | purge dead-lettered tasks: `{"ids": [...]}`, `{"all": true}` or `older_than_ms` (`api::dlq`) |
 //! | `GET /v1/handlers` | `read` | each deployed task's active version and how many live workers run it; each live worker's handlers |
 //! | `GET /v1/handlers/{task}` | `read` | a task's active version and history |
-//! | `PUT /v1/handlers/{task}` | `admin` | deploy: the body is the module (`application/wasm`), the query its settings |
-//! | `POST /v1/handlers/{task}/rollback` | `admin` | make an earlier version active (`{"to": digest}`, optional) |
-//! | `DELETE /v1/handlers/{task}` | `admin` | undeploy |
+//! | `PUT /v1/handlers/{task}` | `deploy` covering task, namespace, hosts, quota; or `admin` on every queue | deploy: the body is the module (`application/wasm`), the query its settings, the `Dtq-Signature` header its signature (required with `--trusted-keys`) |
+//! | `POST /v1/handlers/{task}/rollback` | as a deploy of the version restored | make an earlier version active (`{"to": digest}`, optional) |
+//! | `DELETE /v1/handlers/{task}` | `deploy` covering the task; or `admin` on every queue | undeploy |
 //! | `GET /healthz` | none | Redis reachable |
 //! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of these routes, generated from their handlers ([`openapi`]) |
 //! | `GET /ui/` | none | the web dashboard, static files that call the routes above (`api::ui`) |
@@ -30,7 +31,11 @@
 //!
 //! Every error has one body: `{"error": {"code", "message", "details"}}`
 //! ([`error::ApiError`]), extractor rejections and unknown routes included.
-//! Tokens and their scopes: [`Tokens`], [`Scope`].
+//! Tokens and their scopes: [`Tokens`], [`Scope`]; what limits each route
+//! (queues; tasks, namespaces, hosts and quota of the fleet routes) is
+//! tabled in `auth.rs`. A queue's `admin` covers only that queue's things:
+//! the handler routes, partitions and schedules of tasks it was not granted
+//! answer it 403 `FORBIDDEN`.
 //!
 //! # Limits
 //!
@@ -51,6 +56,7 @@ mod dlq;
 pub mod error;
 mod events;
 mod extract;
+mod fleet;
 mod handlers;
 mod listing;
 mod lookup;
@@ -75,7 +81,7 @@ use utoipa_axum::routes;
 pub use auth::{Scope, Tokens, TokensError};
 pub use metrics::{serve_metrics, serve_with_metrics};
 
-use crate::deploy::{Catalog, Registry};
+use crate::deploy::{Catalog, Registry, TrustedKeys};
 use crate::ingest::IngestSettings;
 use crate::sandbox::Sandbox;
 use crate::store::Store;
@@ -169,6 +175,9 @@ pub struct ApiSettings {
     pub limits: ApiLimits,
     /// Scoped API tokens; none: the API is open (except admin routes).
     pub tokens: Tokens,
+    /// `--trusted-keys`: a deploy must be signed by one of them
+    /// (`deploy::signing`); `None`, as before signing.
+    pub trusted_keys: Option<TrustedKeys>,
 }
 
 /// What the handlers share: the state the server was given, the tokens to
@@ -182,6 +191,8 @@ struct Shared {
     body_limit: usize,
     /// The bound on concurrent event streams.
     events: events::EventStreams,
+    /// The keys a deploy's signature must be by, if any.
+    trusted_keys: Option<TrustedKeys>,
 }
 
 /// Slack over the payload limit for the rest of the submission body.
@@ -205,6 +216,7 @@ pub fn router_with(state: ApiState, settings: &ApiSettings) -> Router {
         limits: settings.limits,
         body_limit,
         events: events::EventStreams::new(settings.limits.max_event_streams),
+        trusted_keys: settings.trusted_keys.clone(),
     };
     let (router, _, _) = route_table().split();
     router

@@ -1,5 +1,7 @@
 //! `PUT /v1/queues/{queue}/partitions`: raise a queue's partition count
-//! (admin scope), spreading it over that many Redis Cluster slots. See
+//! (admin scope on every queue: where a queue's keys live is the fleet's
+//! layout, not the queue's), spreading it over that many Redis Cluster
+//! slots. See
 //! `store::partitions` for how tasks are routed and how keyed submissions
 //! behave across the change; the count is never lowered.
 
@@ -12,12 +14,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::Shared;
-use super::auth::Scope;
 use super::error::{ApiError, ErrorCode};
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
-use super::routes::{authorized, read_limited, require_json, store_call};
+use super::routes::{checked_queue, read_limited, require_json, store_call};
 use crate::ingest::now_ms;
 use crate::store::MAX_PARTITIONS;
 
@@ -52,7 +53,8 @@ pub(super) async fn raise(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    authorized(&shared.auth, &headers, Scope::Admin, &queue)?;
+    shared.auth.authorize_every_queue(&headers, &queue)?;
+    checked_queue(&queue)?;
     require_json(&headers)?;
     let too_large = || {
         ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")

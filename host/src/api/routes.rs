@@ -247,7 +247,7 @@ pub(super) async fn handler_defaults(
     Ok(settings.map(|s| s.max_attempts))
 }
 
-fn checked_queue(queue: &str) -> Result<(), ApiError> {
+pub(super) fn checked_queue(queue: &str) -> Result<(), ApiError> {
     validate_queue_name(queue).map_err(ApiError::from)
 }
 

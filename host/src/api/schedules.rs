@@ -2,8 +2,10 @@
 //!
 //! A schedule submits one task per tick of its cron expression (UTC),
 //! fired by the workers consuming the queue (see `worker/schedule.rs`).
-//! Setting or deleting one is an operator's change, so it needs the
-//! `admin` scope; listing needs `read`.
+//! Setting or deleting one needs the `admin` scope on the queue and a
+//! grant that covers the schedule's task (`Auth::authorize_schedule`): a
+//! schedule submits its task unattended, on and on, so a queue's admin
+//! schedules only the tasks it was granted. Listing needs `read`.
 //!
 //! `PUT` checks everything before it writes: the name, the expression
 //! (422 `INVALID_CRON`, also for one that never fires), and the task as a
@@ -127,6 +129,9 @@ pub(super) async fn put(
     };
     let bytes = read_limited(&shared, &headers, body, shared.body_limit, too_large).await?;
     let body = parse_body(&bytes)?;
+    shared
+        .auth
+        .authorize_schedule(&headers, &queue, &body.task)?;
     let cron = CronExpr::parse(&body.cron).map_err(invalid_cron)?;
     let now = now_ms();
     let next = cron.next_after(now).ok_or_else(|| {
@@ -230,6 +235,17 @@ pub(super) async fn delete(
 ) -> ApiResult {
     authorized(&shared.auth, &headers, Scope::Admin, &queue)?;
     checked_name(&name)?;
+    let (store, q, n) = (shared.state.store.clone(), queue.clone(), name.clone());
+    let existing = store_call(&shared, async move {
+        let all = store.schedules(&q).await?;
+        Ok::<_, crate::store::StoreError>(all.into_iter().find(|s| s.name == n))
+    })
+    .await?;
+    if let Some(schedule) = &existing {
+        shared
+            .auth
+            .authorize_schedule(&headers, &queue, &schedule.def.task)?;
+    }
     let (store, q, n) = (shared.state.store.clone(), queue.clone(), name.clone());
     if store_call(&shared, async move { store.delete_schedule(&q, &n).await }).await? {
         Ok(Json(json!({"queue": queue, "name": name, "deleted": true})).into_response())

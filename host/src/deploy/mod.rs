@@ -6,6 +6,9 @@
 //!   undeploy, history, modules, and the fleet's reports of what each
 //!   worker runs.
 //! - `settings.rs`: [`DeploySettings`], what the operator sets per handler.
+//! - `signing.rs`: signed modules ([`TrustedKeys`], [`SigningKeyFile`]):
+//!   what `--trusted-keys` fleets require of a deploy, checked by the API
+//!   and again by every worker before it compiles.
 //! - `watch.rs`: [`Watcher`], which keeps a process's handlers (and the
 //!   API's [`Catalog`]) in step with the registry and its directory.
 //!
@@ -21,10 +24,15 @@
 
 mod registry;
 mod settings;
+mod signing;
 mod watch;
 
 pub use registry::{
     Action, CHANNEL, Deployed, Entry, FleetReport, HISTORY_LIMIT, Registry, RegistryError, Version,
 };
 pub use settings::{Capacity, DeploySettings, MAX_MEMORY_MIB, SettingsError};
+pub use signing::{
+    PUBLIC_TAG, SECRET_TAG, SIGNATURE_HEADER, SigningError, SigningKeyFile, TrustedKeys,
+    signed_message,
+};
 pub use watch::{Catalog, Known, REPORT_EVERY, REPORT_LIVE_MS, Watcher};

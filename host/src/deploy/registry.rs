@@ -100,31 +100,48 @@ pub struct Version {
     pub size: u64,
     /// The operator's settings.
     pub settings: DeploySettings,
-    /// Identifies module and settings together: deploying the same pair
-    /// again changes nothing.
+    /// Identifies module and settings (and signature) together: deploying
+    /// the same again changes nothing.
     pub fingerprint: String,
+    /// A trusted key's signature over task, digest and settings
+    /// (`signing.rs`), base64; what `--trusted-keys` fleets require.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 impl Version {
     /// The version of module `wasm` with `settings`.
     pub fn new(wasm: &[u8], settings: DeploySettings) -> Version {
+        Version::signed(wasm, settings, None)
+    }
+
+    /// The version of module `wasm` with `settings` and `signature`.
+    pub fn signed(wasm: &[u8], settings: DeploySettings, signature: Option<String>) -> Version {
         let digest = hex::encode(Sha256::digest(wasm));
-        let fingerprint = fingerprint(&digest, &settings);
+        let fingerprint = fingerprint(&digest, &settings, signature.as_deref());
         Version {
             digest,
             size: wasm.len() as u64,
             settings,
             fingerprint,
+            signature,
         }
     }
 }
 
-fn fingerprint(digest: &str, settings: &DeploySettings) -> String {
+/// A signed version's fingerprint covers its signature too, so that
+/// signing an active unsigned version is a change (an unsigned one's is
+/// what it always was).
+fn fingerprint(digest: &str, settings: &DeploySettings, signature: Option<&str>) -> String {
     let settings = serde_json::to_string(settings).unwrap_or_default();
     let mut hash = Sha256::new();
     hash.update(digest.as_bytes());
     hash.update(b"\n");
     hash.update(settings.as_bytes());
+    if let Some(signature) = signature {
+        hash.update(b"\n");
+        hash.update(signature.as_bytes());
+    }
     hex::encode(&hash.finalize()[..8])
 }
 
@@ -263,7 +280,19 @@ impl Registry {
         settings: DeploySettings,
         now: u64,
     ) -> Result<Deployed, RegistryError> {
-        let version = Version::new(wasm, settings);
+        self.deploy_version(task, wasm, Version::new(wasm, settings), now)
+            .await
+    }
+
+    /// [`Registry::deploy`] of `version` (of module `wasm`), which may
+    /// carry a signature ([`Version::signed`]).
+    pub async fn deploy_version(
+        &self,
+        task: &str,
+        wasm: &[u8],
+        version: Version,
+        now: u64,
+    ) -> Result<Deployed, RegistryError> {
         let entry = Entry {
             action: Action::Deploy,
             at: now,

@@ -42,6 +42,7 @@ use tracing::{error, info, warn};
 
 use super::registry::{CHANNEL, Entry, FleetReport, Registry, RegistryError, Version};
 use super::settings::Capacity;
+use super::signing::TrustedKeys;
 use crate::sandbox::Sandbox;
 use crate::store::Backend;
 
@@ -173,6 +174,9 @@ pub struct Watcher {
     /// is written.
     serving: bool,
     reported: Option<(FleetReport, Instant)>,
+    /// `--trusted-keys`: a registry version loads only when one of them
+    /// signed it ([`Watcher::with_trusted_keys`]).
+    trusted: Option<TrustedKeys>,
 }
 
 impl Watcher {
@@ -209,7 +213,17 @@ impl Watcher {
             files: BTreeMap::new(),
             serving: false,
             reported: None,
+            trusted: None,
         }
+    }
+
+    /// Load a registry version only when one of `keys` signed its task,
+    /// module and settings, and its module's bytes hash to its digest:
+    /// checked before it is compiled, so a version written into Redis
+    /// around the API never runs here; it is a load failure, reported.
+    pub fn with_trusted_keys(mut self, keys: Option<TrustedKeys>) -> Watcher {
+        self.trusted = keys;
+        self
     }
 
     /// The catalog this watcher keeps.
@@ -337,7 +351,10 @@ impl Watcher {
         let (wasm, settings) = match want {
             Want::Unreadable(e) => return Err(e.clone()),
             Want::Registry(version) => match self.registry.module(&version.digest).await {
-                Ok(Some(wasm)) => (wasm, Some(version.settings.handler_settings())),
+                Ok(Some(wasm)) => {
+                    self.check_signature(task, &wasm, version)?;
+                    (wasm, Some(version.settings.handler_settings()))
+                }
                 Ok(None) => return Err(format!("module {} is not stored", version.digest)),
                 Err(e) => {
                     warn!(task, error = %e, "cannot read the module; retrying");
@@ -360,6 +377,18 @@ impl Watcher {
         loaded
             .map(|report| Some(report.sha256))
             .map_err(|e| e.to_string())
+    }
+
+    /// With trusted keys, why `version` of `task` may not load (see
+    /// [`Watcher::with_trusted_keys`]).
+    fn check_signature(&self, task: &str, wasm: &[u8], version: &Version) -> Result<(), String> {
+        let Some(keys) = &self.trusted else {
+            return Ok(());
+        };
+        let signature = version.signature.as_deref();
+        keys.verify_module(task, wasm, &version.digest, &version.settings, signature)
+            .map(|_| ())
+            .map_err(|e| format!("signature refused (--trusted-keys): {e}"))
     }
 
     fn update_catalog(&self, wants: &BTreeMap<String, Want>) {

@@ -131,6 +131,23 @@ impl AllowList {
         self.patterns.is_empty()
     }
 
+    /// The first pattern of `other` that allows a request this list does
+    /// not; `None` when this list allows everything `other` does. An API
+    /// token's deploy grant uses it to bound the allow-lists it may give.
+    ///
+    /// Decided per pattern, conservatively: a pattern is covered by one
+    /// pattern of this list whose scheme, port and host each take in its
+    /// own (`*://` takes either scheme, `:*` every port, `*.example.com`
+    /// every name under it, `*.a.example.com` included; an address or a
+    /// name only itself).
+    pub fn uncovered<'a>(&self, other: &'a AllowList) -> Option<&'a str> {
+        other
+            .patterns
+            .iter()
+            .find(|p| !self.patterns.iter().any(|mine| mine.covers(p)))
+            .map(|p| p.text.as_str())
+    }
+
     /// The decision for a request to `scheme://host:port`; `None` when no
     /// pattern allows it. `Some(true)` when the matching pattern names the
     /// address (so it may be a private one).
@@ -172,6 +189,19 @@ fn default_port(scheme: &str) -> u16 {
 }
 
 impl HostPattern {
+    /// Whether every request `other` allows, this pattern allows too.
+    fn covers(&self, other: &HostPattern) -> bool {
+        let scheme = self.scheme == SchemeMatch::Any || self.scheme == other.scheme;
+        let port = self.port == PortMatch::Any || self.port == other.port;
+        let host = match (&self.host, &other.host) {
+            (HostMatch::Suffix(mine), HostMatch::Name(name) | HostMatch::Suffix(name)) => {
+                name.ends_with(mine.as_str())
+            }
+            (mine, theirs) => mine == theirs,
+        };
+        scheme && port && host
+    }
+
     fn parse(text: &str) -> Result<HostPattern, PatternError> {
         let error = |reason| PatternError {
             pattern: text.to_owned(),
@@ -616,6 +646,37 @@ mod tests {
         AllowList::parse(list)
             .expect("parses")
             .allows(scheme, host, port)
+    }
+
+    #[test]
+    fn a_list_covers_the_patterns_it_takes_in_and_names_the_first_it_does_not() {
+        let list = |text| AllowList::parse(text).expect("parses");
+        let grant = list("https://*.example.com, *://10.0.0.1:*, http://localhost:8080");
+        for inside in [
+            "https://api.example.com",
+            "https://*.a.example.com",
+            "http://10.0.0.1:9000, https://10.0.0.1",
+            "http://localhost:8080",
+            "",
+        ] {
+            assert_eq!(grant.uncovered(&list(inside)), None, "{inside}");
+        }
+        for (outside, named) in [
+            (
+                "https://api.example.com, http://api.example.com",
+                "http://api.example.com",
+            ),
+            ("https://example.com", "https://example.com"),
+            (
+                "https://api.example.com:8443",
+                "https://api.example.com:8443",
+            ),
+            ("http://10.0.0.2:80", "http://10.0.0.2:80"),
+            ("http://localhost:*", "http://localhost:*"),
+            ("*://*.example.com", "*://*.example.com"),
+        ] {
+            assert_eq!(grant.uncovered(&list(outside)), Some(named), "{outside}");
+        }
     }
 
     #[test]
