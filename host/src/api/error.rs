@@ -133,6 +133,9 @@ error_codes! {
     TaskTerminal = "TASK_TERMINAL", CONFLICT;
     /// Requeue of a task that is not dead-lettered.
     NotDeadLettered = "NOT_DEAD_LETTERED", CONFLICT;
+    /// Requeue of a task whose idempotency key names another task now
+    /// (`details.task_id`): the task stays dead-lettered.
+    IdempotencyKeyTaken = "IDEMPOTENCY_KEY_TAKEN", CONFLICT;
     /// A rollback with no earlier version in the task's history.
     NoEarlierVersion = "NO_EARLIER_VERSION", CONFLICT;
     /// Live events of a server that writes none (`--events none`).

@@ -11,7 +11,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
+//! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S`; or a forward `{forward, task_id, updated_at}` to the partition that holds the key's task and record (written by a DLQ requeue after a raise, see `store::dlq`) |
 //! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal, but none while dead-lettered (purged instead: `store/dlq.rs`); `attempt:<n>` fields archive earlier attempts (`store/task.rs`) |
 //! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`; a task whose message carries it also `run`, see `store/carried.rs`) |
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |

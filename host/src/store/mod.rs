@@ -37,7 +37,9 @@ use std::time::{Duration, Instant};
 use redis::{FromRedisValue, Value};
 
 pub use conn::{Backend, Conn, Subscription};
-pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
+pub use dlq::{
+    BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, FORWARD_MARGIN_S, KeyTaken, PurgeBound,
+};
 pub(crate) use entries::fresh_deliveries;
 pub use events::{
     EventId, EventsGap, EventsStart, InvalidEventId, InvalidStreamId, QueueEvent, StreamId,
@@ -286,8 +288,9 @@ impl Store {
     ) -> Result<SubmitOutcome, StoreError> {
         self.register_queue(&new.queue).await?;
         let mut part = self.known_partitioning(&new.queue).await?;
+        let (mut pinned, mut forwards) = (None, 0);
         for round in 0.. {
-            self.route(new, &part).await?;
+            self.route(new, &part, pinned).await?;
             let inv = self.ingest_call(new, part.count, max_depth);
             let reply: Vec<Value> = self
                 .trip("submit", inv.invoke_async(&mut self.conn.clone()))
@@ -298,6 +301,9 @@ impl Store {
                     part = self
                         .reread_partitioning(&new.queue, &part, found, round)
                         .await?;
+                }
+                Ingested::Forwarded(to) => {
+                    pinned = Some(follow_forward(new, to, &mut forwards)?);
                 }
             }
         }
@@ -1114,6 +1120,33 @@ enum Ingested {
     /// Nothing: the queue's partition count, as the partition's slot holds
     /// it, is not the one the task was routed by (see `partitions.rs`).
     Repartitioned(u32),
+    /// Nothing: the key's records live in this partition, to which a DLQ
+    /// requeue forwarded the key (see `dlq.rs`).
+    Forwarded(u32),
+}
+
+/// Most forwards one submission follows: a forward leads to the partition
+/// of a task, whose record is a plain one, so one is the most a
+/// submission meets unless records were written by hand.
+const MAX_FORWARDS: u32 = 4;
+
+/// The partition a submission forwarded to `to` goes to (`followed`
+/// counts the forwards it met): `to`, unless it is where the submission
+/// was (a forward to itself, which no script writes) or forwards keep
+/// coming.
+pub(super) fn follow_forward(
+    new: &NewTask,
+    to: u32,
+    followed: &mut u32,
+) -> Result<u32, StoreError> {
+    *followed += 1;
+    if to == partition_of_id(&new.id) || *followed > MAX_FORWARDS {
+        return Err(StoreError::Corrupt(format!(
+            "the idempotency key of a submission to {} forwards in a loop (partition {to})",
+            new.queue
+        )));
+    }
+    Ok(to)
 }
 
 /// What the ingest script's `reply` says.
@@ -1141,6 +1174,7 @@ fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
             depth: from_value(second)?,
         },
         Code::Repartitioned => return Ok(Ingested::Repartitioned(from_value(second)?)),
+        Code::Forwarded => return Ok(Ingested::Forwarded(from_value(second)?)),
         other => return Err(unexpected("ingest", other)),
     }))
 }

@@ -188,15 +188,20 @@ impl Store {
     /// says so. A keyed task goes where its key's record already is, if a
     /// replaced count put it elsewhere (one read per replaced count that
     /// moved the key), else to its key's partition; an unkeyed one goes
-    /// round-robin.
+    /// round-robin. A submission `pinned` to a partition (a forward sent it
+    /// there, see `dlq.rs`) goes there.
     pub(super) async fn route(
         &self,
         new: &mut NewTask,
         part: &Partitioning,
+        pinned: Option<u32>,
     ) -> Result<(), StoreError> {
-        let partition = match new.idempotency_key.as_deref() {
-            None => (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32,
-            Some(key) => {
+        let partition = match (pinned, new.idempotency_key.as_deref()) {
+            (Some(partition), _) => partition,
+            (None, None) => {
+                (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32
+            }
+            (None, Some(key)) => {
                 let places = part.places_of_key(key, new.now);
                 let mut chosen = places[0];
                 for &old in &places[1..] {

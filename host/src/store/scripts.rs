@@ -35,6 +35,7 @@ pub(crate) struct Scripts {
     pub(crate) schedule_advance: Script,
     pub(crate) partitions_raise: Script,
     pub(crate) task_read: Script,
+    pub(crate) idem_forward: Script,
 }
 
 impl Scripts {
@@ -55,10 +56,11 @@ impl Scripts {
             schedule_advance: script!("schedule_advance"),
             partitions_raise: script!("partitions_raise"),
             task_read: script!("task_read"),
+            idem_forward: script!("idem_forward"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 15] {
+    pub(crate) fn all(&self) -> [&Script; 16] {
         [
             &self.ingest,
             &self.start,
@@ -75,6 +77,7 @@ impl Scripts {
             &self.schedule_advance,
             &self.partitions_raise,
             &self.task_read,
+            &self.idem_forward,
         ]
     }
 }
@@ -115,6 +118,12 @@ pub enum Code {
     /// ingest: the queue's partition count is not the one the submission
     /// was routed by; nothing was written.
     Repartitioned,
+    /// ingest: the key's records live in another partition (a forward
+    /// left by a DLQ requeue); nothing was written.
+    Forwarded,
+    /// requeue, idem_forward: the task's idempotency key names another
+    /// task now; nothing was written.
+    KeyTaken,
 }
 
 impl Code {
@@ -135,6 +144,8 @@ impl Code {
             -6 => Code::NotFound,
             -7 => Code::NotInDlq,
             -8 => Code::Repartitioned,
+            -9 => Code::Forwarded,
+            -10 => Code::KeyTaken,
             _ => return None,
         })
     }
@@ -154,6 +165,7 @@ mod tests {
         ("cancel", include_str!("lua/cancel.lua")),
         ("requeue", include_str!("lua/requeue.lua")),
         ("heartbeat", include_str!("lua/heartbeat.lua")),
+        ("idem_forward", include_str!("lua/idem_forward.lua")),
     ];
 
     /// The scripts whose replies are not codes of [`Code`] (counts, claim
@@ -200,6 +212,8 @@ mod tests {
             Code::NotFound,
             Code::NotInDlq,
             Code::Repartitioned,
+            Code::Forwarded,
+            Code::KeyTaken,
         ];
         for code in all {
             match code {
@@ -216,7 +230,9 @@ mod tests {
                 | Code::Terminal
                 | Code::NotFound
                 | Code::NotInDlq
-                | Code::Repartitioned => {}
+                | Code::Repartitioned
+                | Code::Forwarded
+                | Code::KeyTaken => {}
             }
         }
         all.to_vec()
