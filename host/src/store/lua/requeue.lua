@@ -51,8 +51,9 @@
   Attempts keep counting (a handler sees attempt numbers rise, never
   repeat); max_attempts grows by the task's original budget. The
   dead-lettered attempt, which lives in the hash's own fields, is archived
-  first (include/attempts.lua) unless reclaim.lua already archived it as
-  lost, so the task's attempt history runs on across the requeue.
+  first (include/attempts.lua) as "dead_lettered" (one reclaim.lua already
+  archived as lost is relabelled so), so the task's attempt history runs
+  on across the requeue.
 
   Events: QUEUED for each task requeued.
 ]]
@@ -60,18 +61,28 @@ local dlqKey, streamKey, eventsKey = KEYS[1], KEYS[2], KEYS[3]
 local now, idemTtl, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local taskPrefix = ARGV[4]
 
--- Archive the dead-lettered attempt `n` from the hash's fields: it failed
--- (retry), or its worker died (lost: its digest is "-").
+-- Archive the dead-lettered attempt `n` from the hash's fields, labelled
+-- "dead_lettered": it failed with no attempt left, or its worker died
+-- (its digest is "-": no log). One reclaim.lua archived as lost keeps its
+-- record, relabelled.
 local function archiveLast(taskKey, n)
-  if n == 0 or redis.call("HEXISTS", taskKey, "attempt:" .. n) == 1 then
+  if n == 0 then
+    return
+  end
+  local field = "attempt:" .. n
+  local archived = redis.call("HGET", taskKey, field)
+  if archived then
+    local record = cjson.decode(archived)
+    record["outcome"] = "dead_lettered"
+    redis.call("HSET", taskKey, field, cjson.encode(record))
     return
   end
   local f = redis.call("HMGET", taskKey, "error", "log", "started_at", "finished_at", "digests")
   local digest = lastDigest(f[5])
   if digest == "-" then
-    archiveAttempt(taskKey, n, "lost", f[1], false, f[3], f[4], false)
+    archiveAttempt(taskKey, n, "dead_lettered", f[1], false, f[3], f[4], false)
   else
-    archiveAttempt(taskKey, n, "retry", f[1], f[2], f[3], f[4], digest or false)
+    archiveAttempt(taskKey, n, "dead_lettered", f[1], f[2], f[3], f[4], digest or false)
   end
 end
 
