@@ -463,7 +463,7 @@ async fn a_requeue_whose_key_names_another_task_is_refused() -> Result<()> {
     );
     // Nothing changed: the old task is still dead-lettered, the key still
     // names the new one, and only the new one is live.
-    assert_eq!(dlq(&dtq).await?, [old.clone()]);
+    assert_eq!(dlq(&dtq).await?, std::slice::from_ref(&old));
     assert_eq!(dtq.task("default", &old).await?["status"], "DEAD_LETTERED");
     assert_eq!(dtq.task("default", &new).await?["status"], "QUEUED");
     let record = dtq.idem_record("default", "moved-0").await?;
