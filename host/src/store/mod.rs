@@ -79,6 +79,13 @@ pub enum StoreError {
     /// A task hash that cannot be parsed.
     #[error("corrupt task record: {0}")]
     Corrupt(String),
+    /// A submission to a new queue while the registry of queue names
+    /// holds as many as it may ([`StoreSettings::max_queues`]).
+    #[error("the fleet has its {max} queues (--max-queues); this one is not among them")]
+    TooManyQueues {
+        /// The bound.
+        max: u64,
+    },
 }
 
 impl From<redis::ParsingError> for StoreError {
@@ -102,6 +109,10 @@ pub struct StoreSettings {
     /// `carried.rs`), so that every attempt has a RUNNING event
     /// (`--events all`).
     pub running_events: bool,
+    /// Most queue names the registry ([`QUEUES`]) holds, and each
+    /// process's per-queue maps (`--max-queues`): any submitter may name a
+    /// new queue, so both are bounded.
+    pub max_queues: u64,
 }
 
 impl Default for StoreSettings {
@@ -111,6 +122,7 @@ impl Default for StoreSettings {
             task_retention_s: 7 * 86_400,
             events_max_len: 10_000,
             running_events: false,
+            max_queues: 10_000,
         }
     }
 }
@@ -375,24 +387,40 @@ impl Store {
         inv
     }
 
+    /// Add `queue` to the registry (`lua/queue_register.lua`), once per
+    /// queue and process; refused past [`StoreSettings::max_queues`].
     async fn register_queue(&self, queue: &str) -> Result<(), StoreError> {
-        // Marked before the SADD, so concurrent first submissions send one.
-        if !lock(&self.registered).insert(queue.to_owned()) {
+        // Marked before the script, so concurrent first submissions send one.
+        if !bounded(&self.registered, self.settings.max_queues, |known| {
+            known.insert(queue.to_owned())
+        }) {
             return Ok(());
         }
-        let added = self
-            .trip(
-                "register_queue",
-                redis::cmd("SADD")
-                    .arg(QUEUES)
-                    .arg(queue)
-                    .query_async::<()>(&mut self.conn.clone()),
-            )
+        let mut inv = self.scripts.queue_register.prepare_invoke();
+        inv.key(QUEUES).arg(queue).arg(self.settings.max_queues);
+        let added: Result<bool, _> = self
+            .trip("register_queue", inv.invoke_async(&mut self.conn.clone()))
             .await;
-        if added.is_err() {
-            lock(&self.registered).remove(queue);
+        match added {
+            Ok(true) => Ok(()),
+            refused => {
+                lock(&self.registered).remove(queue);
+                refused?;
+                Err(StoreError::TooManyQueues {
+                    max: self.settings.max_queues,
+                })
+            }
         }
-        Ok(added?)
+    }
+
+    /// How many queue names this process's per-queue maps hold, the largest
+    /// of them: at most [`StoreSettings::max_queues`] (each is cleared when
+    /// it would pass it; they are caches, read again from Redis).
+    pub fn known_queue_names(&self) -> usize {
+        lock(&self.registered)
+            .len()
+            .max(lock(&self.index_trims).len())
+            .max(lock(&self.partitionings).len())
     }
 
     /// The task `id` of `queue`, if its hash exists; RUNNING attempt 1
@@ -1092,6 +1120,41 @@ impl Store {
             .await?;
         queues.sort();
         Ok(queues)
+    }
+}
+
+/// Run `change` on the per-queue map `map`, first emptied when it holds
+/// `max` names or more: any client may name a new queue, so a map keyed by
+/// queue names is a cache whose size is bounded, not a record.
+fn bounded<M: QueueMap, T>(map: &Mutex<M>, max: u64, change: impl FnOnce(&mut M) -> T) -> T {
+    let mut map = lock(map);
+    if map.names() as u64 >= max {
+        map.clear_all();
+    }
+    change(&mut map)
+}
+
+/// A map or set keyed by queue names ([`bounded`]).
+trait QueueMap {
+    fn names(&self) -> usize;
+    fn clear_all(&mut self);
+}
+
+impl QueueMap for HashSet<String> {
+    fn names(&self) -> usize {
+        self.len()
+    }
+    fn clear_all(&mut self) {
+        self.clear();
+    }
+}
+
+impl<V> QueueMap for HashMap<String, V> {
+    fn names(&self) -> usize {
+        self.len()
+    }
+    fn clear_all(&mut self) {
+        self.clear();
     }
 }
 

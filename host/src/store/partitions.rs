@@ -130,7 +130,9 @@ impl Store {
                 .map(|(count, until)| (count, until as u64))
                 .collect(),
         };
-        lock(&self.partitionings).insert(queue.to_owned(), part.clone());
+        super::bounded(&self.partitionings, self.settings.max_queues, |known| {
+            known.insert(queue.to_owned(), part.clone())
+        });
         Ok(part)
     }
 

@@ -36,6 +36,7 @@ pub(crate) struct Scripts {
     pub(crate) partitions_raise: Script,
     pub(crate) task_read: Script,
     pub(crate) idem_forward: Script,
+    pub(crate) queue_register: Script,
 }
 
 impl Scripts {
@@ -57,10 +58,11 @@ impl Scripts {
             partitions_raise: script!("partitions_raise"),
             task_read: script!("task_read"),
             idem_forward: script!("idem_forward"),
+            queue_register: script!("queue_register"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 16] {
+    pub(crate) fn all(&self) -> [&Script; 17] {
         [
             &self.ingest,
             &self.start,
@@ -78,6 +80,7 @@ impl Scripts {
             &self.partitions_raise,
             &self.task_read,
             &self.idem_forward,
+            &self.queue_register,
         ]
     }
 }
@@ -192,6 +195,7 @@ mod tests {
         "schedule_delete",
         "schedule_advance",
         "partitions_raise",
+        "queue_register",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here

@@ -247,7 +247,9 @@ const REFUSED_CODES: &[&str] = &[
 impl Failure {
     fn of(e: &StoreError) -> Self {
         match e {
-            StoreError::Protocol(_) | StoreError::Corrupt(_) => Failure::Rejected,
+            StoreError::Protocol(_) | StoreError::Corrupt(_) | StoreError::TooManyQueues { .. } => {
+                Failure::Rejected
+            }
             // Server error replies, by their code; anything else is the
             // client's or the connection's.
             StoreError::Redis(e) => match e.clone().into_server_errors() {
