@@ -62,6 +62,14 @@ pub struct Config {
     #[arg(long, env = "DTQ_CONCURRENCY", default_value_t = 8)]
     pub concurrency: usize,
 
+    /// Queue names the fleet's registry (dtq:queues) may hold: a submission
+    /// to a new queue past it gets 409 TOO_MANY_QUEUES. Any submitter may
+    /// name a new queue, so the registry, and each process's per-queue
+    /// maps, are bounded.
+    #[arg(long, env = "DTQ_MAX_QUEUES", default_value_t = 10_000,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queues: u64,
+
     /// Ready plus delayed tasks a queue may hold before submissions get 429
     /// QUEUE_FULL; 0 is unlimited.
     #[arg(long, env = "DTQ_MAX_QUEUE_DEPTH", default_value_t = 100_000)]
@@ -320,6 +328,7 @@ impl Config {
             idem_ttl_s: self.idem_ttl_s,
             task_retention_s: self.task_retention_s,
             running_events: self.events == Events::All,
+            max_queues: self.max_queues,
             events_max_len: match self.events {
                 Events::None => 0,
                 _ => StoreSettings::default().events_max_len,

@@ -336,7 +336,7 @@ enum DlqCommand {
         /// The queue.
         queue: String,
         /// The task ids (one prints the task; several print
-        /// `{"requeued", "not_dead_lettered"}`).
+        /// `{"requeued", "not_dead_lettered", "key_taken"}`).
         ids: Vec<String>,
         /// Every task the DLQ holds now.
         #[arg(long)]

@@ -312,9 +312,10 @@ async fn a_requeue_keeps_the_history_and_numbers_go_on() -> Result<()> {
     let dead = dtq
         .wait_for("default", &id, &["DEAD_LETTERED"], WAIT)
         .await?;
+    // The attempt that dead-lettered the task says so.
     assert_eq!(
         outcomes(&dead),
-        [(1, "retry".into()), (2, "retry".into())],
+        [(1, "retry".into()), (2, "dead_lettered".into())],
         "{dead:#}"
     );
     assert_eq!(history(&dead)[1]["error"], dead["error"]);
@@ -341,10 +342,62 @@ async fn a_requeue_keeps_the_history_and_numbers_go_on() -> Result<()> {
         outcomes(&done),
         [
             (1, "retry".into()),
-            (2, "retry".into()),
+            (2, "dead_lettered".into()),
             (3, "success".into())
         ],
         "{done:#}"
     );
+    Ok(())
+}
+
+/// Deterministic failures are fatal (issue 32): a result over the size
+/// limit (as the result check sees it, and past the host-call data cap,
+/// where it is not even copied out), a request the allow-list denies
+/// followed by the handler's retryable error, and a payload the guest SDK
+/// rejects can never succeed, so each ends FAILED after its first attempt
+/// of three, with its cause in the error.
+#[tokio::test(flavor = "multi_thread")]
+async fn deterministic_failures_fail_at_once_with_their_cause() -> Result<()> {
+    // `http_client` is granted no host: every request it makes is denied.
+    let dtq = Dtq::start(true, &[]).await?;
+    let cases = [
+        (
+            json!({"task": "adversarial", "payload": {"op": "big_result", "bytes": 2 << 20}}),
+            "result size limit exceeded",
+        ),
+        (
+            json!({"task": "adversarial", "payload": {"op": "big_result", "bytes": 8 << 20}}),
+            "host-call data limit exceeded",
+        ),
+        (
+            json!({"task": "http_client", "payload":
+                {"op": "fail_after_post", "url": "http://127.0.0.1:9/charge", "key": "k"}}),
+            "outbound request POST http://127.0.0.1:9 denied by the handler's allow-list",
+        ),
+        (
+            json!({"task": "adversarial", "payload": {"op": "no_such_op"}}),
+            "payload does not match the handler's type",
+        ),
+    ];
+    for (mut body, cause) in cases {
+        body["max_attempts"] = json!(3);
+        let id = dtq.submit_new("default", body.clone(), None).await?;
+        let task = dtq
+            .wait_for(
+                "default",
+                &id,
+                &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+                WAIT,
+            )
+            .await?;
+        assert_eq!(
+            (task["status"].as_str(), task["attempts"].as_u64()),
+            (Some("FAILED"), Some(1)),
+            "{body}: {task:#}"
+        );
+        let error = task["error"].as_str().unwrap_or_default();
+        assert!(error.contains(cause), "{body}: {error:?}");
+        assert_eq!(outcomes(&task), [(1, "fatal".into())], "{task:#}");
+    }
     Ok(())
 }

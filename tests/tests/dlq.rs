@@ -140,7 +140,7 @@ async fn bulk_requeue_of_ids_requeues_the_dead_lettered_ones_and_names_the_rest(
     assert_eq!(status, 200, "{body:#}");
     assert_eq!(
         body,
-        json!({"requeued": 2, "not_dead_lettered": ["no-such-task", live]})
+        json!({"requeued": 2, "not_dead_lettered": ["no-such-task", live], "key_taken": []})
     );
     assert_eq!(dlq(&dtq).await?, [ids[2].clone()]);
     for id in &ids[..2] {
@@ -174,7 +174,7 @@ async fn bulk_requeue_of_all_works_through_more_than_one_chunk() -> Result<()> {
     assert_eq!(status, 200, "{body:#}");
     assert_eq!(
         body,
-        json!({"requeued": n, "not_dead_lettered": ["dangling"]})
+        json!({"requeued": n, "not_dead_lettered": ["dangling"], "key_taken": []})
     );
     assert!(dlq(&dtq).await?.is_empty());
     dtq.start_worker();
@@ -185,7 +185,10 @@ async fn bulk_requeue_of_all_works_through_more_than_one_chunk() -> Result<()> {
     let (status, body) = requeue(&dtq, json!({"all": true})).await?;
     assert_eq!(
         (status, body),
-        (200, json!({"requeued": 0, "not_dead_lettered": []}))
+        (
+            200,
+            json!({"requeued": 0, "not_dead_lettered": [], "key_taken": []})
+        )
     );
     Ok(())
 }
@@ -421,5 +424,85 @@ async fn the_retention_sweep_trims_by_age_and_by_count() -> Result<()> {
     }
     stop.cancel();
     worker.await??;
+    Ok(())
+}
+
+/// One key, one live task (issue 32): a dead-lettered task whose key was
+/// taken by a new task (its record expired meanwhile) is not requeued,
+/// one id or many; the answer names the task that holds the key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requeue_whose_key_names_another_task_is_refused() -> Result<()> {
+    let mut dtq = Dtq::start(true, &["--admin-token", ADMIN]).await?;
+    let old = dead_letter(&dtq, 1, Some("moved")).await?.remove(0);
+    dtq.stop_worker().await?;
+    // The record expires (by hand here), and the key is submitted again:
+    // a new task, which holds the key now.
+    let mut conn = dtq.redis.conn().await?;
+    let () = redis::cmd("DEL")
+        .arg(QueueKeys::new("default").idempotency(Some("moved-0")))
+        .query_async(&mut conn)
+        .await?;
+    let new = doomed(&dtq, Some("moved-0")).await?;
+
+    let (status, body) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/default/dlq/{old}/requeue"),
+            None,
+            &[AUTH],
+        )
+        .await?;
+    assert_error(&(status, body.clone()), 409, "IDEMPOTENCY_KEY_TAKEN");
+    assert_eq!(body["error"]["details"]["task_id"], json!(new), "{body}");
+    let (status, body) = requeue(&dtq, json!({"ids": [old]})).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"requeued": 0, "not_dead_lettered": [],
+               "key_taken": [{"id": old, "task_id": new}]})
+    );
+    // Nothing changed: the old task is still dead-lettered, the key still
+    // names the new one, and only the new one is live.
+    assert_eq!(dlq(&dtq).await?, std::slice::from_ref(&old));
+    assert_eq!(dtq.task("default", &old).await?["status"], "DEAD_LETTERED");
+    assert_eq!(dtq.task("default", &new).await?["status"], "QUEUED");
+    let record = dtq.idem_record("default", "moved-0").await?;
+    assert_eq!(record.map(|r| r["task_id"].clone()), Some(json!(new)));
+    let (status, body) = dtq
+        .submit(
+            "default",
+            json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}, "max_attempts": 1}),
+            Some("moved-0"),
+        )
+        .await?;
+    assert_eq!(
+        (status, &body["error"]["details"]["task_id"]),
+        (409, &json!(new)),
+        "{body}"
+    );
+
+    // Once the new task is purged too, the key is free again and the old
+    // task's requeue takes it back.
+    dtq.start_worker();
+    dtq.wait_for("default", &new, &["DEAD_LETTERED"], WAIT)
+        .await?;
+    dtq.stop_worker().await?;
+    let (status, body) = purge(&dtq, "", Some(json!({"ids": [new]}))).await?;
+    assert_eq!((status, &body["purged"]), (200, &json!(1)), "{body}");
+    let (status, body) = requeue(&dtq, json!({"ids": [old]})).await?;
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"requeued": 1, "not_dead_lettered": [], "key_taken": []})
+        )
+    );
+    let record = dtq.idem_record("default", "moved-0").await?;
+    assert_eq!(
+        record.map(|r| (r["task_id"].clone(), r["state"].clone())),
+        Some((json!(old), json!("processing")))
+    );
+    dtq.start_worker();
+    dtq.wait_for("default", &old, &["SUCCEEDED"], WAIT).await?;
     Ok(())
 }

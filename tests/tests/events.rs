@@ -662,3 +662,59 @@ async fn bad_subscriptions_are_refused_with_a_code() -> Result<()> {
     assert_eq!(ok.status(), 200);
     Ok(())
 }
+
+/// Every Redis client connected now (CLIENT LIST), read on `conn`.
+async fn redis_clients(conn: &mut redis::aio::MultiplexedConnection) -> Result<usize> {
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(conn).await?;
+    Ok(clients.lines().filter(|l| !l.trim().is_empty()).count())
+}
+
+/// Bounded connections (issue 31): a subscriber of a partitioned queue's
+/// merged events holds one Redis connection, whatever the partition
+/// count, and each counts once against `--api-max-event-streams`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_of_every_partition_holds_one_redis_connection() -> Result<()> {
+    const PARTITIONS: u32 = 8;
+    let dtq = Dtq::start(false, &["--api-max-event-streams", "2"]).await?;
+    dtq.store
+        .raise_partitions("default", PARTITIONS, dtq_host::ingest::now_ms())
+        .await?;
+    let redis = dtq.redis.single();
+    let mut probe = redis.conn().await?;
+
+    let mut first = subscribe(&dtq, "", None).await?;
+    wait_blocked_xreads(redis, 1).await?;
+    let before = redis_clients(&mut probe).await?;
+    let second = subscribe(&dtq, "", None).await?;
+    wait_blocked_xreads(redis, 2).await?;
+    assert_eq!(
+        redis_clients(&mut probe).await?,
+        before + 1,
+        "a subscriber of {PARTITIONS} partitions holds one connection"
+    );
+    let full = refused(&dtq, "", None, None).await?;
+    assert_error(&full, 503, "TOO_MANY_EVENT_STREAMS");
+
+    // The one connection reads every partition: unkeyed tasks spread over
+    // all of them, and each one's QUEUED arrives.
+    let mut ids = std::collections::BTreeSet::new();
+    for i in 0..2 * PARTITIONS {
+        ids.insert(submit(&dtq, json!({"task": "echo", "payload": i})).await?);
+    }
+    let partitions: std::collections::BTreeSet<u32> = ids
+        .iter()
+        .map(|id| dtq_host::store::partition_of_id(id))
+        .collect();
+    assert_eq!(partitions.len(), PARTITIONS as usize, "{ids:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < ids.len() {
+        let event = next(&mut first).await?;
+        let id = event.id.clone().context("an id")?;
+        assert_eq!(id.split(',').count(), PARTITIONS as usize, "{id}");
+        let data: Value = serde_json::from_str(&event.data)?;
+        seen.insert(data["task_id"].as_str().context("task_id")?.to_owned());
+    }
+    assert_eq!(seen, ids);
+    drop((first, second));
+    wait_blocked_xreads(redis, 0).await
+}

@@ -509,3 +509,117 @@ async fn a_raise_that_stopped_half_way_is_finished_by_the_next_submitter() -> Re
     );
     Ok(())
 }
+
+/// A doomed task: dead-lettered after its one attempt, would succeed on a
+/// second.
+fn doomed() -> Value {
+    json!({"task": "flaky", "payload": {"succeed_on_attempt": 2}, "max_attempts": 1})
+}
+
+/// Submit `doomed()` with `key` through `store`, a process of its own.
+async fn submit_from(
+    store: &Store,
+    dtq: &Dtq,
+    key: &str,
+) -> Result<Result<dtq_host::ingest::Submitted, dtq_host::ingest::IngestError>> {
+    let req: dtq_host::ingest::SubmitRequest = serde_json::from_value(doomed())?;
+    let settings = dtq.config.ingest_settings();
+    Ok(dtq_host::ingest::submit(store, &settings, "default", Some(key), req, |_| true).await)
+}
+
+/// One key, one task across a raise and a requeue (issue 32): a task
+/// dead-lettered before a raise and requeued after it, its key routed to
+/// another partition now, is found by keyed submissions and lookups from
+/// then on, also by a process that never knew the old count (it looks
+/// only in the key's partition); and a requeue whose key was taken in
+/// its new partition is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requeue_after_a_raise_keeps_the_key_where_submissions_look() -> Result<()> {
+    const Q: &str = "default";
+    let mut dtq = start(true).await?;
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("raised-{i}"))
+        .filter(|k| home(k, 4) != 0)
+        .take(2)
+        .collect();
+    let (kept, lost) = (&keys[0], &keys[1]);
+    let mut ids = Vec::new();
+    for key in &keys {
+        let id = dtq.submit_new(Q, doomed(), Some(key)).await?;
+        dtq.wait_for(Q, &id, &["DEAD_LETTERED"], WAIT).await?;
+        assert_eq!(partition_of_id(&id), 0, "{id}");
+        ids.push(id);
+    }
+    dtq.stop_worker().await?;
+    raise(&dtq, Q, 4).await?;
+    // The idempotency TTL after the raise has passed (by hand here): keyed
+    // submissions no longer look where the old count routed keys.
+    let mut conn = dtq.redis.conn().await?;
+    let () = redis::cmd("DEL")
+        .arg(dtq_host::store::QueueKeys::new(Q).partition_history)
+        .query_async(&mut conn)
+        .await?;
+    // Another process, which never knew the old count.
+    let other = Store::connect(&dtq.redis.url(), StoreSettings::default()).await?;
+    // `lost`'s key is taken in its new partition meanwhile.
+    let taker = match submit_from(&other, &dtq, lost).await? {
+        Ok(submitted) if !submitted.duplicate => submitted.task_id,
+        other => anyhow::bail!("a new task for {lost}: {other:?}"),
+    };
+    assert_eq!(partition_of_id(&taker), home(lost, 4), "{taker}");
+
+    let auth = format!("Bearer {ADMIN}");
+    let (status, body) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/{Q}/dlq/requeue"),
+            Some(json!({"ids": ids})),
+            &[("Authorization", &auth)],
+        )
+        .await?;
+    assert_eq!(
+        (status, body.clone()),
+        (
+            200,
+            json!({"requeued": 1, "not_dead_lettered": [],
+                   "key_taken": [{"id": ids[1], "task_id": taker}]})
+        ),
+        "{body}"
+    );
+    // The requeued task holds its key for every submitter: this process,
+    // the other one, and the lookup.
+    let (status, resp) = dtq.submit(Q, doomed(), Some(kept)).await?;
+    assert_eq!(
+        (status, &resp["error"]["details"]["task_id"]),
+        (409, &json!(ids[0])),
+        "{resp}"
+    );
+    match submit_from(&other, &dtq, kept).await? {
+        Err(dtq_host::ingest::IngestError::InProgress { task_id }) => {
+            assert_eq!(task_id, ids[0]);
+        }
+        other => anyhow::bail!("{kept} is the requeued task, in flight: {other:?}"),
+    }
+    let (status, resp) = dtq
+        .call(
+            Method::GET,
+            &format!("/v1/queues/{Q}/idempotency/{kept}"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!((status, &resp["task_id"]), (200, &json!(ids[0])), "{resp}");
+    // It runs, succeeds, and its key replays it.
+    dtq.start_worker();
+    dtq.wait_for(Q, &ids[0], &["SUCCEEDED"], WAIT).await?;
+    match submit_from(&other, &dtq, kept).await? {
+        Ok(submitted) => assert_eq!(
+            (submitted.task_id, submitted.duplicate),
+            (ids[0].clone(), true)
+        ),
+        other => anyhow::bail!("{kept} replays the requeued task: {other:?}"),
+    }
+    // The refused one is still dead-lettered, unchanged.
+    assert_eq!(dtq.task(Q, &ids[1]).await?["status"], "DEAD_LETTERED");
+    Ok(())
+}

@@ -247,24 +247,22 @@ async fn send_receipt(lang: Lang) -> Result<Vec<Value>> {
         .await?;
     assert_eq!(stored.as_deref(), Some(r#"{"charge_id":"ch_1"}"#), "{lang}");
 
-    // A service the operator did not allow is refused, retryably. The JS
+    // A service the operator did not allow is refused, and since a retry
+    // would be refused again, the call fails fatally whatever the guest
+    // made of the refusal: an error (Rust, Python), or a trap (the JS
     // engine's `fetch` aborts the call when the host refuses the request
-    // outright (a trap, retried like an error, but without the message).
+    // outright).
     let denied = json!({
         "order_id": "B-2", "amount_cents": 5,
         "payment_url": "http://evil.example", "email_url": emails.url(),
     });
     let report = run(&sandbox, "send_receipt", denied).await;
-    assert!(
-        report.outcome.is_retryable(),
-        "{lang}: {:?}",
-        report.outcome
-    );
-    match (&report.outcome, lang) {
-        (Outcome::Retryable(m), _) => assert!(m.contains("denied"), "{lang}: {m}"),
-        // The host's line in the task log still names the denial.
-        (Outcome::Trapped(_), Lang::Js) => assert!(report.log.contains("denied"), "{}", report.log),
-        (other, _) => bail!("{lang}: expected a denied request, got {other:?}"),
+    match &report.outcome {
+        Outcome::Fatal(m) => assert!(
+            m.starts_with("outbound request POST http://evil.example:80 denied"),
+            "{lang}: {m}"
+        ),
+        other => bail!("{lang}: expected a fatal denied request, got {other:?}"),
     }
     assert_eq!(
         payments.requests_to("/charges").len(),

@@ -1,7 +1,9 @@
 //! Bulk DLQ routes (admin scope, like the single requeue):
 //!
 //! - `POST /v1/queues/{queue}/dlq/requeue`, body `{"ids": [...]}` (at most
-//!   [`DLQ_MAX_IDS`]) or `{"all": true}` → `{"requeued", "not_dead_lettered"}`;
+//!   [`DLQ_MAX_IDS`]) or `{"all": true}` → `{"requeued", "not_dead_lettered",
+//!   "key_taken"}` (`key_taken`: `[{"id", "task_id"}]`, the tasks left
+//!   dead-lettered because their idempotency key names task `task_id` now);
 //! - `DELETE /v1/queues/{queue}/dlq`, body `{"ids": [...]}`, `{"all":
 //!   true}` or `{"older_than_ms": N}` (or `?older_than_ms=N` with no body)
 //!   → `{"purged"}`.
@@ -64,6 +66,19 @@ pub(super) struct BulkRequeued {
     /// Named ids that were not requeued: no such task, or not
     /// dead-lettered (with `all`: dangling DLQ entries, removed).
     not_dead_lettered: Vec<String>,
+    /// Tasks left dead-lettered because their idempotency key names
+    /// another task now: each `{"id", "task_id"}` (the other task).
+    key_taken: Vec<KeyTakenEntry>,
+}
+
+/// A task a bulk requeue left dead-lettered: its key names another task.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub(super) struct KeyTakenEntry {
+    /// The dead-lettered task.
+    id: String,
+    /// The task its idempotency key names now.
+    task_id: String,
 }
 
 /// The answer to a purge.
@@ -218,6 +233,7 @@ pub(super) async fn requeue(
     Ok(Json(json!({
         "requeued": done.requeued,
         "not_dead_lettered": done.not_dead_lettered,
+        "key_taken": done.key_taken,
     }))
     .into_response())
 }
@@ -241,6 +257,7 @@ async fn requeue_all(shared: &Shared, queue: &str) -> Result<BulkRequeue, ApiErr
         .await?;
         done.requeued += chunk.requeued;
         done.not_dead_lettered.extend(chunk.not_dead_lettered);
+        done.key_taken.extend(chunk.key_taken);
         looked += seen as u64;
         if seen < DLQ_CHUNK {
             break;

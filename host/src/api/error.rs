@@ -141,6 +141,12 @@ error_codes! {
     TaskTerminal = "TASK_TERMINAL", CONFLICT;
     /// Requeue of a task that is not dead-lettered.
     NotDeadLettered = "NOT_DEAD_LETTERED", CONFLICT;
+    /// A submission to a new queue while the fleet has as many queues as
+    /// `--max-queues` allows (`details.max`).
+    TooManyQueues = "TOO_MANY_QUEUES", CONFLICT;
+    /// Requeue of a task whose idempotency key names another task now
+    /// (`details.task_id`): the task stays dead-lettered.
+    IdempotencyKeyTaken = "IDEMPOTENCY_KEY_TAKEN", CONFLICT;
     /// A rollback with no earlier version in the task's history.
     NoEarlierVersion = "NO_EARLIER_VERSION", CONFLICT;
     /// A deploy whose settings no live worker can honour (each worker's
@@ -269,6 +275,10 @@ impl From<QueryRejection> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if let StoreError::TooManyQueues { max } = e {
+            return ApiError::new(ErrorCode::TooManyQueues, e.to_string())
+                .with_details(json!({"max": max}));
+        }
         tracing::error!(error = %e, "store failed");
         ApiError::new(ErrorCode::StoreUnavailable, format!("storage failed: {e}"))
     }

@@ -20,12 +20,17 @@
 //!
 //! # Costs and bounds
 //!
-//! Each subscriber blocks in XREAD on a Redis connection of its own (one per
-//! partition it reads), so its wait never stalls the shared connection, and
-//! holds one API connection.
-//! Both are bounded by [`ApiLimits::max_event_streams`]: past it a new
-//! subscriber gets 503 `TOO_MANY_EVENT_STREAMS` at once, before anything
-//! is opened. A subscriber's stream ends, and its Redis connection and slot
+//! Each subscriber blocks in XREAD on a Redis connection of its own, so its
+//! wait never stalls the shared connection, and holds one API connection.
+//! On one Redis server that is one connection whatever the partition count:
+//! one XREAD reads every partition's stream. On a Redis Cluster each
+//! partition is a slot of its own, which no one command spans, so a
+//! subscriber of every partition blocks on a connection per partition, and
+//! each counts as a stream.
+//! Redis connections are bounded by [`ApiLimits::max_event_streams`]: a
+//! subscriber takes a slot per connection it opens, and past the bound a
+//! new subscriber gets 503 `TOO_MANY_EVENT_STREAMS` at once, before
+//! anything is opened. A subscriber's stream ends, and its Redis connection and slot
 //! are released, when its client goes away (hyper sees the connection
 //! close and drops the response) or the server shuts down ([`StreamsStop`],
 //! so that a graceful shutdown never waits on a stream that has no end).
@@ -77,8 +82,9 @@ const BLOCK: Duration = Duration::from_secs(10);
 /// The response timeout of a subscriber's connection.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Entries one XREAD returns at most: what a subscriber holds in memory
-/// (an entry of a completion batch holds up to a batch of events).
+/// Entries one XREAD returns at most, over all the streams it reads: what
+/// a subscriber holds in memory (an entry of a completion batch holds up
+/// to a batch of events).
 const READ_COUNT: usize = 64;
 
 /// Longest pause between reads while Redis fails.
@@ -103,17 +109,24 @@ impl EventStreams {
         }
     }
 
-    fn take(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        self.slots.clone().try_acquire_owned().map_err(|_| {
+    /// Slots for a subscriber that opens `conns` Redis connections.
+    fn take(&self, conns: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        let refused = || {
             ApiError::new(
                 ErrorCode::TooManyEventStreams,
                 format!(
-                    "this server already serves its {} event streams; retry later",
+                    "this server already serves as many event streams as its {} Redis \
+                     connections for them allow (this one needs {conns}); retry later",
                     self.max
                 ),
             )
-            .with_details(json!({"max": self.max}))
-        })
+            .with_details(json!({"max": self.max, "needed": conns}))
+        };
+        let n = u32::try_from(conns).map_err(|_| refused())?;
+        self.slots
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| refused())
     }
 }
 
@@ -217,43 +230,47 @@ pub(super) async fn subscribe(
             ));
         }
     };
-    let slot = shared.events.take()?;
     let names: Vec<String> = partitions
         .iter()
         .map(|p| partition_queue(&queue, *p))
         .collect();
+    // One connection on one server; one per partition on a cluster.
+    let per_conn = if shared.state.store.backend().is_cluster() {
+        1
+    } else {
+        names.len().max(1)
+    };
+    let slot = shared.events.take(names.len().div_ceil(per_conn))?;
     let store = shared.state.store.clone();
     let opened = names.clone();
-    let parts = store_call(&shared, async move {
-        let mut parts = Vec::with_capacity(opened.len());
-        for (name, since) in opened.into_iter().zip(since) {
-            let conn = store.dedicated_connection(READ_TIMEOUT).await?;
-            let start = store.events_start(&name, since).await?;
-            parts.push((name, conn, start));
+    let (parts, gaps) = store_call(&shared, async move {
+        let mut starts = Vec::with_capacity(opened.len());
+        for (name, since) in opened.iter().zip(since) {
+            starts.push(store.events_start(name, since).await?);
         }
-        Ok::<_, crate::store::StoreError>(parts)
+        let gaps: Vec<_> = starts.iter().filter_map(|s| s.gap.clone()).collect();
+        let mut parts = Vec::new();
+        for (queues, starts) in opened.chunks(per_conn).zip(starts.chunks(per_conn)) {
+            parts.push(PartReader {
+                conn: store.dedicated_connection(READ_TIMEOUT).await?,
+                store: store.clone(),
+                queues: queues.to_vec(),
+                after: starts.iter().map(|s| s.after).collect(),
+                failures: 0,
+            });
+        }
+        Ok::<_, crate::store::StoreError>((parts, gaps))
     })
     .await?;
     tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
-    let gaps: Vec<_> = parts
+    let gaps: Vec<_> = gaps
         .iter()
-        .filter_map(|(_, _, start)| start.gap.as_ref())
         .map(|gap| {
             Ok::<_, Infallible>(
                 Event::default()
                     .event("gap")
                     .data(gap.to_json().to_string()),
             )
-        })
-        .collect();
-    let parts: Vec<PartReader> = parts
-        .into_iter()
-        .map(|(queue, conn, start)| PartReader {
-            store: shared.state.store.clone(),
-            conn,
-            queue,
-            after: start.after,
-            failures: 0,
         })
         .collect();
     let reader = Reader::new(parts, task, slot);
@@ -311,38 +328,39 @@ fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Resum
         .map_err(invalid)
 }
 
-/// The reading of one partition's events stream.
+/// The reading of some partitions' events streams on one connection: every
+/// partition's on one server, one partition's on a cluster.
 struct PartReader {
     store: Store,
     /// A connection of its own, blocked in XREAD most of the time.
     conn: Conn,
-    /// The partition's key set (the queue's name for partition 0).
-    queue: String,
-    /// The last event read (sent or filtered out).
-    after: EventId,
+    /// The partitions' key sets (the queue's name for partition 0).
+    queues: Vec<String>,
+    /// The last event read (sent or filtered out) of each.
+    after: Vec<EventId>,
     /// Reads failed in a row.
     failures: u32,
 }
 
 impl PartReader {
-    /// The next entries; waits until there are some, retrying while Redis
-    /// fails.
-    async fn read(&mut self) -> Vec<QueueEvent> {
+    /// The next entries, each with the index of its partition in
+    /// `queues`; waits until there are some, retrying while Redis fails.
+    async fn read(&mut self) -> Vec<(usize, QueueEvent)> {
         loop {
             let read = self
                 .store
-                .read_events(
+                .read_events_of(
                     &mut self.conn,
-                    &self.queue,
+                    &self.queues,
                     &mut self.after,
-                    READ_COUNT,
+                    (READ_COUNT / self.queues.len().max(1)).max(1),
                     BLOCK,
                 )
                 .await;
             match read {
                 Ok(events) => {
                     if self.failures > 0 {
-                        tracing::info!(queue = %self.queue, "event stream: Redis read again");
+                        tracing::info!(queues = ?self.queues, "event stream: Redis read again");
                         self.failures = 0;
                     }
                     if !events.is_empty() {
@@ -352,7 +370,7 @@ impl PartReader {
                 Err(e) => {
                     if self.failures == 0 {
                         tracing::warn!(
-                            queue = %self.queue,
+                            queues = ?self.queues,
                             error = %e,
                             "event stream: cannot read Redis; retrying"
                         );
@@ -367,7 +385,7 @@ impl PartReader {
 
 impl Drop for PartReader {
     fn drop(&mut self) {
-        tracing::debug!(queue = %self.queue, after = %self.after, "event stream closed");
+        tracing::debug!(queues = ?self.queues, after = ?self.after, "event stream closed");
     }
 }
 
@@ -377,23 +395,26 @@ struct Reader {
     source: Source,
     /// Only this task's events, if set.
     task: Option<String>,
+    /// Where each stream read stands: the last event of each partition
+    /// read (sent or filtered out). With several, the event id is where
+    /// every partition stands, `<id 0>,<id 1>,...`, which a subscriber
+    /// resumes from as it is.
+    positions: Vec<EventId>,
     /// Events read and not yet sent.
     pending: VecDeque<Event>,
-    /// The subscriber's slot, released with the reader.
+    /// The subscriber's slots, released with the reader.
     _slot: OwnedSemaphorePermit,
 }
 
 enum Source {
-    /// One stream, read here; event ids are its entry ids.
+    /// Every stream read here, on one connection.
     One(Box<PartReader>),
-    /// Several partitions' streams, each read by a task of its own (each
-    /// blocks on its own connection, which on a cluster is its own shard),
-    /// whose events arrive in order per partition. The event id is where
-    /// every partition stands: `<id 0>,<id 1>,...`, which a subscriber
-    /// resumes from as it is.
+    /// One stream per connection (a cluster's partitions), each read by a
+    /// task of its own (each blocks on its own connection, to its own
+    /// shard), whose events arrive in order per partition, with the
+    /// partition's index.
     Merged {
         events: mpsc::Receiver<(usize, QueueEvent)>,
-        positions: Vec<EventId>,
         /// Aborted with the reader.
         _readers: JoinSet<()>,
     },
@@ -401,17 +422,17 @@ enum Source {
 
 impl Reader {
     fn new(mut parts: Vec<PartReader>, task: Option<String>, slot: OwnedSemaphorePermit) -> Self {
+        let positions = parts.iter().flat_map(|p| p.after.clone()).collect();
         let source = if parts.len() == 1 {
             Source::One(Box::new(parts.remove(0)))
         } else {
-            let positions = parts.iter().map(|p| p.after).collect();
             let (tx, rx) = mpsc::channel(READ_COUNT);
             let mut readers = JoinSet::new();
             for (i, mut part) in parts.into_iter().enumerate() {
                 let tx = tx.clone();
                 readers.spawn(async move {
                     loop {
-                        for event in part.read().await {
+                        for (_, event) in part.read().await {
                             if tx.send((i, event)).await.is_err() {
                                 return;
                             }
@@ -421,13 +442,13 @@ impl Reader {
             }
             Source::Merged {
                 events: rx,
-                positions,
                 _readers: readers,
             }
         };
         Reader {
             source,
             task,
+            positions,
             pending: VecDeque::new(),
             _slot: slot,
         }
@@ -439,32 +460,28 @@ impl Reader {
             if let Some(event) = self.pending.pop_front() {
                 return event;
             }
-            match &mut self.source {
-                Source::One(part) => {
-                    for event in part.read().await {
-                        if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
-                            self.pending
-                                .push_back(sse_event(&event, event.id.to_string()));
-                        }
-                    }
+            let read = match &mut self.source {
+                Source::One(part) => part.read().await,
+                // The readers end only with this reader.
+                Source::Merged { events, .. } => match events.recv().await {
+                    Some(event) => vec![event],
+                    None => return std::future::pending().await,
+                },
+            };
+            for (i, event) in read {
+                self.positions[i] = event.id;
+                if self.task.as_ref().is_some_and(|t| *t != event.task_id) {
+                    continue;
                 }
-                Source::Merged {
-                    events, positions, ..
-                } => {
-                    // The readers end only with this reader.
-                    let Some((i, event)) = events.recv().await else {
-                        return std::future::pending().await;
-                    };
-                    positions[i] = event.id;
-                    let id = positions
+                let id = match self.positions.as_slice() {
+                    [_] => event.id.to_string(),
+                    all => all
                         .iter()
                         .map(EventId::to_string)
                         .collect::<Vec<_>>()
-                        .join(",");
-                    if self.task.as_ref().is_none_or(|t| *t == event.task_id) {
-                        self.pending.push_back(sse_event(&event, id));
-                    }
-                }
+                        .join(","),
+                };
+                self.pending.push_back(sse_event(&event, id));
             }
         }
     }
@@ -558,11 +575,18 @@ mod tests {
     #[test]
     fn the_slots_run_out_and_come_back() {
         let streams = EventStreams::new(1);
-        let first = streams.take().expect("a slot");
-        let err = streams.take().expect_err("no slot left");
+        let first = streams.take(1).expect("a slot");
+        let err = streams.take(1).expect_err("no slot left");
         assert_eq!(err.code, ErrorCode::TooManyEventStreams);
         drop(first);
-        assert!(streams.take().is_ok());
-        assert!(EventStreams::new(0).take().is_err());
+        assert!(streams.take(1).is_ok());
+        assert!(EventStreams::new(0).take(1).is_err());
+        // A subscriber of several connections takes a slot for each.
+        let streams = EventStreams::new(3);
+        let two = streams.take(2).expect("two slots");
+        assert!(streams.take(2).is_err());
+        drop(two);
+        assert!(streams.take(3).is_ok());
+        assert!(EventStreams::new(3).take(4).is_err());
     }
 }

@@ -452,7 +452,7 @@ pub(super) async fn list_dlq(
         (status = 200, description = "Requeued", body = Requeued),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
         (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
-        (status = 409, description = "`NOT_DEAD_LETTERED`", body = ErrorBody),
+        (status = 409, description = "`NOT_DEAD_LETTERED`; `IDEMPOTENCY_KEY_TAKEN`: its key names another task now (its `task_id` in `details`)", body = ErrorBody),
     ),
     security(("bearer" = [])),
 )]
@@ -478,6 +478,13 @@ pub(super) async fn requeue(
             format!("task {id:?} is {status}, not dead-lettered"),
         )
         .with_details(json!({"task_id": id, "status": status}))),
+        RequeueOutcome::KeyTaken { task_id } => Err(ApiError::new(
+            ErrorCode::IdempotencyKeyTaken,
+            format!(
+                "task {id:?} stays dead-lettered: its idempotency key names task {task_id:?} now"
+            ),
+        )
+        .with_details(json!({"task_id": task_id, "requeued_id": id}))),
     }
 }
 

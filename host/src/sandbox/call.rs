@@ -320,6 +320,15 @@ pub(crate) async fn run(
             Outcome::Trapped(trap)
         }
     };
+    let denied = store
+        .data()
+        .outbound
+        .as_ref()
+        .and_then(|o| o.denied.as_deref());
+    let outcome = match outcome.after_denial(denied) {
+        Outcome::Fatal(msg) => Outcome::Fatal(truncate(msg, limits.max_result_bytes)),
+        other => other,
+    };
     RunResult {
         outcome,
         log: log.finish(),

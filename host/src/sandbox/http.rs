@@ -380,6 +380,11 @@ pub(crate) struct OutboundHttp {
     pub(crate) other_calls: u64,
     /// The key of the idempotent operation open now (set before each use).
     pub(crate) operation: Option<String>,
+    /// The first request the allow-list denied (`GET https://host:443`):
+    /// it makes the call's retryable end fatal ([`Outcome::after_denial`]).
+    ///
+    /// [`Outcome::after_denial`]: super::Outcome::after_denial
+    pub(crate) denied: Option<String>,
 }
 
 impl OutboundHttp {
@@ -396,6 +401,7 @@ impl OutboundHttp {
             requests,
             other_calls: 0,
             operation: None,
+            denied: None,
         }
     }
 
@@ -416,6 +422,7 @@ impl OutboundHttp {
                 &target,
                 " denied: not in this handler's allow-list (deploy setting allow_hosts)",
             ]);
+            self.denied.get_or_insert(target);
             return Err(HttpError::HttpRequestDenied);
         };
         let sent = self.requests.fetch_add(1, Ordering::Relaxed) + 1;

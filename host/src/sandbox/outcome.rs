@@ -47,20 +47,50 @@ impl Outcome {
     /// unless retrying cannot help or was not wanted:
     /// [`Trap::Cancelled`] (someone asked it to stop),
     /// [`Trap::UnknownHandler`] (no module for the task on this worker; the
-    /// task fails fast instead of burning attempts) and
-    /// [`Limit::Payload`] (the same payload will be too big again). Every
-    /// other trap, including deadline, out of memory and guest panics, may be
-    /// transient (a slow dependency, a bug hit by one input, a worker under
-    /// load), and the attempt count bounds the cost of retrying the ones
-    /// that are not.
+    /// task fails fast instead of burning attempts), and the deterministic
+    /// ones: [`Limit::Payload`] (the same payload will be too big again)
+    /// and [`Limit::Result`] (the same handler given the same payload
+    /// returns the same result, too big again), and [`Limit::HostCallData`]
+    /// (one import call's data, or a result too big to be copied out: the
+    /// same again). Every other trap, including
+    /// deadline, out of memory and guest panics, may be transient (a slow
+    /// dependency, a bug hit by one input, a worker under load), and the
+    /// attempt count bounds the cost of retrying the ones that are not.
+    ///
+    /// A call whose outbound request the allow-list denied is made fatal by
+    /// [`Outcome::after_denial`], which the call applies.
     pub fn is_retryable(&self) -> bool {
         match self {
             Outcome::Success(_) | Outcome::Fatal(_) => false,
             Outcome::Retryable(_) => true,
             Outcome::Trapped(trap) => !matches!(
                 trap,
-                Trap::Cancelled | Trap::UnknownHandler(_) | Trap::LimitExceeded(Limit::Payload)
+                Trap::Cancelled
+                    | Trap::UnknownHandler(_)
+                    | Trap::LimitExceeded(Limit::Payload | Limit::Result | Limit::HostCallData)
             ),
+        }
+    }
+
+    /// This outcome of a call during which the handler's allow-list denied
+    /// the outbound request `denied` (`GET https://host:443`), if any.
+    ///
+    /// A denial is deterministic: the allow-list is the operator's deploy
+    /// setting, and the same code with the same payload asks for the same
+    /// host again, so a retry is denied again. The guest sees the denial
+    /// as a wasi:http error, which it may turn into a retryable error, trap
+    /// on, or swallow; the host does not trust it to classify the denial,
+    /// so a call that would be retried after a denial is fatal instead,
+    /// the denial first in its error. A call that succeeds (the guest
+    /// swallowed the denial and finished) or fails fatally stays as it is.
+    pub fn after_denial(self, denied: Option<&str>) -> Outcome {
+        match denied {
+            Some(target) if self.is_retryable() => Outcome::Fatal(format!(
+                "outbound request {target} denied by the handler's allow-list \
+                 (deploy setting allow_hosts): not retried, a retry would be denied \
+                 again; the handler then ended with {self}"
+            )),
+            _ => self,
         }
     }
 }
@@ -204,10 +234,39 @@ mod tests {
         assert!(!Outcome::Fatal("x".into()).is_retryable());
         assert!(!Outcome::Success("{}".into()).is_retryable());
         assert!(Outcome::Trapped(Trap::DeadlineExceeded).is_retryable());
-        assert!(Outcome::Trapped(Trap::LimitExceeded(Limit::Result)).is_retryable());
+        assert!(!Outcome::Trapped(Trap::LimitExceeded(Limit::Result)).is_retryable());
+        assert!(!Outcome::Trapped(Trap::LimitExceeded(Limit::HostCallData)).is_retryable());
+        assert!(Outcome::Trapped(Trap::LimitExceeded(Limit::Fuel)).is_retryable());
         assert!(!Outcome::Trapped(Trap::Cancelled).is_retryable());
         assert!(!Outcome::Trapped(Trap::UnknownHandler("t".into())).is_retryable());
         assert!(!Outcome::Trapped(Trap::LimitExceeded(Limit::Payload)).is_retryable());
+    }
+
+    #[test]
+    fn a_denial_makes_what_would_be_retried_fatal() {
+        let denied = Some("GET http://evil.example:80");
+        for retried in [
+            Outcome::Retryable("busy".into()),
+            Outcome::Trapped(Trap::GuestPanic("unwrap on an Err".into())),
+        ] {
+            let shown = retried.to_string();
+            match retried.after_denial(denied) {
+                Outcome::Fatal(msg) => {
+                    assert!(msg.starts_with("outbound request GET http://evil.example:80 denied"));
+                    assert!(msg.ends_with(&shown), "{msg}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        for kept in [
+            Outcome::Success("{}".into()),
+            Outcome::Fatal("bad".into()),
+            Outcome::Trapped(Trap::Cancelled),
+        ] {
+            assert_eq!(kept.clone().after_denial(denied), kept);
+        }
+        let retried = Outcome::Retryable("busy".into());
+        assert_eq!(retried.clone().after_denial(None), retried);
     }
 
     #[test]

@@ -17,11 +17,15 @@
 //! resubmitted, which could make it a task of its own (no key) or find
 //! itself in flight (a key). The same holds for tasks that `ingest.lua`
 //! refused, writing nothing, because the queue's partition count was not
-//! the one they were routed by: they are routed again and sent again.
+//! the one they were routed by: they are routed again and sent again, and
+//! for keyed tasks that met a forward (`dlq.rs`): they are sent again to
+//! the partition it names.
 
 use redis::{ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
 
-use super::{Ingested, NewTask, Store, StoreError, SubmitOutcome, ingested, partition_of_id};
+use super::{
+    Ingested, NewTask, Store, StoreError, SubmitOutcome, follow_forward, ingested, partition_of_id,
+};
 
 /// One task's reply: the script's, or the error Redis answered it with.
 type Reply = Result<Vec<Value>, RedisError>;
@@ -56,9 +60,11 @@ impl Store {
         let mut outcomes: Vec<Option<Result<SubmitOutcome, StoreError>>> =
             (0..tasks.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..tasks.len()).collect();
+        let mut pinned: Vec<Option<u32>> = vec![None; tasks.len()];
+        let mut forwards = vec![0; tasks.len()];
         for round in 0.. {
             for &i in &pending {
-                self.route(&mut tasks[i], &part).await?;
+                self.route(&mut tasks[i], &part, pinned[i]).await?;
             }
             let calls: Vec<ScriptInvocation<'_>> = pending
                 .iter()
@@ -79,6 +85,15 @@ impl Store {
                         Ok(Ingested::Repartitioned(found)) => {
                             repartitioned = repartitioned.max(Some(found));
                             unrun.push(i);
+                        }
+                        Ok(Ingested::Forwarded(to)) => {
+                            match follow_forward(&tasks[i], to, &mut forwards[i]) {
+                                Ok(to) => {
+                                    pinned[i] = Some(to);
+                                    unrun.push(i);
+                                }
+                                Err(e) => outcomes[i] = Some(Err(e)),
+                            }
                         }
                         Err(e) => outcomes[i] = Some(Err(e)),
                     },

@@ -9,6 +9,29 @@
 //! key they touch, and a task's key never changes, so reading it first is
 //! safe).
 //!
+//! **One key, one live task.** A requeue makes a task live again, and with
+//! it the claim of its key: a task whose key now names another task (the
+//! record expired and the key was submitted again, say) is not requeued
+//! and stays dead-lettered ([`RequeueOutcome::KeyTaken`], with the other
+//! task's id).
+//!
+//! **Records where submissions look.** A keyed submission looks for the
+//! key's record in the partition the key routes to now. A task
+//! dead-lettered before a raise of the partition count may live in
+//! another one, and its record must stay beside it, in its slot, where the
+//! completion, cancel and purge scripts change it atomically with the
+//! task. On Redis Cluster no script can touch both slots, so the requeue
+//! takes two steps, each atomic in its slot: first `lua/idem_forward.lua`
+//! writes a *forward* in the key's home partition (refused if the key
+//! names another task there), which sends keyed submissions and lookups to
+//! the task's partition; then `lua/requeue.lua` requeues the task and
+//! renews or recreates its record beside it (refused if the key names
+//! another task there). Forward first: a submission that comes between the
+//! steps already goes to the task's partition, and what it creates there
+//! the second step sees. A forward whose requeue was then refused stays
+//! (it still points where the key's record is, or will be, written) and
+//! outlives the record by [`FORWARD_MARGIN_S`].
+//!
 //! A purge removes the id from the set, deletes the task hash, and deletes
 //! the idempotency record if it still names the task: the key can then be
 //! submitted afresh, as a new task. Each purged task gets a `PURGED` event.
@@ -19,13 +42,21 @@
 
 use redis::Value;
 
-use super::{Code, QueueKeys, RequeueOutcome, Store, StoreError, code_of, flag, from_value};
+use super::{
+    Code, QueueKeys, RequeueOutcome, Store, StoreError, code_of, flag, from_value, logical_queue,
+    partition_of_id, partition_queue,
+};
 
 /// Most ids one requeue or purge script call takes.
 pub const DLQ_CHUNK: usize = 100;
 
 /// Most ids one bulk request may name (`{"ids": [...]}`).
 pub const DLQ_MAX_IDS: usize = 1000;
+
+/// How much longer than the idempotency TTL a forward lives: longer
+/// than the record the requeue renews or recreates after writing it, by
+/// far more than the API's Redis deadline between the two steps.
+pub const FORWARD_MARGIN_S: u64 = 300;
 
 /// What a bulk requeue did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -34,13 +65,35 @@ pub struct BulkRequeue {
     pub requeued: u64,
     /// Ids that were not requeued: no such task, or not dead-lettered.
     pub not_dead_lettered: Vec<String>,
+    /// Ids that were not requeued because their idempotency key names
+    /// another task now; they stay dead-lettered.
+    pub key_taken: Vec<KeyTaken>,
+}
+
+/// A dead-lettered task left in the DLQ: its key names another task.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyTaken {
+    /// The dead-lettered task.
+    pub id: String,
+    /// The task its idempotency key names now.
+    pub task_id: String,
 }
 
 impl BulkRequeue {
     fn add(&mut self, other: BulkRequeue) {
         self.requeued += other.requeued;
         self.not_dead_lettered.extend(other.not_dead_lettered);
+        self.key_taken.extend(other.key_taken);
     }
+}
+
+/// What the requeue of one id came to.
+enum Requeued {
+    Yes,
+    /// Not dead-lettered: the status found ("" for no task).
+    No(String),
+    /// The key names this other task.
+    KeyTaken(String),
 }
 
 /// Which dead-lettered tasks a purge of the oldest takes.
@@ -72,9 +125,10 @@ impl Store {
         let keys = QueueKeys::of_task(queue, id);
         let reply = self.requeue_chunk(&keys, &[id.to_owned()], now).await?;
         match reply.into_iter().next() {
-            Some((_, None)) => Ok(RequeueOutcome::Requeued),
-            Some((_, Some(status))) if status.is_empty() => Ok(RequeueOutcome::NotFound),
-            Some((_, Some(status))) => Ok(RequeueOutcome::NotDeadLettered(status.parse()?)),
+            Some((_, Requeued::Yes)) => Ok(RequeueOutcome::Requeued),
+            Some((_, Requeued::No(status))) if status.is_empty() => Ok(RequeueOutcome::NotFound),
+            Some((_, Requeued::No(status))) => Ok(RequeueOutcome::NotDeadLettered(status.parse()?)),
+            Some((_, Requeued::KeyTaken(task_id))) => Ok(RequeueOutcome::KeyTaken { task_id }),
             None => Err(StoreError::Protocol("requeue answered nothing".into())),
         }
     }
@@ -236,43 +290,105 @@ impl Store {
             .await?)
     }
 
-    /// One `requeue` call for `ids`: per id, `None` when requeued, else the
-    /// status found ("" for no task).
+    /// One `requeue` call for `ids` (of the partition `keys`), after the
+    /// forwards of those whose key routes to another partition now: per
+    /// id, what came of it.
     async fn requeue_chunk(
         &self,
         keys: &QueueKeys,
         ids: &[String],
         now: u64,
-    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+    ) -> Result<Vec<(String, Requeued)>, StoreError> {
         let idem = self.idempotency_keys(keys, ids).await?;
+        let taken = self.forward_keys(keys, ids, &idem, now).await?;
         let mut inv = self.scripts.requeue.prepare_invoke();
         inv.key(&keys.dlq)
             .key(&keys.stream)
             .key(&keys.events)
             .arg(now)
             .arg(self.settings.idem_ttl_s)
-            .arg(self.settings.events_max_len);
-        for (id, key) in ids.iter().zip(&idem) {
-            inv.key(keys.task(id))
-                .key(keys.idempotency(key.as_deref()))
-                .arg(id)
-                .arg(flag(key.is_some()));
+            .arg(self.settings.events_max_len)
+            .arg(keys.task_prefix());
+        let mut sent = 0;
+        for ((id, key), taken) in ids.iter().zip(&idem).zip(&taken) {
+            if taken.is_none() {
+                inv.key(keys.task(id))
+                    .key(keys.idempotency(key.as_deref()))
+                    .arg(id)
+                    .arg(flag(key.is_some()));
+                sent += 1;
+            }
         }
-        let reply: Vec<Value> = self
-            .trip("requeue", inv.invoke_async(&mut self.conn.clone()))
-            .await?;
+        let reply: Vec<Value> = if sent == 0 {
+            Vec::new()
+        } else {
+            self.trip("requeue", inv.invoke_async(&mut self.conn.clone()))
+                .await?
+        };
         let mut reply = reply.into_iter();
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        for (id, taken) in ids.iter().zip(taken) {
+            if let Some(other) = taken {
+                out.push((id.clone(), Requeued::KeyTaken(other)));
+                continue;
+            }
             let code = code_of(reply.next())?;
-            let status: String = from_value(reply.next())?;
+            let value: String = from_value(reply.next())?;
             out.push(match code {
-                Code::Ok => (id.clone(), None),
-                Code::NotInDlq => (id.clone(), Some(status)),
+                Code::Ok => (id.clone(), Requeued::Yes),
+                Code::NotInDlq => (id.clone(), Requeued::No(value)),
+                Code::KeyTaken => (id.clone(), Requeued::KeyTaken(value)),
                 other => return Err(super::unexpected("requeue", other)),
             });
         }
         Ok(out)
+    }
+
+    /// Write the forward of each of `ids` (of the partition `keys`, their
+    /// idempotency keys `idem`) whose key routes to another partition now
+    /// (`lua/idem_forward.lua`; see the module documentation). Per id, the
+    /// task its key names instead when the forward was refused.
+    async fn forward_keys(
+        &self,
+        keys: &QueueKeys,
+        ids: &[String],
+        idem: &[Option<String>],
+        now: u64,
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        let mut taken = vec![None; ids.len()];
+        if idem.iter().all(Option::is_none) {
+            return Ok(taken);
+        }
+        let queue = logical_queue(keys.queue());
+        let part = self.partitioning(queue).await?;
+        let ttl = self.settings.idem_ttl_s.saturating_add(FORWARD_MARGIN_S);
+        for ((id, key), taken) in ids.iter().zip(idem).zip(&mut taken) {
+            let Some(key) = key else { continue };
+            let (home, partition) = (part.of_key(key), partition_of_id(id));
+            if home == partition {
+                continue;
+            }
+            let home = QueueKeys::new(&partition_queue(queue, home));
+            let mut inv = self.scripts.idem_forward.prepare_invoke();
+            inv.key(home.idempotency(Some(key)))
+                .arg(id)
+                .arg(partition)
+                .arg(home.task_prefix())
+                .arg(now)
+                .arg(ttl);
+            let reply: Vec<Value> = self
+                .trip("idem_forward", inv.invoke_async(&mut self.conn.clone()))
+                .await?;
+            let mut reply = reply.into_iter();
+            let code = code_of(reply.next())?;
+            let other: String = from_value(reply.next())?;
+            match code {
+                Code::Ok => {}
+                Code::KeyTaken => *taken = Some(other),
+                other => return Err(super::unexpected("idem_forward", other)),
+            }
+        }
+        Ok(taken)
     }
 
     /// One `dlq_purge` call for `ids` within `bound`; how many it purged.
@@ -319,12 +435,13 @@ fn by_partition(queue: &str, ids: &[String]) -> Vec<(QueueKeys, Vec<String>)> {
 }
 
 /// A requeue chunk's reply as a [`BulkRequeue`].
-fn bulk_of(reply: Vec<(String, Option<String>)>) -> BulkRequeue {
+fn bulk_of(reply: Vec<(String, Requeued)>) -> BulkRequeue {
     let mut done = BulkRequeue::default();
-    for (id, refused) in reply {
-        match refused {
-            None => done.requeued += 1,
-            Some(_) => done.not_dead_lettered.push(id),
+    for (id, requeued) in reply {
+        match requeued {
+            Requeued::Yes => done.requeued += 1,
+            Requeued::No(_) => done.not_dead_lettered.push(id),
+            Requeued::KeyTaken(task_id) => done.key_taken.push(KeyTaken { id, task_id }),
         }
     }
     done

@@ -14,7 +14,8 @@
 //! A subscriber starts at a position ([`Store::events_start`]: after an id
 //! it saw, or after the newest entry) and then blocks in XREAD on a
 //! connection of its own ([`Store::read_events`]), so that its wait never
-//! stalls the shared connection. The stream is capped (`MAXLEN ~`, in
+//! stalls the shared connection; one XREAD reads every partition of a
+//! queue on one server ([`Store::read_events_of`]). The stream is capped (`MAXLEN ~`, in
 //! entries), so a subscriber that comes back after an id older than what is
 //! left has missed events: [`EventsGap`] says so.
 
@@ -396,30 +397,53 @@ impl Store {
         count: usize,
         block: Duration,
     ) -> Result<Vec<QueueEvent>, StoreError> {
-        let keys = QueueKeys::new(queue);
-        // After an event inside an entry, the entry is read again and the
-        // events up to that one are skipped.
-        let from = match after.index {
-            Some(_) => after.entry.before(),
-            None => after.entry,
-        };
-        let reply: Value = self
-            .trip(
-                "events_read",
-                redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(count)
-                    .arg("BLOCK")
-                    .arg(block.as_millis() as u64)
-                    .arg("STREAMS")
-                    .arg(&keys.events)
-                    .arg(from.to_string())
-                    .query_async(conn),
+        let read = self
+            .read_events_of(
+                conn,
+                std::slice::from_ref(&queue.to_owned()),
+                std::slice::from_mut(after),
+                count,
+                block,
             )
             .await?;
+        Ok(read.into_iter().map(|(_, event)| event).collect())
+    }
+
+    /// [`Store::read_events`] of several queues (the partitions of one) in
+    /// one XREAD on one connection: up to `count` entries of each of
+    /// `queues` after its place in `after`, each event with the index of
+    /// its queue, in order per queue; `after` moves as in
+    /// [`Store::read_events`]. The queues' events streams must be reachable
+    /// by one command: always on one server, on a cluster only in one slot.
+    pub async fn read_events_of(
+        &self,
+        conn: &mut Conn,
+        queues: &[String],
+        after: &mut [EventId],
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<(usize, QueueEvent)>, StoreError> {
+        let streams: Vec<String> = queues.iter().map(|q| QueueKeys::new(q).events).collect();
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&streams);
+        // After an event inside an entry, the entry is read again and the
+        // events up to that one are skipped.
+        for at in after.iter() {
+            let from = match at.index {
+                Some(_) => at.entry.before(),
+                None => at.entry,
+            };
+            cmd.arg(from.to_string());
+        }
+        let reply: Value = self.trip("events_read", cmd.query_async(conn)).await?;
         // nil on timeout; else [[stream, entries]] (RESP2) or a map of
         // stream to entries (RESP3).
-        let streams: Vec<(String, Value)> = match reply {
+        let replied: Vec<(String, Value)> = match reply {
             Value::Nil => return Ok(Vec::new()),
             Value::Map(pairs) => pairs
                 .into_iter()
@@ -430,28 +454,32 @@ impl Store {
         let mut events = Vec::new();
         // Moved only once the whole reply is read, so that a reply that
         // cannot be read loses nothing.
-        let mut last = *after;
-        for (_, entries) in streams {
+        let mut moved = after.to_vec();
+        for (stream, entries) in replied {
+            let i = streams.iter().position(|s| *s == stream).ok_or_else(|| {
+                StoreError::Protocol(format!("XREAD answered for stream {stream:?}, not asked"))
+            })?;
             let entries: Vec<(String, Option<Vec<String>>)> = from_value(Some(entries))?;
             for (id, body) in entries {
                 let id: StreamId = id
                     .parse()
                     .map_err(|e: InvalidStreamId| StoreError::Protocol(e.to_string()))?;
-                let seen = match after.index {
-                    Some(k) if id == after.entry => Some(k),
+                let seen = match after[i].index {
+                    Some(k) if id == after[i].entry => Some(k),
                     _ => None,
                 };
                 // Whatever is skipped or not an event (none is written) is
                 // still read past.
-                last = id.into();
+                moved[i] = id.into();
                 events.extend(
                     QueueEvent::from_entry(id, body.unwrap_or_default())
                         .into_iter()
-                        .skip(seen.map_or(0, |k| k as usize + 1)),
+                        .skip(seen.map_or(0, |k| k as usize + 1))
+                        .map(|event| (i, event)),
                 );
             }
         }
-        *after = last;
+        after.copy_from_slice(&moved);
         Ok(events)
     }
 }

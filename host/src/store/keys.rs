@@ -11,7 +11,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S` |
+//! | `dtq:idempotency:{q}:<key>` | string (JSON) | `{task_id, state, updated_at, fingerprint}`, TTL `DTQ_IDEM_TTL_S`; or a forward `{forward, task_id, updated_at}` to the partition that holds the key's task and record (written by a DLQ requeue after a raise, see `store::dlq`) |
 //! | `dtq:task:{q}:<id>` | hash | the task record; a retention TTL once terminal, but none while dead-lettered (purged instead: `store/dlq.rs`); `attempt:<n>` fields archive earlier attempts (`store/task.rs`) |
 //! | `dtq:stream:{q}` | stream, group [`GROUP`] | ready tasks (field `id`; a task whose message carries it also `run`, see `store/carried.rs`) |
 //! | `dtq:delayed:{q}` | sorted set | scheduled tasks and retries, by due time (ms) |
@@ -27,15 +27,16 @@
 //! | `dtq:cancel:{q}` | pub/sub channel | cancel requests of the queue's running tasks (message: `<queue>\n<task id>`), published by `cancel.lua` (`SPUBLISH` on a cluster: the queue's shard only) |
 //! | `dtq:partitions:{q}` | string | the queue's partition count, in every partition's slot; checked by `ingest.lua` (absent: 1) |
 //! | `dtq:partition-history:{q}` | sorted set | partition counts a raise replaced → until when (ms) keyed records may still be in their partitions (partition 0 only; see `store::partitions`) |
-//! | [`QUEUES`] | set | names of queues that have seen a submission |
+//! | [`QUEUES`] | set | names of queues that have seen a submission, at most `--max-queues` (`queue_register.lua`) |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 //! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
 
 /// The consumer group every worker of every queue reads with.
 pub const GROUP: &str = "dtq-workers";
 
-/// A set of every queue name that has received a submission, for listing.
-/// It is the one key without a queue's hash tag; no script touches it.
+/// A set of every queue name that has received a submission, for listing,
+/// at most `--max-queues` of them. It is the one key without a queue's hash
+/// tag; one script touches it, alone (`lua/queue_register.lua`).
 pub const QUEUES: &str = "dtq:queues";
 
 /// What separates a queue's name from a partition's number in the name of

@@ -40,7 +40,7 @@ use serde::Serialize;
 
 use super::events::{InvalidStreamId, StreamId};
 use super::task::number;
-use super::{QueueKeys, Store, StoreError, TaskStatus, from_value};
+use super::{MAX_PARTITIONS, QueueKeys, Store, StoreError, TaskStatus, from_value};
 
 /// The most index entries one listing request reads (and task summaries
 /// it fetches), whatever its filter: the bound on a request's Redis work.
@@ -172,14 +172,19 @@ impl Store {
     /// [`INDEX_TRIM_EVERY`] submissions, else `""` (no trim).
     pub(super) fn index_trim_bound(&self, queue: &str, now: u64) -> String {
         let trim = {
-            let mut counts = super::lock(&self.index_trims);
-            let count = match counts.get_mut(queue) {
-                Some(count) => count,
-                None => counts.entry(queue.to_owned()).or_insert(0),
-            };
-            let trim = *count % INDEX_TRIM_EVERY == 0;
-            *count = count.wrapping_add(1);
-            trim
+            let max = self
+                .settings
+                .max_queues
+                .saturating_mul(u64::from(MAX_PARTITIONS));
+            super::bounded(&self.index_trims, max, |counts| {
+                let count = match counts.get_mut(queue) {
+                    Some(count) => count,
+                    None => counts.entry(queue.to_owned()).or_insert(0),
+                };
+                let trim = *count % INDEX_TRIM_EVERY == 0;
+                *count = count.wrapping_add(1);
+                trim
+            })
         };
         if trim {
             index_min_ms(now, self.settings.task_retention_s).to_string()

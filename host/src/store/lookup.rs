@@ -32,9 +32,13 @@ pub struct IdempotencyRecord {
 #[derive(Deserialize)]
 struct Stored {
     task_id: String,
+    #[serde(default)]
     state: String,
     #[serde(default)]
     updated_at: Option<f64>,
+    /// Set on a forward (`dlq.rs`): the key's record is in this partition.
+    #[serde(default)]
+    forward: Option<u32>,
 }
 
 impl From<Stored> for IdempotencyRecord {
@@ -51,7 +55,8 @@ impl Store {
     /// The idempotency record of `key` in `queue`, if it has not expired:
     /// in the partition the key's hash gives it, or, within the TTL after a
     /// raise of the partition count, where a replaced count put it (see
-    /// `partitions.rs`). `key` must already be validated
+    /// `partitions.rs`), or where a forward left by a DLQ requeue sends it
+    /// (`dlq.rs`). `key` must already be validated
     /// ([`crate::ingest::validate_idempotency_key`]).
     pub async fn idempotency_record(
         &self,
@@ -59,24 +64,44 @@ impl Store {
         key: &str,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let part = self.partitioning(queue).await?;
-        let mut raw: Option<String> = None;
+        let mut found = None;
         for partition in part.places_of_key(key, crate::ingest::now_ms()) {
-            let keys = QueueKeys::new(&partition_queue(queue, partition));
-            raw = self
-                .trip(
-                    "idempotency_record",
-                    redis::cmd("GET")
-                        .arg(keys.idempotency(Some(key)))
-                        .query_async(&mut self.conn.clone()),
-                )
-                .await?;
-            if raw.is_some() {
+            found = self.stored_record(queue, partition, key).await?;
+            if found.is_some() {
                 break;
             }
         }
+        // A forward names the partition where the key's record is: one hop.
+        if let Some(Stored {
+            forward: Some(partition),
+            ..
+        }) = found
+        {
+            found = self.stored_record(queue, partition, key).await?;
+        }
+        Ok(found
+            .filter(|s| s.forward.is_none())
+            .map(IdempotencyRecord::from))
+    }
+
+    /// The record of `key` in partition `partition` of `queue`, parsed.
+    async fn stored_record(
+        &self,
+        queue: &str,
+        partition: u32,
+        key: &str,
+    ) -> Result<Option<Stored>, StoreError> {
+        let keys = QueueKeys::new(&partition_queue(queue, partition));
+        let raw: Option<String> = self
+            .trip(
+                "idempotency_record",
+                redis::cmd("GET")
+                    .arg(keys.idempotency(Some(key)))
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
         raw.map(|text| {
             serde_json::from_str::<Stored>(&text)
-                .map(IdempotencyRecord::from)
                 .map_err(|e| StoreError::Corrupt(format!("idempotency record of {key:?}: {e}")))
         })
         .transpose()

@@ -37,7 +37,9 @@ use std::time::{Duration, Instant};
 use redis::{FromRedisValue, Value};
 
 pub use conn::{Backend, Conn, Subscription};
-pub use dlq::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, PurgeBound};
+pub use dlq::{
+    BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, DlqExtent, FORWARD_MARGIN_S, KeyTaken, PurgeBound,
+};
 pub use entries::OwnPending;
 pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{
@@ -78,6 +80,13 @@ pub enum StoreError {
     /// A task hash that cannot be parsed.
     #[error("corrupt task record: {0}")]
     Corrupt(String),
+    /// A submission to a new queue while the registry of queue names
+    /// holds as many as it may ([`StoreSettings::max_queues`]).
+    #[error("the fleet has its {max} queues (--max-queues); this one is not among them")]
+    TooManyQueues {
+        /// The bound.
+        max: u64,
+    },
 }
 
 impl From<redis::ParsingError> for StoreError {
@@ -101,6 +110,10 @@ pub struct StoreSettings {
     /// `carried.rs`), so that every attempt has a RUNNING event
     /// (`--events all`).
     pub running_events: bool,
+    /// Most queue names the registry ([`QUEUES`]) holds, and each
+    /// process's per-queue maps (`--max-queues`): any submitter may name a
+    /// new queue, so both are bounded.
+    pub max_queues: u64,
 }
 
 impl Default for StoreSettings {
@@ -110,6 +123,7 @@ impl Default for StoreSettings {
             task_retention_s: 7 * 86_400,
             events_max_len: 10_000,
             running_events: false,
+            max_queues: 10_000,
         }
     }
 }
@@ -287,8 +301,9 @@ impl Store {
     ) -> Result<SubmitOutcome, StoreError> {
         self.register_queue(&new.queue).await?;
         let mut part = self.known_partitioning(&new.queue).await?;
+        let (mut pinned, mut forwards) = (None, 0);
         for round in 0.. {
-            self.route(new, &part).await?;
+            self.route(new, &part, pinned).await?;
             let inv = self.ingest_call(new, part.count, max_depth);
             let reply: Vec<Value> = self
                 .trip("submit", inv.invoke_async(&mut self.conn.clone()))
@@ -299,6 +314,9 @@ impl Store {
                     part = self
                         .reread_partitioning(&new.queue, &part, found, round)
                         .await?;
+                }
+                Ingested::Forwarded(to) => {
+                    pinned = Some(follow_forward(new, to, &mut forwards)?);
                 }
             }
         }
@@ -370,24 +388,40 @@ impl Store {
         inv
     }
 
+    /// Add `queue` to the registry (`lua/queue_register.lua`), once per
+    /// queue and process; refused past [`StoreSettings::max_queues`].
     async fn register_queue(&self, queue: &str) -> Result<(), StoreError> {
-        // Marked before the SADD, so concurrent first submissions send one.
-        if !lock(&self.registered).insert(queue.to_owned()) {
+        // Marked before the script, so concurrent first submissions send one.
+        if !bounded(&self.registered, self.settings.max_queues, |known| {
+            known.insert(queue.to_owned())
+        }) {
             return Ok(());
         }
-        let added = self
-            .trip(
-                "register_queue",
-                redis::cmd("SADD")
-                    .arg(QUEUES)
-                    .arg(queue)
-                    .query_async::<()>(&mut self.conn.clone()),
-            )
+        let mut inv = self.scripts.queue_register.prepare_invoke();
+        inv.key(QUEUES).arg(queue).arg(self.settings.max_queues);
+        let added: Result<bool, _> = self
+            .trip("register_queue", inv.invoke_async(&mut self.conn.clone()))
             .await;
-        if added.is_err() {
-            lock(&self.registered).remove(queue);
+        match added {
+            Ok(true) => Ok(()),
+            refused => {
+                lock(&self.registered).remove(queue);
+                refused?;
+                Err(StoreError::TooManyQueues {
+                    max: self.settings.max_queues,
+                })
+            }
         }
-        Ok(added?)
+    }
+
+    /// How many queue names this process's per-queue maps hold, the largest
+    /// of them: at most [`StoreSettings::max_queues`] (each is cleared when
+    /// it would pass it; they are caches, read again from Redis).
+    pub fn known_queue_names(&self) -> usize {
+        lock(&self.registered)
+            .len()
+            .max(lock(&self.index_trims).len())
+            .max(lock(&self.partitionings).len())
     }
 
     /// The task `id` of `queue`, if its hash exists; RUNNING attempt 1
@@ -1097,6 +1131,41 @@ impl Store {
     }
 }
 
+/// Run `change` on the per-queue map `map`, first emptied when it holds
+/// `max` names or more: any client may name a new queue, so a map keyed by
+/// queue names is a cache whose size is bounded, not a record.
+fn bounded<M: QueueMap, T>(map: &Mutex<M>, max: u64, change: impl FnOnce(&mut M) -> T) -> T {
+    let mut map = lock(map);
+    if map.names() as u64 >= max {
+        map.clear_all();
+    }
+    change(&mut map)
+}
+
+/// A map or set keyed by queue names ([`bounded`]).
+trait QueueMap {
+    fn names(&self) -> usize;
+    fn clear_all(&mut self);
+}
+
+impl QueueMap for HashSet<String> {
+    fn names(&self) -> usize {
+        self.len()
+    }
+    fn clear_all(&mut self) {
+        self.clear();
+    }
+}
+
+impl<V> QueueMap for HashMap<String, V> {
+    fn names(&self) -> usize {
+        self.len()
+    }
+    fn clear_all(&mut self) {
+        self.clear();
+    }
+}
+
 fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
@@ -1122,6 +1191,33 @@ enum Ingested {
     /// Nothing: the queue's partition count, as the partition's slot holds
     /// it, is not the one the task was routed by (see `partitions.rs`).
     Repartitioned(u32),
+    /// Nothing: the key's records live in this partition, to which a DLQ
+    /// requeue forwarded the key (see `dlq.rs`).
+    Forwarded(u32),
+}
+
+/// Most forwards one submission follows: a forward leads to the partition
+/// of a task, whose record is a plain one, so one is the most a
+/// submission meets unless records were written by hand.
+const MAX_FORWARDS: u32 = 4;
+
+/// The partition a submission forwarded to `to` goes to (`followed`
+/// counts the forwards it met): `to`, unless it is where the submission
+/// was (a forward to itself, which no script writes) or forwards keep
+/// coming.
+pub(super) fn follow_forward(
+    new: &NewTask,
+    to: u32,
+    followed: &mut u32,
+) -> Result<u32, StoreError> {
+    *followed += 1;
+    if to == partition_of_id(&new.id) || *followed > MAX_FORWARDS {
+        return Err(StoreError::Corrupt(format!(
+            "the idempotency key of a submission to {} forwards in a loop (partition {to})",
+            new.queue
+        )));
+    }
+    Ok(to)
 }
 
 /// What the ingest script's `reply` says.
@@ -1149,6 +1245,7 @@ fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
             depth: from_value(second)?,
         },
         Code::Repartitioned => return Ok(Ingested::Repartitioned(from_value(second)?)),
+        Code::Forwarded => return Ok(Ingested::Forwarded(from_value(second)?)),
         other => return Err(unexpected("ingest", other)),
     }))
 }

@@ -130,7 +130,9 @@ impl Store {
                 .map(|(count, until)| (count, until as u64))
                 .collect(),
         };
-        lock(&self.partitionings).insert(queue.to_owned(), part.clone());
+        super::bounded(&self.partitionings, self.settings.max_queues, |known| {
+            known.insert(queue.to_owned(), part.clone())
+        });
         Ok(part)
     }
 
@@ -188,15 +190,20 @@ impl Store {
     /// says so. A keyed task goes where its key's record already is, if a
     /// replaced count put it elsewhere (one read per replaced count that
     /// moved the key), else to its key's partition; an unkeyed one goes
-    /// round-robin.
+    /// round-robin. A submission `pinned` to a partition (a forward sent it
+    /// there, see `dlq.rs`) goes there.
     pub(super) async fn route(
         &self,
         new: &mut NewTask,
         part: &Partitioning,
+        pinned: Option<u32>,
     ) -> Result<(), StoreError> {
-        let partition = match new.idempotency_key.as_deref() {
-            None => (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32,
-            Some(key) => {
+        let partition = match (pinned, new.idempotency_key.as_deref()) {
+            (Some(partition), _) => partition,
+            (None, None) => {
+                (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32
+            }
+            (None, Some(key)) => {
                 let places = part.places_of_key(key, new.now);
                 let mut chosen = places[0];
                 for &old in &places[1..] {

@@ -35,6 +35,8 @@ pub(crate) struct Scripts {
     pub(crate) schedule_advance: Script,
     pub(crate) partitions_raise: Script,
     pub(crate) task_read: Script,
+    pub(crate) idem_forward: Script,
+    pub(crate) queue_register: Script,
 }
 
 impl Scripts {
@@ -55,10 +57,12 @@ impl Scripts {
             schedule_advance: script!("schedule_advance"),
             partitions_raise: script!("partitions_raise"),
             task_read: script!("task_read"),
+            idem_forward: script!("idem_forward"),
+            queue_register: script!("queue_register"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 15] {
+    pub(crate) fn all(&self) -> [&Script; 17] {
         [
             &self.ingest,
             &self.start,
@@ -75,6 +79,8 @@ impl Scripts {
             &self.schedule_advance,
             &self.partitions_raise,
             &self.task_read,
+            &self.idem_forward,
+            &self.queue_register,
         ]
     }
 }
@@ -118,6 +124,12 @@ pub enum Code {
     /// ingest: the queue's partition count is not the one the submission
     /// was routed by; nothing was written.
     Repartitioned,
+    /// ingest: the key's records live in another partition (a forward
+    /// left by a DLQ requeue); nothing was written.
+    Forwarded,
+    /// requeue, idem_forward: the task's idempotency key names another
+    /// task now; nothing was written.
+    KeyTaken,
 }
 
 impl Code {
@@ -139,6 +151,8 @@ impl Code {
             -6 => Code::NotFound,
             -7 => Code::NotInDlq,
             -8 => Code::Repartitioned,
+            -9 => Code::Forwarded,
+            -10 => Code::KeyTaken,
             _ => return None,
         })
     }
@@ -158,6 +172,7 @@ mod tests {
         ("cancel", include_str!("lua/cancel.lua")),
         ("requeue", include_str!("lua/requeue.lua")),
         ("heartbeat", include_str!("lua/heartbeat.lua")),
+        ("idem_forward", include_str!("lua/idem_forward.lua")),
     ];
 
     /// The scripts whose replies are not codes of [`Code`] (counts, claim
@@ -184,6 +199,7 @@ mod tests {
         "schedule_delete",
         "schedule_advance",
         "partitions_raise",
+        "queue_register",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -205,6 +221,8 @@ mod tests {
             Code::NotFound,
             Code::NotInDlq,
             Code::Repartitioned,
+            Code::Forwarded,
+            Code::KeyTaken,
         ];
         for code in all {
             match code {
@@ -222,7 +240,9 @@ mod tests {
                 | Code::Terminal
                 | Code::NotFound
                 | Code::NotInDlq
-                | Code::Repartitioned => {}
+                | Code::Repartitioned
+                | Code::Forwarded
+                | Code::KeyTaken => {}
             }
         }
         all.to_vec()

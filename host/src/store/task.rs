@@ -175,7 +175,9 @@ pub struct AttemptRecord {
     /// The attempt's number, from 1; numbers keep rising across requeues.
     pub attempt: u32,
     /// How it ended: `success`, `fatal`, `retry`, `lost` (its worker died;
-    /// no log), `cancelled`, or `running` (not ended yet).
+    /// no log), `dead_lettered` (it failed or was lost with no attempt
+    /// left, and the task was dead-lettered; its error says which),
+    /// `cancelled`, or `running` (not ended yet).
     pub outcome: String,
     /// Its error (none for `success` and `running`).
     #[serde(default)]
@@ -316,6 +318,11 @@ impl TaskRecord {
         let mut history = self.archived_attempts.clone();
         if let Some(last) = self.last_attempt() {
             match history.iter_mut().find(|a| a.attempt == last.attempt) {
+                // Archived as lost by reclaim, and the task dead-lettered
+                // for it: the archive, as what ended the task.
+                Some(archived) if archived.outcome == "lost" && self.ended_lost() => {
+                    archived.outcome = last.outcome;
+                }
                 // Archived as lost by reclaim, yet its worker finished it
                 // before the next attempt began: the finish is the truth.
                 Some(archived) if archived.outcome == "lost" && last.outcome != "lost" => {
@@ -361,8 +368,8 @@ impl TaskRecord {
             TaskStatus::Succeeded => ("success", None, self.log.clone()),
             TaskStatus::Failed => ("fatal", self.error.clone(), self.log.clone()),
             TaskStatus::Cancelled => ("cancelled", self.error.clone(), self.log.clone()),
-            TaskStatus::DeadLettered if lost => ("lost", self.error.clone(), None),
-            TaskStatus::DeadLettered => ("retry", self.error.clone(), self.log.clone()),
+            TaskStatus::DeadLettered if lost => ("dead_lettered", self.error.clone(), None),
+            TaskStatus::DeadLettered => ("dead_lettered", self.error.clone(), self.log.clone()),
             TaskStatus::Queued
             | TaskStatus::Scheduled
             | TaskStatus::Retrying
@@ -379,6 +386,13 @@ impl TaskRecord {
             finished_at: self.finished_at,
             digest: if lost { None } else { digest },
         })
+    }
+
+    /// Whether the task was dead-lettered by a lost attempt (its worker
+    /// died during it, digest "-").
+    fn ended_lost(&self) -> bool {
+        self.status == TaskStatus::DeadLettered
+            && self.attempt_digests.last().is_some_and(|d| d == "-")
     }
 
     /// The digest of the module the last attempt that ran used.
@@ -497,13 +511,27 @@ mod tests {
     fn a_dead_lettered_lost_attempt_has_no_log_and_a_late_finish_wins_over_lost() {
         let lost = record("DEAD_LETTERED", 1, &[], "-");
         let last = &lost.attempt_history()[0];
-        assert_eq!((last.outcome.as_str(), last.log.as_deref()), ("lost", None));
+        assert_eq!(
+            (last.outcome.as_str(), last.log.as_deref()),
+            ("dead_lettered", None)
+        );
         // Archived as lost by reclaim; the worker finished it after all.
         let late = record("SUCCEEDED", 1, &[(1, "lost")], "-,d");
         assert_eq!(outcomes(&late), [(1, "success".into())]);
-        // Dead-lettered after reclaim archived it: the archive stays.
+        // Dead-lettered after reclaim archived it: the archive stays,
+        // labelled as what ended the task.
         let exhausted = record("DEAD_LETTERED", 1, &[(1, "lost")], "-");
-        assert_eq!(exhausted.attempt_history()[0].error.as_deref(), Some("e1"));
+        let last = &exhausted.attempt_history()[0];
+        assert_eq!(
+            (last.outcome.as_str(), last.error.as_deref()),
+            ("dead_lettered", Some("e1"))
+        );
+        // Failed with no attempt left.
+        let spent = record("DEAD_LETTERED", 2, &[(1, "retry")], "d,d");
+        assert_eq!(
+            outcomes(&spent),
+            [(1, "retry".into()), (2, "dead_lettered".into())]
+        );
     }
 
     #[test]

@@ -258,6 +258,12 @@ pub enum RequeueOutcome {
     NotDeadLettered(TaskStatus),
     /// No such task.
     NotFound,
+    /// The task's idempotency key names another task now: this one stays
+    /// dead-lettered (one key, one live task).
+    KeyTaken {
+        /// The task the key names.
+        task_id: String,
+    },
 }
 
 /// Counts of one queue.

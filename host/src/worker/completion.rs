@@ -35,7 +35,7 @@ use tracing::{debug, error, warn};
 use super::{Backoff, Registration};
 use crate::config::Config;
 use crate::metrics::{AttemptOutcome, TaskSeries};
-use crate::store::{CompleteOutcome, Completion, Store, StoreError};
+use crate::store::{CompleteOutcome, Completion, CompletionKind, Store, StoreError, TaskStatus};
 
 /// Most completions written in one round trip.
 const MAX_BATCH: usize = 128;
@@ -175,6 +175,11 @@ async fn write_retrying(
     for ((completion, outcome), series) in completions.iter().zip(outcomes).zip(series) {
         match outcome {
             CompleteOutcome::Done(status) => {
+                if status == TaskStatus::DeadLettered {
+                    warn!(task_id = %completion.task_id, queue = %completion.queue,
+                        attempt = completion.attempt, outcome = "dead_lettered",
+                        error = %completion.detail, "no attempt left: the task is dead-lettered");
+                }
                 if let Some(outcome) = AttemptOutcome::of(completion.kind, status) {
                     series.count_outcome(outcome);
                 }
@@ -186,6 +191,24 @@ async fn write_retrying(
         }
     }
     Written::Yes
+}
+
+/// How the log of an attempt that failed names its end, before the
+/// completion is written: `dead_lettered` for a retry with no attempt left
+/// (attempt `attempt` of `max_attempts`), which `complete.lua` turns into
+/// DEAD_LETTERED (but for a task whose cancel was asked meanwhile), else the
+/// completion's outcome (`retry`, `fatal`, ...).
+pub(super) fn failure_label(kind: CompletionKind, attempt: u32, max_attempts: u32) -> &'static str {
+    match kind {
+        CompletionKind::Retry | CompletionKind::Lost if attempt >= max_attempts => "dead_lettered",
+        CompletionKind::Success => "success",
+        CompletionKind::Fatal => "fatal",
+        CompletionKind::Retry => "retry",
+        CompletionKind::Cancelled => "cancelled",
+        CompletionKind::Lost => "lost",
+        CompletionKind::Expired => "expired",
+        CompletionKind::Defer => "defer",
+    }
 }
 
 fn rejected(completion: &Completion, e: &StoreError) {
@@ -224,7 +247,9 @@ const REFUSED_CODES: &[&str] = &[
 impl Failure {
     fn of(e: &StoreError) -> Self {
         match e {
-            StoreError::Protocol(_) | StoreError::Corrupt(_) => Failure::Rejected,
+            StoreError::Protocol(_) | StoreError::Corrupt(_) | StoreError::TooManyQueues { .. } => {
+                Failure::Rejected
+            }
             // Server error replies, by their code; anything else is the
             // client's or the connection's.
             StoreError::Redis(e) => match e.clone().into_server_errors() {

@@ -115,7 +115,9 @@ async fn execute(
         }
         CompletionKind::Defer => debug!(error = %detail, "deferred"),
         _ => warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
-            attempt = task.attempts, outcome = ?kind, error = %detail, "attempt failed"),
+            attempt = task.attempts, error = %detail,
+            outcome = super::completion::failure_label(kind, task.attempts, task.max_attempts),
+            "attempt failed"),
     }
     let now = now_ms();
     // Only a retry reads its due time; the jitter's random draw is not

@@ -47,6 +47,8 @@
     {-2, id}                       KEY_MISMATCH (record of another payload)
     {-3, depth}                    QUEUE_FULL
     {-8, partitions}               REPARTITIONED (nothing written)
+    {-9, partition}                FORWARDED: the key's records live in
+                                   that partition (nothing written)
 
   Partitions: the submitter chose this partition (dtq:...:{q#i}) from the
   queue's partition count it knows. A raise writes the new count into every
@@ -54,6 +56,11 @@
   that routed by another count than this slot's is refused before anything
   is read, and routes again. So once any submitter routes by a new count,
   no submitter can write by the old one.
+
+  Forwards: a DLQ requeue of a task whose key routes to another partition
+  now leaves a forward in the key's partition (idem_forward.lua): the
+  submitter sends the submission to the partition it names, where the
+  task and its record live.
 
   Reads one key not in KEYS: the recorded task's hash, ARGV[9] .. task_id,
   to tell a live record from a stale one. It shares the queue's hash tag, so
@@ -100,6 +107,9 @@ if hasKey then
   local raw = rcall("GET", idemKey)
   if raw then
     local rec = cjson.decode(raw)
+    if rec["forward"] then
+      return {-9, rec["forward"]}
+    end
     local recordedKey = taskPrefix .. rec["task_id"]
     if rcall("EXISTS", recordedKey) == 1 then
       if rec["fingerprint"] ~= fingerprint then

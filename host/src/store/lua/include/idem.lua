@@ -24,6 +24,33 @@ local function setIdemState(idemKey, taskId, state, now)
 end
 
 --[[
+  Shared fragment: the task other than `taskId` that idempotency record
+  `idemKey` names, if the key is taken by it; false otherwise. A record
+  names its key's task, and a task of this slot when it is a plain record
+  (its hash is `taskPrefix` .. id, read here although not in KEYS: it
+  shares the record's hash tag, so the same cluster slot): taken while that
+  hash exists (a record whose task is gone is stale, as ingest.lua treats
+  it). A forward (`forward` set: the key's records live in another
+  partition, see store/dlq.rs) names a task of another slot, which cannot
+  be read here: taken as long as it names another task.
+]]
+local function idemTakenBy(idemKey, taskId, taskPrefix)
+  local raw = redis.call("GET", idemKey)
+  if not raw then
+    return false
+  end
+  local rec = cjson.decode(raw)
+  local owner = rec["task_id"]
+  if owner == taskId then
+    return false
+  end
+  if rec["forward"] or redis.call("EXISTS", taskPrefix .. owner) == 1 then
+    return owner
+  end
+  return false
+end
+
+--[[
   Shared fragment: append a lifecycle event to the capped events stream;
   a cap of 0 writes none (`--events none`).
 ]]
