@@ -142,7 +142,8 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Raise a queue's partition count (needs the admin token).
+    /// Raise a queue's partition count (needs `admin` on every queue, e.g.
+    /// the admin token).
     ///
     /// A partitioned queue is spread over COUNT Redis Cluster slots, so one
     /// busy queue uses every shard: a keyed submission goes to the
@@ -164,7 +165,8 @@ enum Command {
     /// Set, list or delete a queue's periodic tasks (cron schedules, UTC).
     #[command(subcommand)]
     Schedule(ScheduleCommand),
-    /// Deploy a handler module to the fleet (needs the admin token).
+    /// Deploy a handler module to the fleet (needs a `deploy` grant
+    /// covering the task, its namespace and hosts, or the admin token).
     ///
     /// The module is checked first (it compiles, fits the handler world,
     /// its imports are provided, its namespace is granted, some live worker
@@ -183,8 +185,9 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Make an earlier version of a task's handler active again (needs the
-    /// admin token): by default the newest one in its history that differs
+    /// Make an earlier version of a task's handler active again (needs a
+    /// `deploy` grant covering the version it restores, or the admin
+    /// token): by default the newest one in its history that differs
     /// from the active one.
     Rollback {
         /// The task.
@@ -203,7 +206,8 @@ enum Command {
         /// `.pub` added, and the key is named by the file's name.
         name: std::path::PathBuf,
     },
-    /// Remove a task's handler from the fleet (needs the admin token). New
+    /// Remove a task's handler from the fleet (needs a `deploy` grant
+    /// covering the task, or the admin token). New
     /// submissions of the task are refused; waiting ones wait for a deploy.
     /// Its history stays, so `dtq rollback TASK` brings it back.
     Undeploy {
@@ -275,7 +279,8 @@ struct DeployArgs {
 
 #[derive(Subcommand)]
 enum ScheduleCommand {
-    /// Create or replace a schedule (needs the admin token): one task per
+    /// Create or replace a schedule (needs `admin` on the queue and a grant
+    /// covering the task, or the admin token): one task per
     /// tick across the fleet, fired by the workers consuming the queue.
     Set {
         /// The queue.
@@ -308,7 +313,8 @@ enum ScheduleCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Delete a schedule (needs the admin token).
+    /// Delete a schedule (needs `admin` on the queue and a grant covering
+    /// its task, or the admin token).
     Delete {
         /// The queue.
         queue: String,

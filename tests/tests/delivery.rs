@@ -193,7 +193,7 @@ async fn a_second_message_for_a_running_task_is_acknowledged_and_not_run() -> Re
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_record_that_is_not_a_task_fails_alone_and_its_batch_starts() -> Result<()> {
+async fn a_record_that_is_not_a_task_is_dead_lettered_alone_and_its_batch_starts() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
     let mut ids = Vec::new();
     for i in 0..4 {
@@ -229,10 +229,22 @@ async fn a_record_that_is_not_a_task_fails_alone_and_its_batch_starts() -> Resul
         }
         other => bail!("decisions: {other:?}"),
     }
-    // The bad records failed, readable, with their error; the string kept.
+    // The bad records are dead letters, readable, with their error, in the
+    // DLQ; the string kept.
+    let dlq: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.dlq)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    let mut bad = vec![ids[1].clone(), ids[2].clone()];
+    bad.sort();
+    let mut listed = dlq.clone();
+    listed.sort();
+    assert_eq!(listed, bad, "the DLQ holds the two bad records alone");
     for (i, says) in [(1, "not a hash"), (2, "no task name or payload")] {
         let shown = dtq.task(QUEUE, &ids[i]).await?;
-        assert_eq!(shown["status"], "FAILED", "{shown:#}");
+        assert_eq!(shown["status"], "DEAD_LETTERED", "{shown:#}");
         let error = shown["error"].as_str().unwrap_or_default();
         assert!(error.contains(says), "{error}");
     }

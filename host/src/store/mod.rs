@@ -592,7 +592,10 @@ impl Store {
         }
         let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.start.prepare_invoke();
-        inv.key(&keys.stream).key(&keys.events).key(&keys.expiry);
+        inv.key(&keys.stream)
+            .key(&keys.events)
+            .key(&keys.expiry)
+            .key(&keys.dlq);
         for d in deliveries {
             inv.key(keys.task(&d.task_id));
         }
@@ -600,8 +603,7 @@ impl Store {
             .arg(now)
             .arg(consumer)
             .arg(self.settings.events_max_len)
-            .arg(logical_queue(queue))
-            .arg(self.settings.task_retention_s);
+            .arg(logical_queue(queue));
         for d in deliveries {
             inv.arg(&d.msg_id).arg(&d.task_id);
         }

@@ -85,8 +85,9 @@ pub enum StartDecision {
     Expired(StartedTask),
     /// Its worker died with no attempts left; dead-letter it.
     Exhausted(StartedTask),
-    /// Its record is not a readable task: `start` failed it alone (FAILED,
-    /// with this error) and acknowledged its message.
+    /// Its record is not a readable task: `start` dead-lettered it alone
+    /// (DEAD_LETTERED, in the DLQ, with this error) and acknowledged its
+    /// message.
     Corrupt(String),
 }
 

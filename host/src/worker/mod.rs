@@ -426,7 +426,7 @@ impl Shared {
                     tracing::debug!(queue, task_id = %delivery.task_id, %status, "skipped");
                 }
                 StartDecision::Corrupt(error) => {
-                    error!(queue, task_id = %delivery.task_id, %error, "corrupt task record failed");
+                    error!(queue, task_id = %delivery.task_id, %error, "corrupt task record dead-lettered");
                 }
                 StartDecision::Expired(task) => {
                     let finish =

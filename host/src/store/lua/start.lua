@@ -18,28 +18,28 @@
   runnable task cannot be read from (no task name or payload, a count that
   is not a number), fails that task alone, checked before anything is
   written for it. A key of another type is kept whole (DUMP, in hex) in
-  field `corrupt_record` of the FAILED hash written in its place; fields a
+  field `corrupt_record` of the hash written in its place; fields a
   reader needs that the record lacks are filled in (task name
-  "(unknown)", a null payload), so that it reads as a FAILED task with
-  its error. The other tasks of the batch start as if it were not
-  there. (Its idempotency record, not in KEYS, stays "processing" until
-  its TTL.)
+  "(unknown)", a null payload), so that it reads as a dead-lettered
+  task with its error, listed in the queue's DLQ. The other tasks of the
+  batch start as if it were not there. (Its idempotency record, not in
+  KEYS, stays "processing" until its TTL.)
 
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
     KEYS[2] events stream  dtq:events:{q}
     KEYS[3] expiry index   dtq:expiry:{q}
-    KEYS[4..] one task hash per message, dtq:task:{q}:<id>
+    KEYS[4] dead letters   dtq:dlq:{q}
+    KEYS[5..] one task hash per message, dtq:task:{q}:<id>
 
     ARGV[1] consumer group
     ARGV[2] now (ms since epoch)
     ARGV[3] consumer (worker) name
     ARGV[4] events stream max length
-    ARGV[5] the queue's name, written into a record rebuilt as FAILED
-    ARGV[6] retention of terminal task hashes (s)
+    ARGV[5] the queue's name, written into a record rebuilt as a dead letter
     then, per task hash k (from 0), in the same order:
-    ARGV[7 + 2k] its stream message id
-    ARGV[8 + 2k] its task id
+    ARGV[6 + 2k] its stream message id
+    ARGV[7 + 2k] its task id
 
   Output: one flat array, a record per message in order, each a code and
   what follows it:
@@ -53,16 +53,17 @@
     5, task     EXHAUSTED: found RUNNING on this message by another
                 consumer (its worker died) with no attempts left; the
                 caller dead-letters it
-    6, error    CORRUPT: its record is not a readable task; it is FAILED
-                with `error`, its message acknowledged and deleted here
+    6, error    CORRUPT: its record is not a readable task; it is
+                DEAD_LETTERED (in the DLQ) with `error`, its message
+                acknowledged and deleted here
   where task is the 7 values of `RETURNED` below, in that order, false for
   a field the hash lacks (the host's `StartedTask` mirrors it). Flat,
   because Redis converts each table of a script's reply on its own (seven
   field lookups and a length written back): nested, the reply cost Redis
   5 500 instructions more per message.
 
-  Events: RUNNING for each task started (not for one resumed), FAILED for
-  each corrupt one, one stream entry for the batch.
+  Events: RUNNING for each task started (not for one resumed), DEAD_LETTERED
+  for each corrupt one, one stream entry for the batch.
 
   Expiry index: a task with an expiry leaves it here whatever the
   decision (it starts, it is expired by the caller, or it is already
@@ -78,9 +79,9 @@ local NUMERIC = { 2, 3, 4, 7 }
 -- The fields the caller gets, as indexes into FIELDS.
 local RETURNED = { 2, 3, 5, 6, 7, 8, 9 }
 
-local streamKey, eventsKey, expiryKey = KEYS[1], KEYS[2], KEYS[3]
-local group, now, consumer, eventsMaxLen, queueName, retention =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local streamKey, eventsKey, expiryKey, dlqKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, now, consumer, eventsMaxLen, queueName =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local nowMs = tonumber(now)
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
@@ -141,11 +142,14 @@ local function contain(taskKey, taskId, msgId, err, notHash)
     redis.call("HSETNX", taskKey, field, value)
   end
   err = "task not started: " .. err
-  redis.call("HSET", taskKey, "status", "FAILED", "error", err, "updated_at", now,
+  -- Dead-lettered, not FAILED: an operator finds it in the DLQ, with the
+  -- record kept (no retention TTL, as for any dead letter) until purged.
+  redis.call("HSET", taskKey, "status", "DEAD_LETTERED", "error", err, "updated_at", now,
     "finished_at", now)
-  redis.call("EXPIRE", taskKey, retention)
+  redis.call("PERSIST", taskKey)
+  redis.call("ZADD", dlqKey, now, taskId)
   redis.call("ZREM", expiryKey, taskId)
-  pushEvent(taskId, "FAILED", "0", now)
+  pushEvent(taskId, "DEAD_LETTERED", "0", now)
   acks[#acks + 1] = msgId
   out[n + 1], out[n + 2] = 6, err
   n = n + 2
@@ -166,8 +170,8 @@ local function begin(taskKey, taskId, msgId, task)
   emit(1, task)
 end
 
-for i = 4, #KEYS do
-  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]
+for i = 5, #KEYS do
+  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 4], ARGV[2 * i - 3]
   -- pcall: a key of another type answers WRONGTYPE, which would end the
   -- script with the writes made for the tasks before it kept.
   local task = redis.pcall("HMGET", taskKey, unpack(FIELDS))
