@@ -180,8 +180,8 @@ pub enum CompletionKind {
 }
 
 impl CompletionKind {
-    /// The outcome's name in the `complete` script's ARGV.
-    pub(super) fn as_str(self) -> &'static str {
+    /// The outcome's name in the `complete` script's ARGV (and in logs).
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CompletionKind::Success => "success",
             CompletionKind::Fatal => "fatal",

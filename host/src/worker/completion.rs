@@ -201,13 +201,7 @@ async fn write_retrying(
 pub(super) fn failure_label(kind: CompletionKind, attempt: u32, max_attempts: u32) -> &'static str {
     match kind {
         CompletionKind::Retry | CompletionKind::Lost if attempt >= max_attempts => "dead_lettered",
-        CompletionKind::Success => "success",
-        CompletionKind::Fatal => "fatal",
-        CompletionKind::Retry => "retry",
-        CompletionKind::Cancelled => "cancelled",
-        CompletionKind::Lost => "lost",
-        CompletionKind::Expired => "expired",
-        CompletionKind::Defer => "defer",
+        kind => kind.as_str(),
     }
 }
 

@@ -196,18 +196,22 @@ local function completeOne(taskKey, idemKey, a)
     if msgId ~= "" then
       acks[#acks + 1] = msgId
     end
-    if cancelRequested then
-      local before = tonumber(attempts) - 1
-      rcall("HSET", taskKey, "status", "CANCELLED", "updated_at", now,
-        "attempts", before, "error", "cancelled before it ran", "finished_at", now)
+    -- The attempt is given back: a deferred task that ends here ends
+    -- with the attempts it had before this one.
+    local before = tonumber(attempts) - 1
+    local function endUnrun(status, err)
+      rcall("HSET", taskKey, "status", status, "updated_at", now, "attempts", before,
+        "error", err, "finished_at", now)
       rcall("EXPIRE", taskKey, retention)
-      pushEvent(taskId, "CANCELLED", before, now)
+      pushEvent(taskId, status, before, now)
       if hasKey then
         setIdemState(idemKey, taskId, "failed", now)
       end
-      return 1, "CANCELLED"
+      return 1, status
     end
-    local before = tonumber(attempts) - 1
+    if cancelRequested then
+      return endUnrun("CANCELLED", "cancelled before it ran")
+    end
     local limit = tonumber(retryAt)
     local spent, since = string.match(rcall("HGET", taskKey, "deferred_since") or "",
       "^(%d+):(%d+)$")
@@ -216,15 +220,8 @@ local function completeOne(taskKey, idemKey, a)
     end
     if since and limit > 0 and tonumber(now) - tonumber(since) >= limit then
       local waited = tonumber(now) - tonumber(since)
-      rcall("HSET", taskKey, "status", "FAILED", "updated_at", now, "attempts", before,
-        "error", string.format("gave up after waiting %d ms for a handler (defer limit %d ms): %s",
-          waited, limit, detail), "finished_at", now)
-      rcall("EXPIRE", taskKey, retention)
-      pushEvent(taskId, "FAILED", before, now)
-      if hasKey then
-        setIdemState(idemKey, taskId, "failed", now)
-      end
-      return 1, "FAILED"
+      return endUnrun("FAILED", string.format(
+        "gave up after waiting %d ms for a handler (defer limit %d ms): %s", waited, limit, detail))
     end
     if not since then
       rcall("HSET", taskKey, "deferred_since", before .. ":" .. now)
