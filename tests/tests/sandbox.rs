@@ -384,8 +384,11 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
         tokio::spawn(async move { run(&sandbox, "send_receipt", order).await })
     });
     // One call charges. The others find the operations done, or still in
-    // progress in the one that charges: a retryable error, never a success
-    // that claims the charge happened.
+    // progress in another call: a retryable error, never a success that
+    // claims the charge happened. The call that charged may itself find
+    // the receipt in progress, taken by a call that found the charge done
+    // between its commit and its next begin: then none reports the charge,
+    // and the payment service's count below is what shows it was made once.
     let (mut charged, mut deduped, mut in_progress) = (0, 0, 0);
     for report in futures::future::join_all(calls).await {
         let report = report?;
@@ -407,7 +410,9 @@ async fn send_receipt_fifty_concurrent_duplicates_charge_once() -> Result<()> {
             bail!("unexpected result {result}");
         }
     }
-    assert_eq!((charged, deduped + in_progress), (1, 49));
+    assert!(charged <= 1, "{charged} calls report the charge");
+    assert!(charged + deduped >= 1, "no call sent the receipt");
+    assert_eq!(charged + deduped + in_progress, 50);
     assert_eq!(
         payments.charges_for("race-7"),
         1,
