@@ -36,6 +36,8 @@
 //! | log flooding | [`Limits::max_log_bytes`] | truncated with a marker, not a failure |
 //! | Redis flooding | [`Limits::max_host_calls`], [`Limits::max_key_bytes`], [`Limits::max_value_bytes`] | [`Limit::HostCalls`] trap; `invalid-key` / `value-too-large` WIT errors |
 //! | reaching other keys | every key is a suffix of `dtq:guest:<namespace>:` | — |
+//! | filling Redis through kv or claims | [`Limits::kv_quota_bytes`] charging keys, claims and kept results with their per-key overhead, [`Limits::max_live_claims`] (`quota.rs`) | `quota-exceeded`; nothing written |
+//! | sending another namespace's downstream `Idempotency-Key` first | keys are HMAC-SHA256 under the fleet secret, and a guest's own key may not start with `dtq-` (`fleet_secret.rs`) | `HTTP-request-denied` |
 //! | files, environment, raw network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
 //! | reaching hosts it should not (SSRF, cloud metadata) | outbound HTTP only through `wasi:http`, to the operator's [`AllowList`]; host names reach public addresses only, no redirects followed (`http.rs`) | `HTTP-request-denied`, `destination-IP-prohibited` |
 //! | slow or huge responses, request floods | [`Limits::http_timeout`] (and the deadline), [`Limits::max_http_response_bytes`], [`Limits::max_http_requests`] | the request fails with its wasi:http error code |
@@ -57,6 +59,10 @@
 //!   `idempotency` and `log`.
 //! - `http.rs`: outbound HTTP (`wasi:http/outgoing-handler`): the
 //!   allow-list, the host's client, limits and `Idempotency-Key`.
+//! - `quota.rs`: what a namespace's Redis budget charges, and the
+//!   scripts that keep the count.
+//! - `fleet_secret.rs`: the fleet's secret and the downstream
+//!   `Idempotency-Key`s derived with it.
 //! - `log.rs`: the capped task log and the stdout/stderr streams feeding it.
 //! - `call.rs`: one call, its store, deadline and cancellation.
 //! - `outcome.rs`: [`Outcome`], [`Trap`] and the classification of errors.
