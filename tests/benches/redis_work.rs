@@ -246,6 +246,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 log: String::new(),
                 attempt: task.attempts,
                 retry_at: 0,
+                defer_limit_ms: 0,
                 now: ingest::now_ms(),
                 digest: None,
                 carried_at: task.carried_at,

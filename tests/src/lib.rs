@@ -602,6 +602,7 @@ pub fn completion(
         log: String::new(),
         attempt: task.attempts,
         retry_at: 0,
+        defer_limit_ms: 0,
         now: dtq_host::ingest::now_ms(),
         digest: None,
         carried_at: task.carried_at,

@@ -85,6 +85,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
         log: String::new(),
         attempt,
         retry_at: 0,
+        defer_limit_ms: 0,
         now: dtq_host::ingest::now_ms(),
         digest: None,
         carried_at: None,

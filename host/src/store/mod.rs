@@ -773,7 +773,7 @@ impl Store {
             .arg(self.settings.events_max_len);
         // Each sends only what its outcome reads (complete.lua): the
         // attempt unless it is a carried one (attempt 1), the retry time
-        // only for a failed attempt.
+        // only for a failed attempt, the defer limit only for a deferral.
         for c in batch {
             let carried_at = c.carried_at.filter(|_| c.attempt == 1);
             cmd.arg(&c.task_id)
@@ -795,11 +795,14 @@ impl Store {
                     cmd.arg("").arg(c.attempt);
                 }
             }
-            if matches!(
-                c.kind,
-                CompletionKind::Retry | CompletionKind::Lost | CompletionKind::Defer
-            ) {
-                cmd.arg(c.retry_at);
+            match c.kind {
+                CompletionKind::Retry | CompletionKind::Lost => {
+                    cmd.arg(c.retry_at);
+                }
+                CompletionKind::Defer => {
+                    cmd.arg(c.defer_limit_ms);
+                }
+                _ => {}
             }
         }
         cmd

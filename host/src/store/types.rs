@@ -214,10 +214,12 @@ pub struct Completion {
     /// The attempt this completes (0 for expiry, which has none).
     pub attempt: u32,
     /// When a retry is due (ms since epoch): read for a retry or a lost
-    /// attempt. For a [`CompletionKind::Defer`], the defer limit instead:
-    /// how long (ms) the task may wait for a handler before it ends FAILED
-    /// (0: no bound; see `complete.lua`). 0 for the other outcomes.
+    /// attempt only.
     pub retry_at: u64,
+    /// How long (ms) a task may wait for a handler before it ends FAILED
+    /// (`--defer-limit-ms`; 0: no bound): read for a
+    /// [`CompletionKind::Defer`] only (see `complete.lua`).
+    pub defer_limit_ms: u64,
     /// Now (ms since epoch).
     pub now: u64,
     /// The digest of the module the attempt ran, when one did.

@@ -121,10 +121,9 @@ async fn execute(
     }
     let now = now_ms();
     // Only a retry reads its due time; the jitter's random draw is not
-    // spent on the others. A deferral sends its bound in its place.
+    // spent on the others.
     let retry_at = match kind {
         CompletionKind::Retry => now + backoff_ms(&shared.config, task.attempts),
-        CompletionKind::Defer => shared.config.defer_limit_ms,
         _ => 0,
     };
     let mut completion = completion_of(
@@ -137,6 +136,7 @@ async fn execute(
         retry_at,
     );
     completion.digest = report.digest;
+    completion.defer_limit_ms = shared.config.defer_limit_ms;
     // Boxed: only now allocated, instead of sizing the state every call in
     // flight holds by the completion it will build.
     Box::pin(hand_over(&shared, completion, series, permit, registration)).await;
@@ -221,6 +221,7 @@ fn completion_of(
         log,
         attempt: task.attempts,
         retry_at,
+        defer_limit_ms: 0,
         now,
         digest: None,
         carried_at: task.carried_at,

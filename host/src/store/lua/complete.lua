@@ -137,13 +137,15 @@ local function completeOne(taskKey, idemKey, a)
   local taskId, msgId, outcome, detail, log, now, hasKey, digest, carriedAt =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
     ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
-  local attempt, retryAt = "1", nil
+  local attempt, retryAt, deferLimit = "1", nil, nil
   a = a + 9
   if carriedAt == "" then
     attempt, a = ARGV[a], a + 1
   end
-  if failed[outcome] or outcome == "defer" then
+  if failed[outcome] then
     retryAt = ARGV[a]
+  elseif outcome == "defer" then
+    deferLimit = ARGV[a]
   end
 
   -- The common case first, with the least reading: a carried attempt that
@@ -212,7 +214,7 @@ local function completeOne(taskKey, idemKey, a)
     if cancelRequested then
       return endUnrun("CANCELLED", "cancelled before it ran")
     end
-    local limit = tonumber(retryAt)
+    local limit = tonumber(deferLimit)
     local spent, since = string.match(rcall("HGET", taskKey, "deferred_since") or "",
       "^(%d+):(%d+)$")
     if tonumber(spent) ~= before then
