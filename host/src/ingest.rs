@@ -36,13 +36,13 @@
 //! whole, and a later item sees what an earlier one wrote, as a later
 //! submission would.
 
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::api::error::ErrorCode;
+use crate::base::now_ms;
+use crate::base::ErrorCode;
 use crate::store::{NewTask, Store, StoreError, SubmitOutcome, TaskRecord, TaskStatus};
 
 /// Longest accepted idempotency key, in bytes.
@@ -100,7 +100,7 @@ pub struct SubmitRequest {
     /// number or as an RFC 3339 string ([`parse_run_at`]). Not with
     /// `delay_ms`.
     #[serde(default, deserialize_with = "run_at_field")]
-    #[schema(value_type = Option<crate::api::openapi::RunAt>)]
+    #[schema(value_type = Option<RunAt>)]
     pub run_at: Option<u64>,
 }
 
@@ -556,14 +556,6 @@ pub fn schedule(
     Ok((run_at, expires_at))
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Validate a submission and run it: one round trip to Redis.
 ///
 /// `header_key` is the `Idempotency-Key` header, which wins over the body's
@@ -655,7 +647,7 @@ fn prepare(
     let now = now_ms();
     let (run_at, expires_at) = schedule(now, numbers.start, numbers.expires_in_ms)?;
     Ok(NewTask {
-        id: uuid::Uuid::now_v7().to_string(),
+        id: crate::base::new_task_id(),
         queue: queue.to_owned(),
         fingerprint: fingerprint(&req.task, &payload),
         task: req.task,
@@ -694,6 +686,39 @@ fn settle(new: NewTask, outcome: SubmitOutcome) -> Result<Submitted, IngestError
             queue: new.queue,
             depth,
         }),
+    }
+}
+
+/// `run_at` of a submission: ms since the Unix epoch, or an RFC 3339
+/// date-time.
+pub struct RunAt;
+
+impl utoipa::PartialSchema for RunAt {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+                    .minimum(Some(0)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
+            )
+            .description(Some(
+                "Run no earlier than this time: ms since the Unix epoch, or an RFC 3339 \
+                 date-time; a time past runs at once. Not with `delay_ms`.",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for RunAt {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("RunAt")
     }
 }
 

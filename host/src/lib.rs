@@ -10,6 +10,8 @@
 //!
 //! # Layout
 //!
+//! - [`base`]: the clock, the API's error codes and the ids dtq makes;
+//!   it imports nothing of the crate, and every room may use it.
 //! - [`config`]: the one configuration struct (flags and `DTQ_*` variables).
 //! - [`store`]: the Redis key layout, the Lua scripts, and typed calls.
 //! - [`ingest`]: the submission path: validation, fingerprint, one script.
@@ -35,6 +37,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod base;
 pub mod config;
 pub mod deploy;
 pub mod ingest;

@@ -58,7 +58,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::fleet::{Limits, Uncovered};
 use crate::deploy::DeploySettings;
 use crate::ingest::validate_queue_name;

@@ -27,12 +27,13 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::Shared;
 use super::auth::Scope;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, read_limited, store_call};
-use crate::ingest::now_ms;
+use crate::base::now_ms;
 use crate::store::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, PurgeBound};
 
 type ApiResult = Result<Response, ApiError>;

@@ -64,7 +64,8 @@ use utoipa::IntoParams;
 
 use super::Shared;
 use super::auth::Scope;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;

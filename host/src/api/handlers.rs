@@ -16,7 +16,8 @@ use utoipa::ToSchema;
 
 use super::Shared;
 use super::auth::Scope;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{
@@ -26,7 +27,8 @@ use super::openapi::schemas::{
 use crate::deploy::{
     DeploySettings, Entry, FleetReport, REPORT_LIVE_MS, RegistryError, SIGNATURE_HEADER, Version,
 };
-use crate::ingest::{now_ms, validate_task_name};
+use crate::base::now_ms;
+use crate::ingest::validate_task_name;
 
 type ApiResult = Result<Response, ApiError>;
 

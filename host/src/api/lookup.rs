@@ -20,7 +20,8 @@ use utoipa::ToSchema;
 
 use super::Shared;
 use super::auth::Scope;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::routes::{authorized, store_call};

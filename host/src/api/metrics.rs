@@ -23,7 +23,8 @@ use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use super::auth::{Access, Scope};
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::openapi::ErrorBody;
 use super::routes::{self, store_call};
 use super::{ApiSettings, ApiState, Shared, router_with};

@@ -44,7 +44,6 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use utoipa::openapi::path::Operation;
-use utoipa::openapi::schema::{KnownFormat, OneOfBuilder, SchemaFormat};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
     ContentBuilder, ObjectBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder, Schema, Type,
@@ -53,7 +52,8 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 use super::Shared;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use crate::store::TaskStatus;
 
 /// The route of the document itself.
@@ -259,38 +259,6 @@ fn add_error(operation: &mut Operation, status: &str, description: &str) {
                 .build()
                 .into()
         });
-}
-
-/// `run_at` of a submission: ms since the Unix epoch, or an RFC 3339
-/// date-time.
-pub struct RunAt;
-
-impl PartialSchema for RunAt {
-    fn schema() -> RefOr<Schema> {
-        OneOfBuilder::new()
-            .item(
-                ObjectBuilder::new()
-                    .schema_type(Type::Integer)
-                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-                    .minimum(Some(0)),
-            )
-            .item(
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime))),
-            )
-            .description(Some(
-                "Run no earlier than this time: ms since the Unix epoch, or an RFC 3339 \
-                 date-time; a time past runs at once. Not with `delay_ms`.",
-            ))
-            .into()
-    }
-}
-
-impl ToSchema for RunAt {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("RunAt")
-    }
 }
 
 /// The one error body: `{"error": {"code", "message", "details"}}`.

@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use utoipa::IntoParams;
 
 use super::auth::{Auth, Scope};
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{
@@ -27,7 +28,8 @@ use super::openapi::schemas::{
     TaskPath,
 };
 use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
-use crate::ingest::{self, IngestError, now_ms, validate_queue_name};
+use crate::base::now_ms;
+use crate::ingest::{self, IngestError, validate_queue_name};
 use crate::store::{CancelOutcome, RequeueOutcome};
 
 type ApiResult = Result<Response, ApiError>;

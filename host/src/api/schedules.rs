@@ -23,12 +23,14 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::auth::Scope;
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, read_limited, require_json, store_call};
-use crate::ingest::{self, IngestError, now_ms, validate_task_name};
+use crate::base::now_ms;
+use crate::ingest::{self, IngestError, validate_task_name};
 use crate::store::{CronExpr, InvalidCron, Schedule, ScheduleDef, validate_schedule_name};
 
 type ApiResult = Result<Response, ApiError>;

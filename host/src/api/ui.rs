@@ -31,7 +31,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
 
-use super::error::{ApiError, ErrorCode};
+use super::error::ApiError;
+use crate::base::ErrorCode;
 use super::extract::ApiPath;
 
 /// The policy of every dashboard response. `default-src 'self'` covers

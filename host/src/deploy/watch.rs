@@ -195,7 +195,7 @@ impl Watcher {
         let id = format!(
             "{}-{}",
             std::process::id(),
-            &uuid::Uuid::now_v7().simple().to_string()[20..]
+            &crate::base::unique_token()[20..]
         );
         Watcher {
             registry,

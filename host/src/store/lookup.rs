@@ -65,7 +65,7 @@ impl Store {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let part = self.partitioning(queue).await?;
         let mut found = None;
-        for partition in part.places_of_key(key, crate::ingest::now_ms()) {
+        for partition in part.places_of_key(key, crate::base::now_ms()) {
             found = self.stored_record(queue, partition, key).await?;
             if found.is_some() {
                 break;

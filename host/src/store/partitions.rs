@@ -116,7 +116,7 @@ impl Store {
             .cmd("ZRANGE")
             .arg(&keys.partition_history)
             .arg("+inf")
-            .arg(crate::ingest::now_ms())
+            .arg(crate::base::now_ms())
             .arg("BYSCORE")
             .arg("REV")
             .arg("WITHSCORES");
@@ -259,7 +259,7 @@ impl Store {
                 to = found,
                 "finishing a raise of the partition count that stopped half-way"
             );
-            self.raise_partitions(queue, found, crate::ingest::now_ms())
+            self.raise_partitions(queue, found, crate::base::now_ms())
                 .await?;
             return self.partitioning(queue).await;
         }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Shared, supervise};
-use crate::ingest::now_ms;
+use crate::base::now_ms;
 
 /// Longest sleep between two looks at the delayed set: a task scheduled by
 /// another process while this loop sleeps is moved at most this late.

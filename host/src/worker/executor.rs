@@ -16,7 +16,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 
 use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
-use crate::ingest::now_ms;
+use crate::base::now_ms;
 use crate::metrics::{TaskSeries, TrapClass, WorkerMetrics};
 use crate::sandbox::{Call, CallReport, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask, logical_queue};

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{Shared, supervise};
-use crate::ingest::now_ms;
+use crate::base::now_ms;
 
 /// Longest sleep between two looks at the index: a task submitted with an
 /// expiry by another process while this loop sleeps expires at most this

@@ -396,7 +396,7 @@ impl Shared {
         holds: Vec<Registration>,
         mut permits: Vec<OwnedSemaphorePermit>,
     ) {
-        let now = crate::ingest::now_ms();
+        let now = crate::base::now_ms();
         let decisions = match self
             .feed
             .start(queue, &self.consumer, &mut deliveries, now)
@@ -526,7 +526,7 @@ pub async fn run_with_metrics(
                 WorkerError::Config(format!("cannot connect from the guest runtime: {e}"))
             })??
     };
-    let consumer = format!("{}-{}", std::process::id(), uuid::Uuid::now_v7().simple());
+    let consumer = format!("{}-{}", std::process::id(), crate::base::unique_token());
     let _slots = metrics.hold_slots(config.concurrency);
     let shared = Arc::new(Shared {
         partitions: watch::Sender::new(Arc::new(names)),

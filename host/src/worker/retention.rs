@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{Every, Shared};
-use crate::ingest::now_ms;
+use crate::base::now_ms;
 use crate::store::{DLQ_CHUNK, PurgeBound, Store, StoreError};
 
 /// How often a worker sweeps its queues' DLQs.

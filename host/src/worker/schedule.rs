@@ -35,7 +35,8 @@ use tracing::{debug, warn};
 
 use super::{Shared, supervise};
 use crate::deploy::{Registry, RegistryError};
-use crate::ingest::{self, IngestError, IngestSettings, now_ms};
+use crate::base::now_ms;
+use crate::ingest::{self, IngestError, IngestSettings};
 use crate::sandbox::Sandbox;
 use crate::store::{CronExpr, FiredTick, ScheduleDef, Store, StoreError, tick_key};
 
