@@ -573,3 +573,60 @@ async fn namespace(lang: Lang) -> Result<Vec<Value>> {
 async fn a_handler_asks_for_a_namespace_in_every_language() -> Result<()> {
     same_in_every_language!(namespace)
 }
+
+/// `scripts/build-python-handler` and `scripts/build-js-handler`, run from
+/// a directory outside the checkout, take the handler directory and a
+/// relative `--out-dir` from where they were run, and by default write
+/// `target/<lang>/<name>.wasm` there, never into the checkout. (The two
+/// scripts are one wrapper in two spellings: one builds with the default,
+/// the other with a relative `--out-dir`, to keep the test short.)
+#[test]
+fn the_build_scripts_write_where_they_are_run() -> Result<()> {
+    let root = dtq_tests::polyglot::repo_root();
+    for (script, lang, out_dir) in [
+        ("build-python-handler", "python", None),
+        ("build-js-handler", "js", Some("out")),
+    ] {
+        let cwd = dtq_tests::TempDir::new(&format!("build-{lang}"))?;
+        copy_dir(
+            &root.join("examples").join(lang).join("echo"),
+            &cwd.path.join("echo"),
+        )?;
+        let checkout_out = root.join("target").join(lang).join("echo.wasm");
+        let before = std::fs::metadata(&checkout_out)
+            .and_then(|m| m.modified())
+            .ok();
+        let mut cmd = std::process::Command::new(root.join("scripts").join(script));
+        cmd.current_dir(&cwd.path);
+        if let Some(dir) = out_dir {
+            cmd.args(["--out-dir", dir]);
+        }
+        let status = cmd.arg("echo").status().context(script)?;
+        assert!(status.success(), "{script}: {status}");
+        let wrote = match out_dir {
+            Some(dir) => cwd.path.join(dir).join("echo.wasm"),
+            None => cwd.path.join("target").join(lang).join("echo.wasm"),
+        };
+        let bytes =
+            std::fs::read(&wrote).with_context(|| format!("{script}: {}", wrote.display()))?;
+        assert!(bytes.starts_with(b"\0asm"), "{script}: not wasm");
+        let after = std::fs::metadata(&checkout_out)
+            .and_then(|m| m.modified())
+            .ok();
+        assert_eq!(before, after, "{script} wrote into the checkout");
+    }
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()))?;
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
