@@ -18,7 +18,9 @@ use crate::store::StoreSettings;
 pub struct Config {
     /// Redis URL; or the URLs of Redis Cluster nodes, comma-separated
     /// (any one node is enough; more are tried in order when the first is
-    /// down). A node in cluster mode makes the process speak Cluster.
+    /// down), a node in cluster mode making the process speak Cluster; or
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/<master>`
+    /// for a master behind Redis Sentinel, followed through a failover.
     #[arg(
         long = "redis",
         env = "DTQ_REDIS_URL",

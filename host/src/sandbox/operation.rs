@@ -205,7 +205,7 @@ impl HostCtx {
     fn token(&mut self) -> String {
         self.caller
             .token
-            .get_or_insert_with(|| crate::base::unique_token())
+            .get_or_insert_with(crate::base::unique_token)
             .clone()
     }
 

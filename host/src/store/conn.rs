@@ -1,14 +1,19 @@
-//! What dtq connects to: one Redis server, or a Redis Cluster.
+//! What dtq connects to: one Redis server, a Redis Cluster, or a master
+//! behind Redis Sentinel.
 //!
-//! [`Backend::open`] takes the `--redis` setting, one `redis://` URL or
-//! several separated by commas, asks the first node that answers whether
-//! it runs in cluster mode (`INFO cluster`), and from then on hands out
-//! [`Conn`]s of the matching kind. Everything above speaks to a [`Conn`]
+//! [`Backend::open`] takes the `--redis` setting: a `redis+sentinel://`
+//! URL (see [`super::sentinel`]), or one `redis://` URL or several
+//! separated by commas, in which case it asks the first node that answers
+//! whether it runs in cluster mode (`INFO cluster`). From then on it hands
+//! out [`Conn`]s of the matching kind. Everything above speaks to a [`Conn`]
 //! through [`redis::aio::ConnectionLike`], so a script, a command or a
 //! pipeline is written once:
 //!
 //! - single node: a [`ConnectionManager`] (multiplexed, reconnects by
 //!   itself);
+//! - Sentinel: a [`SentinelConn`], a connection manager to the master the
+//!   Sentinels name, which asks them again after a failure a failover
+//!   explains and moves to the new master;
 //! - cluster: a [`ClusterConnection`], which routes each command and each
 //!   script by its first key's slot, follows MOVED and ASK, and refreshes
 //!   its slot map after a failover. A pipeline is sent to one node, so
@@ -33,6 +38,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::StoreError;
+use super::sentinel::{self, SentinelConn, Sentinels};
 
 /// How long a new connection may take to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,6 +56,8 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 pub enum Backend {
     /// One server (or a primary behind a fixed address).
     Single(redis::Client),
+    /// The master a set of Sentinels watches, wherever it is now.
+    Sentinel(std::sync::Arc<Sentinels>),
     /// A Redis Cluster, reached through any of `nodes`.
     Cluster {
         /// The URLs given, each a node to discover the cluster from.
@@ -61,6 +69,7 @@ impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Backend::Single(_) => f.write_str("Backend::Single"),
+            Backend::Sentinel(sentinels) => write!(f, "Backend::{sentinels:?}"),
             Backend::Cluster { nodes } => write!(f, "Backend::Cluster({} nodes)", nodes.len()),
         }
     }
@@ -71,6 +80,12 @@ impl Backend {
     /// the first node that answers, whether it is a cluster node. Several
     /// URLs name nodes of one cluster; they are tried in order.
     pub async fn open(urls: &str) -> Result<Backend, StoreError> {
+        if urls.trim_start().starts_with(sentinel::SCHEME) {
+            let sentinels = Sentinels::from_url(urls.trim())?;
+            // Fail now, as a bad `redis://` URL does, if no Sentinel answers.
+            sentinels.master().await?;
+            return Ok(Backend::Sentinel(std::sync::Arc::new(sentinels)));
+        }
         let nodes: Vec<String> = urls
             .split(',')
             .map(str::trim)
@@ -126,16 +141,17 @@ impl Backend {
     /// Each call opens connections of its own: one for a blocking read
     /// stalls nothing else (on a cluster, one connection per shard).
     pub async fn connect(&self, response_timeout: Duration) -> Result<Conn, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_max_delay(RECONNECT_MAX_DELAY)
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(response_timeout));
         match self {
-            Backend::Single(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_max_delay(RECONNECT_MAX_DELAY)
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(response_timeout));
-                Ok(Conn::Single(
-                    client.get_connection_manager_with_config(config).await?,
-                ))
-            }
+            Backend::Single(client) => Ok(Conn::Single(
+                client.get_connection_manager_with_config(config).await?,
+            )),
+            Backend::Sentinel(sentinels) => Ok(Conn::Sentinel(
+                SentinelConn::connect(sentinels.clone(), config).await?,
+            )),
             Backend::Cluster { nodes } => {
                 let client = self.cluster_client(nodes, response_timeout, None)?;
                 Ok(Conn::Cluster(client.get_async_connection().await?))
@@ -146,26 +162,35 @@ impl Backend {
     /// Subscribe to `channels`, the way [`Conn::publish_command`] publishes
     /// (`SUBSCRIBE` or `SSUBSCRIBE`).
     pub async fn subscribe(&self, channels: &[String]) -> Result<Subscription, StoreError> {
-        match self {
-            Backend::Single(client) => {
-                let mut pubsub = client.get_async_pubsub().await?;
-                for channel in channels {
-                    pubsub.subscribe(channel).await?;
-                }
-                Ok(Subscription::Single(Box::new(pubsub.into_on_message())))
-            }
-            Backend::Cluster { nodes } => {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                // Pushes need RESP3; the client resubscribes by itself after
-                // a reconnection or a failover.
-                let client = self.cluster_client(nodes, CONNECT_TIMEOUT, Some(tx))?;
-                let mut conn = client.get_async_connection().await?;
-                for channel in channels {
-                    conn.ssubscribe(channel).await?;
-                }
-                Ok(Subscription::Cluster { _conn: conn, rx })
-            }
+        let client = match self {
+            Backend::Single(client) => client.clone(),
+            // Resubscribing after the stream ends asks again, so a
+            // subscription follows a failover too.
+            Backend::Sentinel(sentinels) => sentinels.master().await?,
+            Backend::Cluster { nodes } => return self.subscribe_sharded(nodes, channels).await,
+        };
+        let mut pubsub = client.get_async_pubsub().await?;
+        for channel in channels {
+            pubsub.subscribe(channel).await?;
         }
+        Ok(Subscription::Single(Box::new(pubsub.into_on_message())))
+    }
+
+    /// Sharded pub/sub on a cluster.
+    async fn subscribe_sharded(
+        &self,
+        nodes: &[String],
+        channels: &[String],
+    ) -> Result<Subscription, StoreError> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Pushes need RESP3; the client resubscribes by itself after a
+        // reconnection or a failover.
+        let client = self.cluster_client(nodes, CONNECT_TIMEOUT, Some(tx))?;
+        let mut conn = client.get_async_connection().await?;
+        for channel in channels {
+            conn.ssubscribe(channel).await?;
+        }
+        Ok(Subscription::Cluster { _conn: conn, rx })
     }
 
     fn cluster_client(
@@ -203,6 +228,8 @@ fn cluster_enabled(info: &str) -> bool {
 pub enum Conn {
     /// To a single server.
     Single(ConnectionManager),
+    /// To the master behind Sentinel.
+    Sentinel(SentinelConn),
     /// To a cluster: one link per node, commands routed by slot.
     Cluster(ClusterConnection),
 }
@@ -214,7 +241,7 @@ impl Conn {
     /// keys of the script that publishes.
     pub fn publish_command(&self) -> &'static str {
         match self {
-            Conn::Single(_) => "PUBLISH",
+            Conn::Single(_) | Conn::Sentinel(_) => "PUBLISH",
             Conn::Cluster(_) => "SPUBLISH",
         }
     }
@@ -224,6 +251,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -236,6 +264,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -243,6 +272,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }

@@ -26,6 +26,7 @@ mod lookup;
 mod partitions;
 mod schedules;
 mod scripts;
+pub mod sentinel;
 mod task;
 mod types;
 
