@@ -1,7 +1,7 @@
 //! `POST /v1/queues/{queue}/tasks/batch`: up to
 //! [`MAX_BATCH_ITEMS`](crate::ingest::MAX_BATCH_ITEMS) submissions to one
 //! queue in one request and one Redis round trip
-//! ([`ingest::submit_batch`]).
+//! ([`Submitter::submit_batch`](crate::ingest::Submitter::submit_batch)).
 //!
 //! The body is `{"tasks": [item, ...]}`, each item the body of a single
 //! submission, its key in the item's `idempotency_key` (the
@@ -23,14 +23,11 @@
 //! `STORE_UNAVAILABLE`), after which any item may have been written, as a
 //! single submission answered 503 may have been: resubmit with keys.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
@@ -40,19 +37,9 @@ use super::error::ApiError;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
-use super::routes::{handler_defaults, read_limited, require_json, store_call, submitted};
+use super::routes::{read_limited, require_json, store_call, submitted, submitter};
 use crate::base::ErrorCode;
-use crate::ingest::{self, IngestError, MAX_BATCH_BODY_BYTES, MAX_BATCH_ITEMS, SubmitRequest};
-
-/// The body of a batch: the items, each a single submission's body.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct BatchRequest {
-    /// 1 to 1000 submissions, each as `POST /v1/queues/{queue}/tasks`
-    /// takes it (its key in `idempotency_key`).
-    #[schema(value_type = Vec<SubmitRequest>)]
-    tasks: Vec<Value>,
-}
+use crate::ingest::{self, BatchRequest, IngestError, MAX_BATCH_BODY_BYTES};
 
 /// The answer to a batch: one result per item, in the items' order.
 #[allow(dead_code)]
@@ -96,87 +83,20 @@ pub(super) async fn submit(
         .auth
         .authorize(&headers, Scope::Submit, Some(&queue))?;
     require_json(&headers)?;
-    if headers.contains_key("idempotency-key") {
-        return Err(ApiError::new(
-            ErrorCode::InvalidIdempotencyKey,
-            "a batch takes each item's key in its `idempotency_key`, not the Idempotency-Key header",
-        ));
-    }
-    ingest::validate_queue_name(&queue)?;
+    ingest::check_batch(&queue, headers.contains_key("idempotency-key"))?;
     let limit = shared.body_limit.max(MAX_BATCH_BODY_BYTES);
     let too_large = || {
         ApiError::new(ErrorCode::PayloadTooLarge, "batch body is too large")
             .with_details(json!({"limit": limit}))
     };
     let body = read_limited(&shared, &headers, body, limit, too_large).await?;
-    let mut items: Vec<_> = parse_batch(&body)?
-        .into_iter()
-        .map(ingest::parse_submit_value)
-        .collect();
     let state = shared.state.clone();
     let outcomes = store_call(&shared, async move {
-        let known = task_defaults(&state, &mut items).await?;
-        let has_handler = |task: &str| known.get(task).is_some_and(Option::is_some);
-        ingest::submit_batch(&state.store, &state.ingest, &queue, items, has_handler)
-            .await
-            .map_err(ApiError::from)
+        submitter(&state).submit_batch(&queue, &body).await
     })
     .await?;
     let results: Vec<Value> = outcomes.into_iter().map(result).collect();
     Ok(Json(json!({"results": results})).into_response())
-}
-
-/// The items of a batch body: `INVALID_JSON`, `INVALID_REQUEST`,
-/// `EMPTY_BATCH` or `BATCH_TOO_LARGE` when there are none to take.
-fn parse_batch(body: &[u8]) -> Result<Vec<Value>, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body: {e}")))?;
-    let batch: BatchRequest = serde_json::from_value(value).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("request body: {e}; a batch is {{\"tasks\": [submission, ...]}}"),
-        )
-    })?;
-    match batch.tasks.len() {
-        0 => Err(ApiError::new(
-            ErrorCode::EmptyBatch,
-            "the batch has no tasks",
-        )),
-        n if n > MAX_BATCH_ITEMS => Err(ApiError::new(
-            ErrorCode::BatchTooLarge,
-            format!("the batch has {n} tasks; at most {MAX_BATCH_ITEMS} are taken at once"),
-        )
-        .with_details(json!({"items": n, "limit": MAX_BATCH_ITEMS}))),
-        _ => Ok(batch.tasks),
-    }
-}
-
-/// Look up each task name of `items` once ([`handler_defaults`]) and give
-/// every item without `max_attempts` its task's default, as a single
-/// submission does. Returns what each name resolved to. Names that cannot
-/// be valid are not looked up: their items fail on the name.
-async fn task_defaults(
-    state: &super::ApiState,
-    items: &mut [Result<SubmitRequest, IngestError>],
-) -> Result<HashMap<String, Option<Option<u32>>>, ApiError> {
-    let mut known: HashMap<String, Option<Option<u32>>> = HashMap::new();
-    for req in items.iter_mut().flatten() {
-        if ingest::validate_task_name(&req.task).is_err() {
-            continue;
-        }
-        let defaults = match known.get(&req.task) {
-            Some(defaults) => *defaults,
-            None => {
-                let defaults = handler_defaults(state, &req.task).await?;
-                known.insert(req.task.clone(), defaults);
-                defaults
-            }
-        };
-        if let Some(default) = defaults {
-            req.max_attempts = req.max_attempts.or(default);
-        }
-    }
-    Ok(known)
 }
 
 /// One item's result: the status and body its single submission would

@@ -119,6 +119,10 @@ impl From<IngestError> for ApiError {
         let message = e.to_string();
         match e {
             IngestError::Invalid { code, .. } => ApiError::new(code, message),
+            IngestError::BatchTooLarge { items, limit } => {
+                ApiError::new(ErrorCode::BatchTooLarge, message)
+                    .with_details(json!({"items": items, "limit": limit}))
+            }
             IngestError::PayloadTooLarge { size, limit } => {
                 ApiError::new(ErrorCode::PayloadTooLarge, message)
                     .with_details(json!({"size": size, "limit": limit}))

@@ -26,10 +26,10 @@ use super::openapi::schemas::{
     Cancelled, DeadLetters, Health, QueueList, QueuePath, QueueStats, Requeued, Submitted, Task,
     TaskPath,
 };
-use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
+use super::{ApiState, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
 use crate::base::ErrorCode;
 use crate::base::now_ms;
-use crate::ingest::{self, IngestError, validate_queue_name};
+use crate::ingest::{self, Deployed, Handlers, KeyHeader, Submitter, validate_queue_name};
 use crate::store::{CancelOutcome, RequeueOutcome};
 
 type ApiResult = Result<Response, ApiError>;
@@ -177,40 +177,15 @@ pub(super) async fn submit(
         .authorize(&headers, Scope::Submit, Some(&queue))?;
     require_json(&headers)?;
     let body = read_body(&shared, &headers, body).await?;
-    let req = ingest::parse_submit_body(&body)?;
-    let header_key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| {
-                    ApiError::from(IngestError::Invalid {
-                        code: ErrorCode::InvalidIdempotencyKey,
-                        message: "Idempotency-Key header is not visible ASCII".into(),
-                    })
-                })?
-                .to_owned(),
-        ),
-        None => None,
+    let key_header = match headers.get("idempotency-key") {
+        None => KeyHeader::Absent,
+        Some(v) => v
+            .to_str()
+            .map_or(KeyHeader::NotText, |key| KeyHeader::Key(key.to_owned())),
     };
-    let mut req = req;
     let state = shared.state.clone();
     let done = store_call(&shared, async move {
-        let known = match handler_defaults(&state, &req.task).await? {
-            Some(default) => {
-                req.max_attempts = req.max_attempts.or(default);
-                true
-            }
-            None => false,
-        };
-        ingest::submit(
-            &state.store,
-            &state.ingest,
-            &queue,
-            header_key.as_deref(),
-            req,
-            |_| known,
-        )
-        .await
-        .map_err(ApiError::from)
+        submitter(&state).submit(&queue, key_header, &body).await
     })
     .await?;
     Ok(submitted(done).into_response())
@@ -233,20 +208,36 @@ pub(super) fn submitted(done: ingest::Submitted) -> (StatusCode, Json<Value>) {
     (status, Json(body))
 }
 
-/// Whether `task` has a handler (`None`: it has not) and the operator's
-/// default `max_attempts` for it, set at deploy. A task this process does
-/// not know yet may have been deployed a moment ago (through another API):
-/// then the registry decides.
-pub(super) async fn handler_defaults(
-    state: &super::ApiState,
-    task: &str,
-) -> Result<Option<Option<u32>>, ApiError> {
-    if (state.has_handler)(task) {
-        return Ok(Some(state.catalog.max_attempts(task)));
+/// The submission path on the API's store, limits and handlers.
+pub(super) fn submitter(state: &ApiState) -> Submitter<'_, ApiState> {
+    Submitter {
+        store: &state.store,
+        settings: &state.ingest,
+        handlers: state,
     }
-    let entry = state.deploy.registry.active_entry(task).await?;
-    let settings = entry.map(|e| e.version.map(|v| v.settings).unwrap_or_default());
-    Ok(settings.map(|s| s.max_attempts))
+}
+
+/// The handlers this process loaded, and the registry for the others: a
+/// task this process does not know yet may have been deployed a moment
+/// ago (through another API).
+impl Handlers for ApiState {
+    type Error = ApiError;
+
+    async fn deployed(&self, task: &str) -> Result<Option<Deployed>, ApiError> {
+        if (self.has_handler)(task) {
+            return Ok(Some(Deployed {
+                max_attempts: self.catalog.max_attempts(task),
+            }));
+        }
+        let entry = self.deploy.registry.active_entry(task).await?;
+        Ok(entry.map(|e| Deployed {
+            max_attempts: e
+                .version
+                .map(|v| v.settings)
+                .unwrap_or_default()
+                .max_attempts,
+        }))
+    }
 }
 
 pub(super) fn checked_queue(queue: &str) -> Result<(), ApiError> {

@@ -13,7 +13,6 @@
 //! ([`Store::round_trips`]), which the benchmarks report per task, and times
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
-mod batch;
 mod carried;
 mod conn;
 mod dlq;
@@ -27,6 +26,7 @@ mod partitions;
 mod schedules;
 mod scripts;
 pub mod sentinel;
+mod submit;
 mod task;
 mod types;
 
@@ -288,105 +288,6 @@ impl Store {
             Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Submit a task: one script, one round trip (plus, once per queue and
-    /// process, the queue's entry in [`QUEUES`] and its partition count;
-    /// plus, within the idempotency TTL after a raise of the count, one
-    /// read per replaced count that moved the task's key). Routes `new` to
-    /// its partition, which its id then names (see `partitions.rs`).
-    pub async fn submit(
-        &self,
-        new: &mut NewTask,
-        max_depth: u64,
-    ) -> Result<SubmitOutcome, StoreError> {
-        self.register_queue(&new.queue).await?;
-        let mut part = self.known_partitioning(&new.queue).await?;
-        let (mut pinned, mut forwards) = (None, 0);
-        for round in 0.. {
-            self.route(new, &part, pinned).await?;
-            let inv = self.ingest_call(new, part.count, max_depth);
-            let reply: Vec<Value> = self
-                .trip("submit", inv.invoke_async(&mut self.conn.clone()))
-                .await?;
-            match ingested(reply)? {
-                Ingested::Done(outcome) => return Ok(outcome),
-                Ingested::Repartitioned(found) => {
-                    part = self
-                        .reread_partitioning(&new.queue, &part, found, round)
-                        .await?;
-                }
-                Ingested::Forwarded(to) => {
-                    pinned = Some(follow_forward(new, to, &mut forwards)?);
-                }
-            }
-        }
-        unreachable!("the reroutes are bounded")
-    }
-
-    /// The ingest script's call for `new`, routed by a count of
-    /// `partitions` (see `lua/ingest.lua`).
-    fn ingest_call(
-        &self,
-        new: &NewTask,
-        partitions: u32,
-        max_depth: u64,
-    ) -> redis::ScriptInvocation<'_> {
-        let keys = QueueKeys::of_task(&new.queue, &new.id);
-        let mut inv = self.scripts.ingest.prepare_invoke();
-        inv.key(keys.idempotency(new.idempotency_key.as_deref()))
-            .key(keys.task(&new.id))
-            .key(&keys.stream)
-            .key(&keys.delayed)
-            .key(&keys.events)
-            .key(&keys.index)
-            .key(&keys.expiry)
-            .key(&keys.partitions)
-            .arg(&new.id)
-            .arg(new.now)
-            .arg(flag(new.idempotency_key.is_some()))
-            .arg(&new.fingerprint)
-            .arg(self.settings.idem_ttl_s)
-            .arg(max_depth)
-            .arg(new.run_at)
-            .arg(self.settings.events_max_len)
-            .arg(keys.task_prefix())
-            .arg(self.index_trim_bound(keys.queue(), new.now))
-            .arg(new.expires_at.map(|at| at.to_string()).unwrap_or_default())
-            .arg(partitions)
-            .arg(carried::run_head(new).unwrap_or_default());
-        let mut field = |name: &str, value: &str| {
-            inv.arg(name).arg(value);
-        };
-        // The hash is a listpack while small, where a field is found by a
-        // scan from the front: the fields the worker's scripts read and
-        // write on every attempt come first, after `status` (ingest.lua).
-        // The payload is the fifth, ARGV[23], which the script also
-        // appends to the message's `run` field.
-        let (now, max_attempts) = (new.now.to_string(), new.max_attempts.to_string());
-        field("attempts", "0");
-        field("updated_at", &now);
-        field("max_attempts", &max_attempts);
-        field("task", &new.task);
-        field("payload", &new.payload);
-        if let Some(t) = new.timeout_ms {
-            field("timeout_ms", &t.to_string());
-        }
-        if let Some(key) = &new.idempotency_key {
-            field("idempotency_key", key);
-        }
-        if let Some(at) = new.expires_at {
-            field("expires_at", &at.to_string());
-        }
-        if new.run_at > new.now {
-            field("run_at", &new.run_at.to_string());
-        }
-        field("budget", &max_attempts);
-        field("created_at", &now);
-        field("id", &new.id);
-        field("queue", &new.queue);
-        field("fingerprint", &new.fingerprint);
-        inv
     }
 
     /// Add `queue` to the registry (`lua/queue_register.lua`), once per
@@ -1188,72 +1089,6 @@ fn from_value<T: FromRedisValue>(v: Option<Value>) -> Result<T, StoreError> {
 fn code_of(v: Option<Value>) -> Result<Code, StoreError> {
     let n: i64 = from_value(v)?;
     Code::from_i64(n).ok_or_else(|| StoreError::Protocol(format!("unknown script code {n}")))
-}
-
-/// What one ingest call did.
-enum Ingested {
-    /// What the submission came to.
-    Done(SubmitOutcome),
-    /// Nothing: the queue's partition count, as the partition's slot holds
-    /// it, is not the one the task was routed by (see `partitions.rs`).
-    Repartitioned(u32),
-    /// Nothing: the key's records live in this partition, to which a DLQ
-    /// requeue forwarded the key (see `dlq.rs`).
-    Forwarded(u32),
-}
-
-/// Most forwards one submission follows: a forward leads to the partition
-/// of a task, whose record is a plain one, so one is the most a
-/// submission meets unless records were written by hand.
-const MAX_FORWARDS: u32 = 4;
-
-/// The partition a submission forwarded to `to` goes to (`followed`
-/// counts the forwards it met): `to`, unless it is where the submission
-/// was (a forward to itself, which no script writes) or forwards keep
-/// coming.
-pub(super) fn follow_forward(
-    new: &NewTask,
-    to: u32,
-    followed: &mut u32,
-) -> Result<u32, StoreError> {
-    *followed += 1;
-    if to == partition_of_id(&new.id) || *followed > MAX_FORWARDS {
-        return Err(StoreError::Corrupt(format!(
-            "the idempotency key of a submission to {} forwards in a loop (partition {to})",
-            new.queue
-        )));
-    }
-    Ok(to)
-}
-
-/// What the ingest script's `reply` says.
-fn ingested(reply: Vec<Value>) -> Result<Ingested, StoreError> {
-    let mut reply = reply.into_iter();
-    let code = code_of(reply.next())?;
-    let second = reply.next();
-    Ok(Ingested::Done(match code {
-        Code::Ok => {
-            let status: String = from_value(reply.next())?;
-            SubmitOutcome::Created {
-                status: status.parse()?,
-            }
-        }
-        Code::Replay => {
-            SubmitOutcome::Replay(Box::new(TaskRecord::from_flat(from_value(reply.next())?)?))
-        }
-        Code::InProgress => SubmitOutcome::InProgress {
-            task_id: from_value(second)?,
-        },
-        Code::KeyMismatch => SubmitOutcome::KeyMismatch {
-            task_id: from_value(second)?,
-        },
-        Code::QueueFull => SubmitOutcome::QueueFull {
-            depth: from_value(second)?,
-        },
-        Code::Repartitioned => return Ok(Ingested::Repartitioned(from_value(second)?)),
-        Code::Forwarded => return Ok(Ingested::Forwarded(from_value(second)?)),
-        other => return Err(unexpected("ingest", other)),
-    }))
 }
 
 fn unexpected(script: &str, code: Code) -> StoreError {

@@ -6,7 +6,7 @@
 //! is what it always was. The count lives in every partition's slot
 //! (`dtq:partitions:{q#i}`, absent meaning 1).
 //!
-//! **Routing.** A submission with an idempotency key goes to the partition
+//! **Routing** (`submit/route.rs`). A submission with an idempotency key goes to the partition
 //! of the key's hash ([`key_hash`] modulo the count), so the one-script
 //! check-and-claim of the seed stays in one slot; one without a key goes
 //! round-robin. The task id ends in `.i` for partition `i > 0`, so every
@@ -30,27 +30,11 @@
 //! count is never lowered: a lower count would strand the tasks and records
 //! of the partitions it drops.
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-use super::{NewTask, QueueKeys, Store, StoreError, lock};
-use crate::store::keys::{logical_queue, partition_queue, partitioned_id};
+use super::{QueueKeys, Store, StoreError};
+use crate::store::keys::{logical_queue, partition_queue};
 
 /// The most partitions a queue may have.
 pub const MAX_PARTITIONS: u32 = 256;
-
-/// How many times a submission is routed again after `ingest.lua` found
-/// another partition count than it was routed by, pausing
-/// [`REROUTE_PAUSE`] when the count read back has not changed (a raise is
-/// still writing the partitions).
-const REROUTES: u32 = 100;
-const REROUTE_PAUSE: Duration = Duration::from_millis(20);
-
-/// Tries after which a raise that has not reached partition 0 counts as
-/// stopped half-way (about 100 ms of pauses, well within the API's Redis
-/// deadline), and a submitter finishes it. Finishing a raise that was in
-/// fact still running is harmless: both set each slot to the same count.
-const FINISH_AFTER: u32 = 5;
 
 /// A queue's partition count, and the counts it replaced whose keyed
 /// records may still live.
@@ -136,17 +120,6 @@ impl Store {
         Ok(part)
     }
 
-    /// The partitioning this process last read for `queue`; read when it
-    /// has none. Submissions route by it: `ingest.lua` tells when it is
-    /// out of date.
-    pub(super) async fn known_partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
-        let known = lock(&self.partitionings).get(queue).cloned();
-        match known {
-            Some(part) => Ok(part),
-            None => self.partitioning(queue).await,
-        }
-    }
-
     /// The key-set name of every partition of `queue` (read from Redis);
     /// a partition's own name (`q#i`) stands for itself alone.
     pub async fn partition_names(&self, queue: &str) -> Result<Vec<String>, StoreError> {
@@ -184,87 +157,6 @@ impl Store {
         }
         self.partitioning(queue).await?;
         Ok(in_force)
-    }
-
-    /// Route `new` by `part`: choose its partition and give it the id that
-    /// says so. A keyed task goes where its key's record already is, if a
-    /// replaced count put it elsewhere (one read per replaced count that
-    /// moved the key), else to its key's partition; an unkeyed one goes
-    /// round-robin. A submission `pinned` to a partition (a forward sent it
-    /// there, see `dlq.rs`) goes there.
-    pub(super) async fn route(
-        &self,
-        new: &mut NewTask,
-        part: &Partitioning,
-        pinned: Option<u32>,
-    ) -> Result<(), StoreError> {
-        let partition = match (pinned, new.idempotency_key.as_deref()) {
-            (Some(partition), _) => partition,
-            (None, None) => {
-                (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32
-            }
-            (None, Some(key)) => {
-                let places = part.places_of_key(key, new.now);
-                let mut chosen = places[0];
-                for &old in &places[1..] {
-                    let keys = QueueKeys::new(&partition_queue(&new.queue, old));
-                    let exists: bool = self
-                        .trip(
-                            "route_lookup",
-                            redis::cmd("EXISTS")
-                                .arg(keys.idempotency(Some(key)))
-                                .query_async(&mut self.conn.clone()),
-                        )
-                        .await?;
-                    if exists {
-                        chosen = old;
-                        break;
-                    }
-                }
-                chosen
-            }
-        };
-        let uuid = new.id.split('.').next().unwrap_or_default().to_owned();
-        new.id = partitioned_id(&uuid, partition);
-        Ok(())
-    }
-
-    /// The partitioning of `queue` read again after `ingest.lua` refused a
-    /// submission routed by `stale` (try `round`, from 0), the slot it ran
-    /// in holding a count of `found`. When it reads back unchanged, a raise
-    /// is still writing the partitions: pause first. When it still reads
-    /// back unchanged after [`FINISH_AFTER`] tries, the raise stopped
-    /// half-way (its process died): finish it, which any process may do,
-    /// since a raise only ever sets each slot to the larger count.
-    pub(super) async fn reread_partitioning(
-        &self,
-        queue: &str,
-        stale: &Partitioning,
-        found: u32,
-        round: u32,
-    ) -> Result<Partitioning, StoreError> {
-        if round >= REROUTES {
-            return Err(StoreError::Protocol(format!(
-                "the partition count of queue {queue} kept changing over {REROUTES} tries"
-            )));
-        }
-        let fresh = self.partitioning(queue).await?;
-        if fresh != *stale {
-            return Ok(fresh);
-        }
-        if round >= FINISH_AFTER && found > stale.count {
-            tracing::warn!(
-                queue,
-                from = stale.count,
-                to = found,
-                "finishing a raise of the partition count that stopped half-way"
-            );
-            self.raise_partitions(queue, found, crate::base::now_ms())
-                .await?;
-            return self.partitioning(queue).await;
-        }
-        tokio::time::sleep(REROUTE_PAUSE).await;
-        self.partitioning(queue).await
     }
 }
 

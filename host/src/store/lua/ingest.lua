@@ -7,38 +7,50 @@
   design): the script either sees the record or it does not.
 
   Input:
-    KEYS[1] idempotency record  dtq:idempotency:{q}:<key> (ignored unless ARGV[3] == "1")
+    KEYS[1] idempotency record  dtq:idempotency:{q}:<key> (ignored unless HAS_KEY)
     KEYS[2] new task hash       dtq:task:{q}:<id>
     KEYS[3] ready stream        dtq:stream:{q}
     KEYS[4] delayed set         dtq:delayed:{q}
     KEYS[5] events stream       dtq:events:{q}
     KEYS[6] submission index    dtq:index:{q}
-    KEYS[7] expiry index        dtq:expiry:{q} (touched only when ARGV[11] is set)
+    KEYS[7] expiry index        dtq:expiry:{q} (touched only when EXPIRES_AT is set)
     KEYS[8] partition count     dtq:partitions:{q} (absent: 1)
 
-    ARGV[1]  task id
-    ARGV[2]  now (ms since epoch)
-    ARGV[3]  "1" when the submission carries an idempotency key, else "0"
-    ARGV[4]  payload fingerprint (sha256 of task name and canonical payload)
-    ARGV[5]  idempotency TTL (s)
-    ARGV[6]  max queue depth (ready + delayed); 0 means unlimited
-    ARGV[7]  run at (ms since epoch); > now means the task is scheduled
-    ARGV[8]  events stream max length
-    ARGV[9]  prefix of task hashes of this queue, dtq:task:{q}:
-    ARGV[10] oldest index entry to keep (ms since epoch: now minus the task
-             retention), older entries trimmed (MINID ~, whole nodes); or ""
-             not to trim this time (the host asks for a trim once in 16
-             submissions to the queue: the trim's check alone costs about
-             40% of the append)
-    ARGV[11] expires_at (ms since epoch), or "" for a task without an expiry
-    ARGV[12] the queue's partition count the submitter routed by
-    ARGV[13] the head of what the stream message carries in its `run`
-             field, its only one (the task id, the task name and what an
-             attempt needs, see store/carried.rs), to which the payload is
-             appended; "" for none: the message's one field is then `id`
-    ARGV[14..] task hash fields as name, value pairs (status and msg_id are
-             set here): attempts, updated_at, max_attempts, task and
-             payload first, in that order, so the payload is ARGV[23]
+    ARGV by name: each name below is a local of this script holding its
+    index, and a constant of the same name and value in store/submit.rs
+    (`argv`), where the host builds them, each at its name's index; a test
+    there holds the two lists to each other.
+    TASK_ID (1)         task id
+    NOW (2)             now (ms since epoch)
+    HAS_KEY (3)         "1" when the submission carries an idempotency key,
+                        else "0"
+    FINGERPRINT (4)     payload fingerprint (sha256 of task name and
+                        canonical payload)
+    IDEM_TTL (5)        idempotency TTL (s)
+    MAX_DEPTH (6)       max queue depth (ready + delayed); 0 means unlimited
+    RUN_AT (7)          run at (ms since epoch); > now means the task is
+                        scheduled
+    EVENTS_MAX_LEN (8)  events stream max length
+    TASK_PREFIX (9)     prefix of task hashes of this queue, dtq:task:{q}:
+    INDEX_MIN_ID (10)   oldest index entry to keep (ms since epoch: now
+                        minus the task retention), older entries trimmed
+                        (MINID ~, whole nodes); or "" not to trim this time
+                        (the host asks for a trim once in 16 submissions to
+                        the queue: the trim's check alone costs about 40% of
+                        the append)
+    EXPIRES_AT (11)     expires_at (ms since epoch), or "" for a task without
+                        an expiry
+    PARTITIONS (12)     the queue's partition count the submitter routed by
+    RUN_HEAD (13)       the head of what the stream message carries in its
+                        `run` field, its only one (the task id, the task
+                        name and what an attempt needs, see
+                        store/carried.rs), to which the payload is appended;
+                        "" for none: the message's one field is then `id`
+    FIELDS (14)         from here to the end, the task hash's fields as
+                        name, value pairs (status and msg_id are set here):
+                        attempts, updated_at, max_attempts, task and payload
+                        first, in that order (the host's LEADING_FIELDS)
+    PAYLOAD (23)        the payload: the value of the fifth pair, `payload`
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -62,14 +74,14 @@
   submitter sends the submission to the partition it names, where the
   task and its record live.
 
-  Reads one key not in KEYS: the recorded task's hash, ARGV[9] .. task_id,
+  Reads one key not in KEYS: the recorded task's hash, TASK_PREFIX .. task_id,
   to tell a live record from a stale one. It shares the queue's hash tag, so
   it lives in the same cluster slot as every other key here.
 
   Events: QUEUED or SCHEDULED on the events stream.
 
   Index: a new task (never a replay) is appended to the submission index,
-  which the task listing reads newest first; when ARGV[10] is set the same
+  which the task listing reads newest first; when INDEX_MIN_ID is set the same
   XADD trims entries older than the retention.
 
   Expiry: a new task with an expiry is added to the expiry index by its
@@ -78,26 +90,46 @@
 
   Carried tasks: a task that goes straight to the stream keeps its message
   id in the hash's `msg_id` (until a start overwrites it), so that a cancel
-  or an expiry can delete the message. When ARGV[13] is set the message
+  or an expiry can delete the message. When RUN_HEAD is set the message
   also carries the task itself, and a worker runs its first attempt from
   the message alone, with no `start` script: the hash stays QUEUED with
   attempts 0 while it runs, and a reader tells that attempt from its
   message pending in the group (see store/carried.rs). The host asks for it
   for every task that goes straight to the stream without an expiry. The
-  message's `run` field is ARGV[13] followed by the payload, joined here:
+  message's `run` field is RUN_HEAD followed by the payload, joined here:
   the payload is sent once, for the hash, rather than twice.
 ]]
 local rcall = redis.call
+
+-- ARGV by name (see the header; store/submit.rs builds them).
+local TASK_ID = 1
+local NOW = 2
+local HAS_KEY = 3
+local FINGERPRINT = 4
+local IDEM_TTL = 5
+local MAX_DEPTH = 6
+local RUN_AT = 7
+local EVENTS_MAX_LEN = 8
+local TASK_PREFIX = 9
+local INDEX_MIN_ID = 10
+local EXPIRES_AT = 11
+local PARTITIONS = 12
+local RUN_HEAD = 13
+local FIELDS = 14
+local PAYLOAD = 23
+
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local taskId, now, hasKey, fingerprint = ARGV[1], ARGV[2], ARGV[3] == "1", ARGV[4]
-local idemTtl, maxDepth, runAt = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local eventsMaxLen, taskPrefix, indexMinId = ARGV[8], ARGV[9], ARGV[10]
-local expiryKey, expiresAt = KEYS[7], ARGV[11]
-local runHead = ARGV[13]
+local expiryKey, partitionsKey = KEYS[7], KEYS[8]
+local taskId, now, hasKey = ARGV[TASK_ID], ARGV[NOW], ARGV[HAS_KEY] == "1"
+local fingerprint, idemTtl = ARGV[FINGERPRINT], tonumber(ARGV[IDEM_TTL])
+local maxDepth, runAt = tonumber(ARGV[MAX_DEPTH]), tonumber(ARGV[RUN_AT])
+local eventsMaxLen, taskPrefix = ARGV[EVENTS_MAX_LEN], ARGV[TASK_PREFIX]
+local indexMinId, expiresAt = ARGV[INDEX_MIN_ID], ARGV[EXPIRES_AT]
+local runHead = ARGV[RUN_HEAD]
 
-local partitions = tonumber(rcall("GET", KEYS[8]) or "1")
-if partitions ~= tonumber(ARGV[12]) then
+local partitions = tonumber(rcall("GET", partitionsKey) or "1")
+if partitions ~= tonumber(ARGV[PARTITIONS]) then
   return {-8, partitions}
 end
 
@@ -144,16 +176,16 @@ if runAt > tonumber(now) then
   status = "SCHEDULED"
 end
 if status == "SCHEDULED" then
-  rcall("HSET", taskKey, "status", status, unpack(ARGV, 14))
+  rcall("HSET", taskKey, "status", status, unpack(ARGV, FIELDS))
   rcall("ZADD", delayedKey, runAt, taskId)
 else
   local msgId
   if runHead ~= "" then
-    msgId = rcall("XADD", streamKey, "*", "run", runHead .. ARGV[23])
+    msgId = rcall("XADD", streamKey, "*", "run", runHead .. ARGV[PAYLOAD])
   else
     msgId = rcall("XADD", streamKey, "*", "id", taskId)
   end
-  rcall("HSET", taskKey, "status", status, "msg_id", msgId, unpack(ARGV, 14))
+  rcall("HSET", taskKey, "status", status, "msg_id", msgId, unpack(ARGV, FIELDS))
 end
 if expiresAt ~= "" then
   rcall("ZADD", expiryKey, expiresAt, taskId)

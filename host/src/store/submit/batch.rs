@@ -32,7 +32,7 @@ type Reply = Result<Vec<Value>, RedisError>;
 
 impl Store {
     /// Submit `tasks`, all of one queue, in one round trip (plus, once per
-    /// queue and process, the queue's entry in [`super::QUEUES`] and its
+    /// queue and process, the queue's entry in [`QUEUES`](crate::store::QUEUES) and its
     /// partition count; plus one more for the tasks that met flushed
     /// scripts or a raised partition count, if any did). Each task is
     /// routed to its partition as [`Store::submit`] routes it; on a cluster

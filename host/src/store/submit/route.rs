@@ -1,0 +1,118 @@
+//! Routing a submission to its partition of the queue (see
+//! `partitions.rs` for the layout and the raise of the count): by its
+//! key's hash, round-robin without a key, to where a raise or a forward
+//! left its key's records; and routing again when `ingest.lua` finds that
+//! the count it was routed by is no longer the count.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::store::keys::{partition_queue, partitioned_id};
+use crate::store::{NewTask, Partitioning, QueueKeys, Store, StoreError, lock};
+
+/// How many times a submission is routed again after `ingest.lua` found
+/// another partition count than it was routed by, pausing
+/// [`REROUTE_PAUSE`] when the count read back has not changed (a raise is
+/// still writing the partitions).
+const REROUTES: u32 = 100;
+const REROUTE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Tries after which a raise that has not reached partition 0 counts as
+/// stopped half-way (about 100 ms of pauses, well within the API's Redis
+/// deadline), and a submitter finishes it. Finishing a raise that was in
+/// fact still running is harmless: both set each slot to the same count.
+const FINISH_AFTER: u32 = 5;
+
+impl Store {
+    /// The partitioning this process last read for `queue`; read when it
+    /// has none. Submissions route by it: `ingest.lua` tells when it is
+    /// out of date.
+    pub(super) async fn known_partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
+        let known = lock(&self.partitionings).get(queue).cloned();
+        match known {
+            Some(part) => Ok(part),
+            None => self.partitioning(queue).await,
+        }
+    }
+
+    /// Route `new` by `part`: choose its partition and give it the id that
+    /// says so. A keyed task goes where its key's record already is, if a
+    /// replaced count put it elsewhere (one read per replaced count that
+    /// moved the key), else to its key's partition; an unkeyed one goes
+    /// round-robin. A submission `pinned` to a partition (a forward sent it
+    /// there, see `dlq.rs`) goes there.
+    pub(super) async fn route(
+        &self,
+        new: &mut NewTask,
+        part: &Partitioning,
+        pinned: Option<u32>,
+    ) -> Result<(), StoreError> {
+        let partition = match (pinned, new.idempotency_key.as_deref()) {
+            (Some(partition), _) => partition,
+            (None, None) => {
+                (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32
+            }
+            (None, Some(key)) => {
+                let places = part.places_of_key(key, new.now);
+                let mut chosen = places[0];
+                for &old in &places[1..] {
+                    let keys = QueueKeys::new(&partition_queue(&new.queue, old));
+                    let exists: bool = self
+                        .trip(
+                            "route_lookup",
+                            redis::cmd("EXISTS")
+                                .arg(keys.idempotency(Some(key)))
+                                .query_async(&mut self.conn.clone()),
+                        )
+                        .await?;
+                    if exists {
+                        chosen = old;
+                        break;
+                    }
+                }
+                chosen
+            }
+        };
+        let uuid = new.id.split('.').next().unwrap_or_default().to_owned();
+        new.id = partitioned_id(&uuid, partition);
+        Ok(())
+    }
+
+    /// The partitioning of `queue` read again after `ingest.lua` refused a
+    /// submission routed by `stale` (try `round`, from 0), the slot it ran
+    /// in holding a count of `found`. When it reads back unchanged, a raise
+    /// is still writing the partitions: pause first. When it still reads
+    /// back unchanged after [`FINISH_AFTER`] tries, the raise stopped
+    /// half-way (its process died): finish it, which any process may do,
+    /// since a raise only ever sets each slot to the larger count.
+    pub(super) async fn reread_partitioning(
+        &self,
+        queue: &str,
+        stale: &Partitioning,
+        found: u32,
+        round: u32,
+    ) -> Result<Partitioning, StoreError> {
+        if round >= REROUTES {
+            return Err(StoreError::Protocol(format!(
+                "the partition count of queue {queue} kept changing over {REROUTES} tries"
+            )));
+        }
+        let fresh = self.partitioning(queue).await?;
+        if fresh != *stale {
+            return Ok(fresh);
+        }
+        if round >= FINISH_AFTER && found > stale.count {
+            tracing::warn!(
+                queue,
+                from = stale.count,
+                to = found,
+                "finishing a raise of the partition count that stopped half-way"
+            );
+            self.raise_partitions(queue, found, crate::base::now_ms())
+                .await?;
+            return self.partitioning(queue).await;
+        }
+        tokio::time::sleep(REROUTE_PAUSE).await;
+        self.partitioning(queue).await
+    }
+}
