@@ -36,13 +36,12 @@
 //! whole, and a later item sees what an earlier one wrote, as a later
 //! submission would.
 
-
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::base::now_ms;
 use crate::base::ErrorCode;
+use crate::base::now_ms;
 use crate::store::{NewTask, Store, StoreError, SubmitOutcome, TaskRecord, TaskStatus};
 
 /// Longest accepted idempotency key, in bytes.
@@ -695,7 +694,9 @@ pub struct RunAt;
 
 impl utoipa::PartialSchema for RunAt {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+        use utoipa::openapi::schema::{
+            KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type,
+        };
         OneOfBuilder::new()
             .item(
                 ObjectBuilder::new()

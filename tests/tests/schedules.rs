@@ -335,7 +335,7 @@ async fn putting_a_schedule_again_replaces_it_and_recomputes_its_next_tick() -> 
         put_schedule(&dtq, "report", json!({"cron": "0 0 1 1 *", "task": "echo"})).await?;
     assert_eq!(status, 201, "{body}");
     let yearly = body["next_at"].as_u64().context("next_at")?;
-    let before = dtq_host::ingest::now_ms();
+    let before = dtq_host::base::now_ms();
     let (status, body) = put_schedule(
         &dtq,
         "report",

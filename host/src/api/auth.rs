@@ -59,8 +59,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::fleet::{Limits, Uncovered};
+use crate::base::ErrorCode;
 use crate::deploy::DeploySettings;
 use crate::ingest::validate_queue_name;
 

@@ -37,11 +37,11 @@ use utoipa::ToSchema;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{handler_defaults, read_limited, require_json, store_call, submitted};
+use crate::base::ErrorCode;
 use crate::ingest::{self, IngestError, MAX_BATCH_BODY_BYTES, MAX_BATCH_ITEMS, SubmitRequest};
 
 /// The body of a batch: the items, each a single submission's body.

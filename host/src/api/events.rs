@@ -65,11 +65,11 @@ use utoipa::IntoParams;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
+use crate::base::ErrorCode;
 use crate::store::{Conn, EventId, QueueEvent, Store, partition_of_id, partition_queue};
 
 /// How often a quiet stream gets a keep-alive comment.

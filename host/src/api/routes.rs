@@ -20,7 +20,6 @@ use utoipa::IntoParams;
 
 use super::auth::{Auth, Scope};
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{
@@ -28,6 +27,7 @@ use super::openapi::schemas::{
     TaskPath,
 };
 use super::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
+use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::ingest::{self, IngestError, validate_queue_name};
 use crate::store::{CancelOutcome, RequeueOutcome};

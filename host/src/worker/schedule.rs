@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{Shared, supervise};
-use crate::deploy::{Registry, RegistryError};
 use crate::base::now_ms;
+use crate::deploy::{Registry, RegistryError};
 use crate::ingest::{self, IngestError, IngestSettings};
 use crate::sandbox::Sandbox;
 use crate::store::{CronExpr, FiredTick, ScheduleDef, Store, StoreError, tick_key};
