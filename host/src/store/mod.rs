@@ -25,7 +25,7 @@ mod listing;
 mod lookup;
 mod partitions;
 mod schedules;
-mod scripts;
+pub(crate) mod scripts;
 mod task;
 mod types;
 

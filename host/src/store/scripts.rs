@@ -1,12 +1,42 @@
-//! The Lua scripts and the codes they return.
+//! The store's Lua scripts, the codes they return, and the way every room
+//! composes a script from shared fragments.
 //!
-//! One file per operation under `lua/`; shared fragments under
-//! `lua/include/` are prepended at compile time, never copied (`idem.lua`
-//! to every script, others to the scripts that name them). Each script
-//! opens with a header naming its KEYS, ARGV, outputs and events; [`Code`]
-//! mirrors the codes those headers list.
+//! One file per operation under `lua/`, loaded here ([`Scripts`]); the
+//! sandbox's scripts live in `sandbox/lua/` and the handler registry's in
+//! `deploy/lua/`, each loaded by the code that calls it. A fragment under
+//! a room's `lua/include/` is text prepended to the scripts that use it,
+//! so each function is written once: here at compile time (`idem.lua` to
+//! every store script, the others to the scripts that name them); in the
+//! other rooms through [`compose`], which is how a fragment crosses rooms
+//! (Redis's clock, [`CLOCK`], is the one that does). Each script opens
+//! with a header naming its KEYS, ARGV, outputs and events; [`Code`]
+//! mirrors the codes the store's headers list.
 
 use redis::Script;
+
+/// Redis's clock (`lua/include/clock.lua`): `redisTimeMs()`, the one place
+/// a script turns `TIME` into milliseconds. Store scripts include it by
+/// name (`script!`); the sandbox's and the registry's scripts through
+/// [`compose`] or [`clocked`].
+pub(crate) const CLOCK: &str = include_str!("lua/include/clock.lua");
+
+/// A script of `body` after `fragments`, in order: how a room whose
+/// scripts share a fragment with another room's composes them, each room
+/// passing its own files (`include_str!("lua/...")` beside its code).
+pub(crate) fn compose(fragments: &[&str], body: &str) -> Script {
+    let mut text =
+        String::with_capacity(fragments.iter().map(|f| f.len()).sum::<usize>() + body.len());
+    for fragment in fragments {
+        text.push_str(fragment);
+    }
+    text.push_str(body);
+    Script::new(&text)
+}
+
+/// A script of `body` after Redis's clock ([`CLOCK`]).
+pub(crate) fn clocked(body: &str) -> Script {
+    compose(&[CLOCK], body)
+}
 
 macro_rules! script {
     ($name:literal $(, $include:literal)*) => {
@@ -48,8 +78,8 @@ impl Scripts {
             promote: script!("promote"),
             cancel: script!("cancel"),
             requeue: script!("requeue", "attempts"),
-            heartbeat: script!("heartbeat", "liveness"),
-            reclaim: script!("reclaim", "liveness", "attempts"),
+            heartbeat: script!("heartbeat", "clock", "liveness"),
+            reclaim: script!("reclaim", "clock", "liveness", "attempts"),
             dlq_purge: script!("dlq_purge"),
             expire: script!("expire"),
             schedule_put: script!("schedule_put"),
@@ -175,24 +205,12 @@ mod tests {
         ("idem_forward", include_str!("lua/idem_forward.lua")),
     ];
 
-    /// The scripts whose replies are not codes of [`Code`] (counts, claim
-    /// states, XCLAIM entries, or a 1/0 the claim module reads itself; the
-    /// handler registry's scripts answer codes of their own, which
-    /// `deploy/registry.rs` reads).
+    /// The scripts whose replies are not codes of [`Code`] (counts, XCLAIM
+    /// entries, reads).
     const UNCODED: &[&str] = &[
-        "handler_deploy",
-        "handler_rollback",
-        "handler_undeploy",
-        "handler_gc",
-        "fleet_report",
         "promote",
         "reclaim",
         "dlq_purge",
-        "claim_begin",
-        "claim_commit",
-        "claim_renew",
-        "claim_abort",
-        "kv_write",
         "expire",
         "task_read",
         "schedule_put",
