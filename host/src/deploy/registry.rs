@@ -380,12 +380,12 @@ impl Registry {
                 self.collect(reply).await?;
                 Ok(entry)
             }
-            -8 => Err(RegistryError::UnknownTask(task.to_owned())),
-            -9 => Err(RegistryError::UnknownVersion {
+            -21 => Err(RegistryError::UnknownTask(task.to_owned())),
+            -22 => Err(RegistryError::UnknownVersion {
                 task: task.to_owned(),
                 digest: to.unwrap_or_default().to_owned(),
             }),
-            -10 => Err(RegistryError::NoEarlierVersion(task.to_owned())),
+            -23 => Err(RegistryError::NoEarlierVersion(task.to_owned())),
             code => Err(RegistryError::Corrupt(format!("rollback answered {code}"))),
         }
     }
@@ -410,7 +410,7 @@ impl Registry {
                 Ok(true)
             }
             0 => Ok(false),
-            -8 => Err(RegistryError::UnknownTask(task.to_owned())),
+            -21 => Err(RegistryError::UnknownTask(task.to_owned())),
             code => Err(RegistryError::Corrupt(format!("undeploy answered {code}"))),
         }
     }

@@ -115,8 +115,12 @@ impl Scripts {
     }
 }
 
-/// The return codes of the scripts, as their headers list them. Codes are
-/// unique across scripts, so a code means one thing wherever it appears.
+/// The return codes of the store's scripts, as their headers list them.
+/// Codes are unique across these scripts, so a code means one thing
+/// wherever it appears among them. The sandbox's scripts answer 1/0 and
+/// states, read where they are called; the handler registry's answer
+/// codes of their own (`deploy/registry.rs`), whose refusals are numbered
+/// from -21 so that no negative code means two things in the crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
     /// start: the message's task is terminal or gone; acknowledged.
