@@ -26,6 +26,7 @@ mod lookup;
 mod partitions;
 mod schedules;
 pub(crate) mod scripts;
+mod stream_id;
 mod task;
 mod types;
 
@@ -42,9 +43,7 @@ pub use dlq::{
 };
 pub use entries::OwnPending;
 pub(crate) use entries::{fresh_deliveries, own_pending};
-pub use events::{
-    EventId, EventsGap, EventsStart, InvalidEventId, InvalidStreamId, QueueEvent, StreamId,
-};
+pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
 pub use keys::{
     GROUP, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
@@ -57,6 +56,7 @@ pub use schedules::{
     tick_key, validate_schedule_name,
 };
 pub use scripts::Code;
+pub use stream_id::{InvalidStreamId, StreamId};
 pub use task::{
     ARCHIVED_LOG_MAX_BYTES, AttemptRecord, MAX_ATTEMPT_HISTORY, TaskRecord, TaskStatus,
 };
