@@ -1,9 +1,41 @@
 //! Completing attempts (`lua/complete.lua`): a batch of completions, one
 //! script call per queue, pipelined into one round trip.
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{
     Code, CompleteOutcome, Completion, CompletionKind, GROUP, QueueKeys, Store, StoreError, flag,
     unexpected,
+};
+
+/// `complete.lua`'s ARGV by name; then, from `COMPLETIONS`, each
+/// completion's values ([`COMPLETION_ARGV`]).
+pub(super) static COMPLETE_ARGV: ArgvLayout = ArgvLayout {
+    script: "complete",
+    prefix: "ARG_",
+    first: 1,
+    names: &["GROUP", "RETENTION", "EVENTS_MAX_LEN"],
+    rest: Some("COMPLETIONS"),
+};
+
+/// One completion's values in `complete.lua`'s ARGV, by their offsets
+/// from where it starts; then, from `OPTIONAL`, those only some outcomes
+/// send (see the script's header).
+pub(super) static COMPLETION_ARGV: ArgvLayout = ArgvLayout {
+    script: "complete",
+    prefix: "C_",
+    first: 0,
+    names: &[
+        "TASK_ID",
+        "MSG_ID",
+        "OUTCOME",
+        "DETAIL",
+        "LOG",
+        "NOW",
+        "HAS_KEY",
+        "DIGEST",
+        "CARRIED_AT",
+    ],
+    rest: Some("OPTIONAL"),
 };
 
 impl Store {
@@ -137,39 +169,46 @@ impl Store {
         for key in batch.iter().filter_map(|c| c.idempotency_key.as_deref()) {
             cmd.arg(keys.idempotency(Some(key)));
         }
-        cmd.arg(GROUP)
-            .arg(self.settings.task_retention_s)
-            .arg(self.settings.events_max_len);
-        // Each sends only what its outcome reads (complete.lua): the
-        // attempt unless it is a carried one (attempt 1), the retry time
-        // only for a failed attempt, the defer limit only for a deferral.
+        Argv::new(&mut cmd, &COMPLETE_ARGV)
+            .put("GROUP", GROUP)
+            .put("RETENTION", self.settings.task_retention_s)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .done();
         for c in batch {
             let carried_at = c.carried_at.filter(|_| c.attempt == 1);
-            cmd.arg(&c.task_id)
-                .arg(&c.msg_id)
-                .arg(c.kind.as_str())
-                .arg(&c.detail)
-                .arg(&c.log)
-                .arg(c.now)
-                .arg(flag(c.idempotency_key.is_some()))
-                .arg(c.digest.as_deref().unwrap_or(""));
+            let argv = Argv::new(&mut cmd, &COMPLETION_ARGV)
+                .put("TASK_ID", &c.task_id)
+                .put("MSG_ID", &c.msg_id)
+                .put("OUTCOME", c.kind.as_str())
+                .put("DETAIL", &c.detail)
+                .put("LOG", &c.log)
+                .put("NOW", c.now)
+                .put("HAS_KEY", flag(c.idempotency_key.is_some()))
+                .put("DIGEST", c.digest.as_deref().unwrap_or(""));
+            let call = match carried_at {
+                Some(at) => argv.put("CARRIED_AT", at),
+                None => argv.put("CARRIED_AT", ""),
+            }
+            .done();
+            // Each sends only what its outcome reads (complete.lua): the
+            // attempt unless it is a carried one (attempt 1), the retry
+            // time only for a failed attempt, the defer limit only for a
+            // deferral.
             match (carried_at, c.kind) {
-                (Some(at), _) => {
-                    cmd.arg(at);
-                }
+                (Some(_), _) => {}
                 (None, CompletionKind::Expired) => {
-                    cmd.arg("").arg("");
+                    call.arg("");
                 }
                 (None, _) => {
-                    cmd.arg("").arg(c.attempt);
+                    call.arg(c.attempt);
                 }
             }
             match c.kind {
                 CompletionKind::Retry | CompletionKind::Lost => {
-                    cmd.arg(c.retry_at);
+                    call.arg(c.retry_at);
                 }
                 CompletionKind::Defer => {
-                    cmd.arg(c.defer_limit_ms);
+                    call.arg(c.defer_limit_ms);
                 }
                 _ => {}
             }

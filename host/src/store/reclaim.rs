@@ -6,7 +6,17 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{Delivery, GROUP, QueueKeys, Store, StoreError, entries, from_value};
+
+/// `reclaim.lua`'s ARGV by name.
+pub(super) static RECLAIM_ARGV: ArgvLayout = ArgvLayout {
+    script: "reclaim",
+    prefix: "ARG_",
+    first: 1,
+    names: &["GROUP", "CONSUMER", "VISIBILITY", "LIMIT", "TASK_PREFIX"],
+    rest: None,
+};
 
 /// What [`Store::reclaim`] claimed for a worker.
 #[derive(Debug, Default)]
@@ -32,14 +42,14 @@ impl Store {
     ) -> Result<Reclaimed, StoreError> {
         let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.reclaim.prepare_invoke();
-        inv.key(&keys.stream)
-            .key(&keys.workers)
-            .key(&keys.clock)
-            .arg(GROUP)
-            .arg(consumer)
-            .arg(visibility.as_millis() as u64)
-            .arg(count)
-            .arg(keys.task_prefix());
+        inv.key(&keys.stream).key(&keys.workers).key(&keys.clock);
+        Argv::new(&mut inv, &RECLAIM_ARGV)
+            .put("GROUP", GROUP)
+            .put("CONSUMER", consumer)
+            .put("VISIBILITY", visibility.as_millis() as u64)
+            .put("LIMIT", count)
+            .put("TASK_PREFIX", keys.task_prefix())
+            .done();
         let reply: Vec<Value> = self
             .trip("reclaim", inv.invoke_async(&mut self.conn.clone()))
             .await?;

@@ -12,7 +12,7 @@
 //! with a header naming its KEYS, ARGV, outputs and events; [`Code`]
 //! mirrors the codes the store's headers list.
 
-use redis::Script;
+use redis::{Script, ToRedisArgs};
 
 /// Redis's clock (`lua/include/clock.lua`): `redisTimeMs()`, the one place
 /// a script turns `TIME` into milliseconds. Store scripts include it by
@@ -36,6 +36,94 @@ pub(crate) fn compose(fragments: &[&str], body: &str) -> Script {
 /// A script of `body` after Redis's clock ([`CLOCK`]).
 pub(crate) fn clocked(body: &str) -> Script {
     compose(&[CLOCK], body)
+}
+
+/// The ARGV a script reads by name, in order: its header lists them, and
+/// its Lua reads each through a local `<prefix><NAME> = <index>` at the
+/// top (`local ARG_NOW = 2`, then `ARGV[ARG_NOW]`), so no value is where
+/// it is by coincidence. The Rust side writes them through [`Argv`]; a
+/// test checks that each script's locals are this list.
+#[derive(Debug)]
+pub(crate) struct ArgvLayout {
+    /// The script, `lua/<script>.lua`.
+    pub(crate) script: &'static str,
+    /// The prefix of its locals: `ARG_` for ARGV indexes, or another for
+    /// offsets within a repeated group (a completion's values).
+    pub(crate) prefix: &'static str,
+    /// The index (or offset) of the first name: 1 for ARGV, 0 for offsets.
+    pub(crate) first: usize,
+    /// The names, without the prefix, in ARGV order.
+    pub(crate) names: &'static [&'static str],
+    /// The name of the index right after them, where the script's repeated
+    /// groups start (a value per task, say), if it has any.
+    pub(crate) rest: Option<&'static str>,
+}
+
+/// A call being built: a script invocation or a raw `EVALSHA` command.
+pub(crate) trait ArgSink {
+    /// Append one argument.
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T);
+}
+
+impl ArgSink for redis::Cmd {
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+impl ArgSink for redis::ScriptInvocation<'_> {
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+/// A script's arguments written by the names of its [`ArgvLayout`]; each
+/// name must be the next of the layout (checked in debug builds, which
+/// the tests run), so the Rust and the Lua cannot drift apart by one.
+pub(crate) struct Argv<'c, S: ArgSink> {
+    call: &'c mut S,
+    layout: &'static ArgvLayout,
+    next: usize,
+}
+
+impl<'c, S: ArgSink> Argv<'c, S> {
+    /// Write `layout`'s arguments into `call`, from its first name on.
+    pub(crate) fn new(call: &'c mut S, layout: &'static ArgvLayout) -> Self {
+        Argv {
+            call,
+            layout,
+            next: 0,
+        }
+    }
+
+    /// The argument `name` of the layout: the next one.
+    pub(crate) fn put<T: ToRedisArgs>(mut self, name: &str, value: T) -> Self {
+        debug_assert_eq!(
+            self.layout.names.get(self.next).copied(),
+            Some(name),
+            "{}.lua: {}{name} is not its argument {}",
+            self.layout.script,
+            self.layout.prefix,
+            self.layout.first + self.next
+        );
+        self.next += 1;
+        self.call.push_arg(value);
+        self
+    }
+
+    /// Every name of the layout was put; what follows it (a script's
+    /// repeated groups) goes into the call itself.
+    pub(crate) fn done(self) -> &'c mut S {
+        debug_assert_eq!(
+            self.next,
+            self.layout.names.len(),
+            "{}.lua: arguments missing before {}{}",
+            self.layout.script,
+            self.layout.prefix,
+            self.layout.rest.unwrap_or("the end")
+        );
+        self.call
+    }
 }
 
 macro_rules! script {
@@ -196,7 +284,7 @@ impl Code {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::Code;
+    use super::{ArgvLayout, Code};
 
     /// The scripts whose replies carry a [`Code`], with their text.
     const CODED: &[(&str, &str)] = &[
@@ -390,6 +478,49 @@ mod tests {
         }
         for code in every_code() {
             assert!(used.contains(&code), "no script returns {code:?}");
+        }
+    }
+
+    /// Every named ARGV layout, with its script's text.
+    fn layouts() -> [(&'static ArgvLayout, &'static str); 4] {
+        use super::super::{complete, reclaim, start};
+        [
+            (&start::START_ARGV, include_str!("lua/start.lua")),
+            (&reclaim::RECLAIM_ARGV, include_str!("lua/reclaim.lua")),
+            (&complete::COMPLETE_ARGV, include_str!("lua/complete.lua")),
+            (&complete::COMPLETION_ARGV, include_str!("lua/complete.lua")),
+        ]
+    }
+
+    /// The `local <prefix><NAME> = <n>` lines of `script`, in order.
+    fn argv_locals(script: &str, prefix: &str) -> Vec<(String, usize)> {
+        script
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("local ")?.strip_prefix(prefix)?;
+                let (name, value) = rest.split_once(" = ")?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_argv_layout_is_its_scripts_locals() {
+        for (layout, script) in layouts() {
+            let mut expected: Vec<(String, usize)> = (layout.names.iter())
+                .enumerate()
+                .map(|(i, name)| ((*name).to_owned(), layout.first + i))
+                .collect();
+            if let Some(rest) = layout.rest {
+                expected.push((rest.to_owned(), layout.first + layout.names.len()));
+            }
+            assert_eq!(
+                argv_locals(script, layout.prefix),
+                expected,
+                "{}.lua: its {}* locals are not the layout's names",
+                layout.script,
+                layout.prefix
+            );
         }
     }
 

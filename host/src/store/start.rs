@@ -9,9 +9,20 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{
     Code, Conn, Delivery, GROUP, QueueKeys, StartDecision, StartedTask, Store, StoreError, code_of,
     fresh_deliveries, from_value, logical_queue, unexpected,
+};
+
+/// `start.lua`'s ARGV by name; then, from `DELIVERIES`, a message id and a
+/// task id per delivery.
+pub(super) static START_ARGV: ArgvLayout = ArgvLayout {
+    script: "start",
+    prefix: "ARG_",
+    first: 1,
+    names: &["GROUP", "NOW", "CONSUMER", "EVENTS_MAX_LEN", "QUEUE_NAME"],
+    rest: Some("DELIVERIES"),
 };
 
 impl Store {
@@ -125,11 +136,13 @@ impl Store {
         for d in deliveries {
             inv.key(keys.task(&d.task_id));
         }
-        inv.arg(GROUP)
-            .arg(now)
-            .arg(consumer)
-            .arg(self.settings.events_max_len)
-            .arg(logical_queue(queue));
+        Argv::new(&mut inv, &START_ARGV)
+            .put("GROUP", GROUP)
+            .put("NOW", now)
+            .put("CONSUMER", consumer)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .put("QUEUE_NAME", logical_queue(queue))
+            .done();
         for d in deliveries {
             inv.arg(&d.msg_id).arg(&d.task_id);
         }
