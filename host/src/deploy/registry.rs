@@ -14,7 +14,7 @@
 //! | `dtq:fleet:{registry}` | hash | process id → `<ms> <report JSON>`: what it runs |
 //!
 //! An entry is `<action> <at ms> <version JSON>` (see
-//! `store/lua/include/registry.lua`). Every change is published on
+//! `lua/include/registry.lua`). Every change is published on
 //! [`CHANNEL`] too; processes poll the revision as well, so a missed
 //! message costs one poll interval, nothing more.
 
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::settings::{Capacity, DeploySettings};
-use crate::store::Conn;
+use crate::store::{Conn, scripts};
 
 /// Entries kept in each task's history; the modules of older ones are
 /// deleted unless another entry references them.
@@ -54,8 +54,8 @@ macro_rules! registry_script {
     ($name:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
-                include_str!("../store/lua/include/registry.lua"),
-                include_str!(concat!("../store/lua/", $name, ".lua"))
+                include_str!("lua/include/registry.lua"),
+                include_str!(concat!("lua/", $name, ".lua"))
             ))
         })
     };
@@ -64,10 +64,9 @@ macro_rules! registry_script {
 static DEPLOY: LazyLock<Script> = registry_script!("handler_deploy");
 static ROLLBACK: LazyLock<Script> = registry_script!("handler_rollback");
 static UNDEPLOY: LazyLock<Script> = registry_script!("handler_undeploy");
-static GC: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/handler_gc.lua")));
+static GC: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/handler_gc.lua")));
 static REPORT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/fleet_report.lua")));
+    LazyLock::new(|| scripts::clocked(include_str!("lua/fleet_report.lua")));
 
 /// What made a version active, or took it away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -381,12 +380,12 @@ impl Registry {
                 self.collect(reply).await?;
                 Ok(entry)
             }
-            -8 => Err(RegistryError::UnknownTask(task.to_owned())),
-            -9 => Err(RegistryError::UnknownVersion {
+            -21 => Err(RegistryError::UnknownTask(task.to_owned())),
+            -22 => Err(RegistryError::UnknownVersion {
                 task: task.to_owned(),
                 digest: to.unwrap_or_default().to_owned(),
             }),
-            -10 => Err(RegistryError::NoEarlierVersion(task.to_owned())),
+            -23 => Err(RegistryError::NoEarlierVersion(task.to_owned())),
             code => Err(RegistryError::Corrupt(format!("rollback answered {code}"))),
         }
     }
@@ -411,7 +410,7 @@ impl Registry {
                 Ok(true)
             }
             0 => Ok(false),
-            -8 => Err(RegistryError::UnknownTask(task.to_owned())),
+            -21 => Err(RegistryError::UnknownTask(task.to_owned())),
             code => Err(RegistryError::Corrupt(format!("undeploy answered {code}"))),
         }
     }

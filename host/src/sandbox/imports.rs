@@ -49,7 +49,7 @@ use bindings::dtq::handler::types::HostError;
 
 /// `kv_write.lua`, with the quota bookkeeping it shares with the claims.
 static KV_WRITE: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| quota::script(include_str!("../store/lua/kv_write.lua")));
+    std::sync::LazyLock::new(|| quota::script(include_str!("lua/kv_write.lua")));
 
 /// One kv write outside an operation, as `kv_write.lua` takes it.
 enum KvWrite<'a> {

@@ -17,7 +17,7 @@
 //! aborted; a `begin` without room, or past the namespace's live claims,
 //! and a `commit` without room, are `quota-exceeded` ([`quota`]).
 //!
-//! The scripts live with the others in `store/lua/`; every key they touch is
+//! The scripts live beside this file in `lua/`; every key they touch is
 //! in the namespace's hash tag.
 
 use std::collections::HashMap;
@@ -30,16 +30,16 @@ use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimSta
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, guest_try};
 use super::quota;
-use crate::store::Conn;
+use crate::store::{Conn, scripts};
 
 static BEGIN: LazyLock<Script> =
-    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_begin.lua")));
+    LazyLock::new(|| quota::script(include_str!("lua/claim_begin.lua")));
 static COMMIT: LazyLock<Script> =
-    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_commit.lua")));
+    LazyLock::new(|| quota::script(include_str!("lua/claim_commit.lua")));
 static ABORT: LazyLock<Script> =
-    LazyLock::new(|| quota::script(include_str!("../store/lua/claim_abort.lua")));
+    LazyLock::new(|| quota::script(include_str!("lua/claim_abort.lua")));
 static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../store/lua/claim_renew.lua")));
+    LazyLock::new(|| scripts::clocked(include_str!("lua/claim_renew.lua")));
 
 /// A kv write staged by an open operation; the Redis key is already
 /// namespaced.
@@ -162,12 +162,12 @@ impl Operation {
         }
     }
 
-    /// The staged value of `key`: `None` when no write touched it.
     /// The operation's key.
     pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
+    /// The staged value of `key`: `None` when no write touched it.
     pub(crate) fn value(&self, key: &str) -> Option<Option<&str>> {
         self.view.get(key).map(Option::as_deref)
     }

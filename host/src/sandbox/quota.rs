@@ -1,5 +1,5 @@
 //! A namespace's Redis budget: what its kv keys and idempotency claims are
-//! charged, and the scripts that keep the count (`store/lua/include/quota.lua`).
+//! charged, and the scripts that keep the count (`lua/include/quota.lua`).
 //!
 //! The budget ([`Limits::kv_quota_bytes`](super::Limits::kv_quota_bytes))
 //! is meant to bound the memory one tenant takes in Redis, so it charges
@@ -35,6 +35,7 @@
 use redis::{Script, ScriptInvocation};
 
 use super::call::LoadedHandler;
+use crate::store::scripts;
 
 /// Bytes a kv key is charged beyond its name and value: the key object, its
 /// TTL, its encoding, and the budget's own count field and index entry.
@@ -55,13 +56,20 @@ pub(crate) fn keys(namespace: &str) -> [String; 3] {
     ]
 }
 
-/// A script of `body` after the budget's shared fragment, with the
-/// overheads it charges set in one place.
+/// A script of `body` after the budget's shared fragment (and Redis's
+/// clock, which it reads), with the overheads it charges set in one place.
 pub(crate) fn script(body: &str) -> Script {
-    Script::new(&format!(
-        "local KEY_OVERHEAD, CLAIM_OVERHEAD = {KEY_OVERHEAD_BYTES}, {CLAIM_OVERHEAD_BYTES}\n{}{body}",
-        include_str!("../store/lua/include/quota.lua"),
-    ))
+    let overheads = format!(
+        "local KEY_OVERHEAD, CLAIM_OVERHEAD = {KEY_OVERHEAD_BYTES}, {CLAIM_OVERHEAD_BYTES}\n"
+    );
+    scripts::compose(
+        &[
+            &overheads,
+            scripts::CLOCK,
+            include_str!("lua/include/quota.lua"),
+        ],
+        body,
+    )
 }
 
 /// An invocation of a budget script on `subject` (KEYS[1]) for `handler`'s

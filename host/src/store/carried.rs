@@ -15,7 +15,14 @@
 //! A worker reading it runs attempt 1 straight away ([`Store::start`] takes
 //! it from the message); its completion writes what `start` would have
 //! (`complete.lua`). Until then the hash says QUEUED with attempts 0, and
-//! what says that the attempt runs is the message pending in the group:
+//! what says that the attempt runs is the message pending in the group.
+//!
+//! That rule is stated once, in `lua/include/carried.lua`: `carriedFirst`
+//! (the hash is QUEUED, no attempt counted, naming the message) and
+//! `pendingConsumer` (who the message is pending on). The hash and the
+//! group are two records of one fact because writing RUNNING is the very
+//! round trip a carried task saves; every script that must know includes
+//! that fragment rather than asking in a way of its own:
 //!
 //! - a status query or listing shows such a task RUNNING, attempt 1, from
 //!   its hash and its message's place in the group read in one step
@@ -44,11 +51,49 @@
 //!
 //! [`Store::start`]: super::Store::start
 
-use super::entries::Fields;
 use super::types::{Delivery, NewTask, StartedTask};
 
 /// The message field that carries a task: [`run_head`].
 pub(super) const RUN: &str = "run";
+
+/// One stream message's fields, in the order the stream holds them: what
+/// `entries.rs` parses from a read's reply and the functions below read
+/// the task from. Defined here, the reading side, so that the parser
+/// depends on this file and not the other way round.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Take the value of field `name` out, if the entry has it.
+    pub(super) fn take(&mut self, name: &str) -> Option<String> {
+        let i = self.0.iter().position(|(n, _)| n == name)?;
+        Some(self.0.swap_remove(i).1)
+    }
+
+    /// The value of field `name`, if the entry has it.
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find_map(|(n, v)| (n == name).then_some(v.as_str()))
+    }
+}
+
+impl From<Vec<(String, String)>> for Fields {
+    fn from(pairs: Vec<(String, String)>) -> Self {
+        Fields(pairs)
+    }
+}
+
+impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
+        Fields(
+            pairs
+                .into_iter()
+                .map(|(n, v)| (n.into(), v.into()))
+                .collect(),
+        )
+    }
+}
 
 /// The head of the `run` field of `new`'s message, or `None` when its
 /// message carries no task (a scheduled task, or one with an expiry, whose

@@ -1,5 +1,6 @@
 //! The dead-letter queue, `dtq:dlq:{q}` (task ids scored by when they were
-//! dead-lettered): requeue and purge, one task or many.
+//! dead-lettered): the listing of its tasks ([`Store::dead_letters`]),
+//! requeue and purge, one task or many.
 //!
 //! Every bulk operation works in chunks of at most [`DLQ_CHUNK`] ids, one
 //! script call each (`lua/requeue.lua`, `lua/dlq_purge.lua`), so that no
@@ -40,11 +41,13 @@
 //! workers' retention sweep (`worker/retention.rs`), which purges through
 //! the same script.
 
+use std::collections::HashMap;
+
 use redis::Value;
 
 use super::{
-    Code, QueueKeys, RequeueOutcome, Store, StoreError, code_of, flag, from_value, logical_queue,
-    partition_of_id, partition_queue,
+    Code, QueueKeys, RequeueOutcome, Store, StoreError, TaskRecord, code_of, flag, from_value,
+    logical_queue, partition_of_id, partition_queue,
 };
 
 /// Most ids one requeue or purge script call takes.
@@ -115,6 +118,69 @@ pub struct DlqExtent {
 }
 
 impl Store {
+    /// Dead-lettered tasks of `queue` (of every partition), oldest first,
+    /// at most `limit`.
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let names = self.partition_names(queue).await?;
+        let mut ids: Vec<(f64, usize, String)> = Vec::new();
+        let ranges = futures::future::try_join_all(names.iter().map(|name| {
+            let keys = QueueKeys::new(name);
+            async move {
+                self.trip(
+                    "dlq_ids",
+                    redis::cmd("ZRANGE")
+                        .arg(&keys.dlq)
+                        .arg(0)
+                        .arg(limit.saturating_sub(1) as i64)
+                        .arg("WITHSCORES")
+                        .query_async::<Vec<(String, f64)>>(&mut self.conn.clone()),
+                )
+                .await
+            }
+        }))
+        .await?;
+        for (partition, range) in ranges.into_iter().enumerate() {
+            ids.extend(range.into_iter().map(|(id, at)| (at, partition, id)));
+        }
+        ids.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        ids.truncate(limit);
+        // One pipeline per partition (a cluster pipeline stays in a slot);
+        // the records then in the merged order.
+        let mut by_partition: Vec<Vec<&str>> = vec![Vec::new(); names.len()];
+        for (_, partition, id) in &ids {
+            by_partition[*partition].push(id);
+        }
+        let hashes =
+            futures::future::try_join_all(names.iter().zip(&by_partition).map(|(name, ids)| {
+                let keys = QueueKeys::new(name);
+                let mut pipe = redis::pipe();
+                for id in ids {
+                    pipe.hgetall(keys.task(id));
+                }
+                async move {
+                    if ids.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    self.trip("dlq_tasks", pipe.query_async(&mut self.conn.clone()))
+                        .await
+                }
+            }))
+            .await?;
+        let mut hashes: Vec<_> = hashes
+            .into_iter()
+            .map(|h: Vec<HashMap<String, String>>| h.into_iter())
+            .collect();
+        ids.iter()
+            .filter_map(|(_, partition, _)| hashes[*partition].next())
+            .filter(|h| !h.is_empty())
+            .map(TaskRecord::from_fields)
+            .collect()
+    }
+
     /// Requeue dead-lettered task `id` of `queue`.
     pub async fn requeue(
         &self,

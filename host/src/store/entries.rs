@@ -9,38 +9,8 @@
 use redis::Value;
 
 use super::StoreError;
-use super::carried;
+use super::carried::{self, Fields};
 use super::types::Delivery;
-
-/// One entry's fields, in the order the stream holds them.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct Fields(Vec<(String, String)>);
-
-impl Fields {
-    /// Take the value of field `name` out, if the entry has it.
-    pub(super) fn take(&mut self, name: &str) -> Option<String> {
-        let i = self.0.iter().position(|(n, _)| n == name)?;
-        Some(self.0.swap_remove(i).1)
-    }
-
-    /// The value of field `name`, if the entry has it.
-    pub(super) fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find_map(|(n, v)| (n == name).then_some(v.as_str()))
-    }
-}
-
-impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
-    fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
-        Fields(
-            pairs
-                .into_iter()
-                .map(|(n, v)| (n.into(), v.into()))
-                .collect(),
-        )
-    }
-}
 
 /// The deliveries of an XREADGROUP reply for `queue`'s stream, read fresh
 /// from its group (a message may carry its task, see `carried.rs`).
@@ -158,7 +128,7 @@ fn fields(body: Value) -> Result<Fields, StoreError> {
             pairs.push((name, value));
         }
     }
-    Ok(Fields(pairs))
+    Ok(Fields::from(pairs))
 }
 
 /// A bulk or simple string's text, if it is UTF-8.

@@ -38,7 +38,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::events::{InvalidStreamId, StreamId};
+use super::stream_id::{InvalidStreamId, StreamId};
 use super::task::number;
 use super::{MAX_PARTITIONS, QueueKeys, Store, StoreError, TaskStatus, from_value};
 

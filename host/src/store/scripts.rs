@@ -1,12 +1,130 @@
-//! The Lua scripts and the codes they return.
+//! The store's Lua scripts, the codes they return, and the way every room
+//! composes a script from shared fragments.
 //!
-//! One file per operation under `lua/`; shared fragments under
-//! `lua/include/` are prepended at compile time, never copied (`idem.lua`
-//! to every script, others to the scripts that name them). Each script
-//! opens with a header naming its KEYS, ARGV, outputs and events; [`Code`]
-//! mirrors the codes those headers list.
+//! One file per operation under `lua/`, loaded here ([`Scripts`]); the
+//! sandbox's scripts live in `sandbox/lua/` and the handler registry's in
+//! `deploy/lua/`, each loaded by the code that calls it. A fragment under
+//! a room's `lua/include/` is text prepended to the scripts that use it,
+//! so each function is written once: here at compile time (`idem.lua` to
+//! every store script, the others to the scripts that name them); in the
+//! other rooms through [`compose`], which is how a fragment crosses rooms
+//! (Redis's clock, [`CLOCK`], is the one that does). Each script opens
+//! with a header naming its KEYS, ARGV, outputs and events; [`Code`]
+//! mirrors the codes the store's headers list.
 
-use redis::Script;
+use redis::{Script, ToRedisArgs};
+
+/// Redis's clock (`lua/include/clock.lua`): `redisTimeMs()`, the one place
+/// a script turns `TIME` into milliseconds. Store scripts include it by
+/// name (`script!`); the sandbox's and the registry's scripts through
+/// [`compose`] or [`clocked`].
+pub(crate) const CLOCK: &str = include_str!("lua/include/clock.lua");
+
+/// A script of `body` after `fragments`, in order: how a room whose
+/// scripts share a fragment with another room's composes them, each room
+/// passing its own files (`include_str!("lua/...")` beside its code).
+pub(crate) fn compose(fragments: &[&str], body: &str) -> Script {
+    let mut text =
+        String::with_capacity(fragments.iter().map(|f| f.len()).sum::<usize>() + body.len());
+    for fragment in fragments {
+        text.push_str(fragment);
+    }
+    text.push_str(body);
+    Script::new(&text)
+}
+
+/// A script of `body` after Redis's clock ([`CLOCK`]).
+pub(crate) fn clocked(body: &str) -> Script {
+    compose(&[CLOCK], body)
+}
+
+/// The ARGV a script reads by name, in order: its header lists them, and
+/// its Lua reads each through a local `<prefix><NAME> = <index>` at the
+/// top (`local ARG_NOW = 2`, then `ARGV[ARG_NOW]`), so no value is where
+/// it is by coincidence. The Rust side writes them through [`Argv`]; a
+/// test checks that each script's locals are this list.
+#[derive(Debug)]
+pub(crate) struct ArgvLayout {
+    /// The script, `lua/<script>.lua`.
+    pub(crate) script: &'static str,
+    /// The prefix of its locals: `ARG_` for ARGV indexes, or another for
+    /// offsets within a repeated group (a completion's values).
+    pub(crate) prefix: &'static str,
+    /// The index (or offset) of the first name: 1 for ARGV, 0 for offsets.
+    pub(crate) first: usize,
+    /// The names, without the prefix, in ARGV order.
+    pub(crate) names: &'static [&'static str],
+    /// The name of the index right after them, where the script's repeated
+    /// groups start (a value per task, say), if it has any.
+    pub(crate) rest: Option<&'static str>,
+}
+
+/// A call being built: a script invocation or a raw `EVALSHA` command.
+pub(crate) trait ArgSink {
+    /// Append one argument.
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T);
+}
+
+impl ArgSink for redis::Cmd {
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+impl ArgSink for redis::ScriptInvocation<'_> {
+    fn push_arg<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+/// A script's arguments written by the names of its [`ArgvLayout`]; each
+/// name must be the next of the layout (checked in debug builds, which
+/// the tests run), so the Rust and the Lua cannot drift apart by one.
+pub(crate) struct Argv<'c, S: ArgSink> {
+    call: &'c mut S,
+    layout: &'static ArgvLayout,
+    next: usize,
+}
+
+impl<'c, S: ArgSink> Argv<'c, S> {
+    /// Write `layout`'s arguments into `call`, from its first name on.
+    pub(crate) fn new(call: &'c mut S, layout: &'static ArgvLayout) -> Self {
+        Argv {
+            call,
+            layout,
+            next: 0,
+        }
+    }
+
+    /// The argument `name` of the layout: the next one.
+    pub(crate) fn put<T: ToRedisArgs>(mut self, name: &str, value: T) -> Self {
+        debug_assert_eq!(
+            self.layout.names.get(self.next).copied(),
+            Some(name),
+            "{}.lua: {}{name} is not its argument {}",
+            self.layout.script,
+            self.layout.prefix,
+            self.layout.first + self.next
+        );
+        self.next += 1;
+        self.call.push_arg(value);
+        self
+    }
+
+    /// Every name of the layout was put; what follows it (a script's
+    /// repeated groups) goes into the call itself.
+    pub(crate) fn done(self) -> &'c mut S {
+        debug_assert_eq!(
+            self.next,
+            self.layout.names.len(),
+            "{}.lua: arguments missing before {}{}",
+            self.layout.script,
+            self.layout.prefix,
+            self.layout.rest.unwrap_or("the end")
+        );
+        self.call
+    }
+}
 
 macro_rules! script {
     ($name:literal $(, $include:literal)*) => {
@@ -44,19 +162,19 @@ impl Scripts {
         Scripts {
             ingest: script!("ingest"),
             start: script!("start"),
-            complete: script!("complete", "attempts"),
+            complete: script!("complete", "carried", "attempts"),
             promote: script!("promote"),
-            cancel: script!("cancel"),
+            cancel: script!("cancel", "carried"),
             requeue: script!("requeue", "attempts"),
-            heartbeat: script!("heartbeat", "liveness"),
-            reclaim: script!("reclaim", "liveness", "attempts"),
+            heartbeat: script!("heartbeat", "clock", "liveness", "carried"),
+            reclaim: script!("reclaim", "clock", "liveness", "carried", "attempts"),
             dlq_purge: script!("dlq_purge"),
             expire: script!("expire"),
             schedule_put: script!("schedule_put"),
             schedule_delete: script!("schedule_delete"),
             schedule_advance: script!("schedule_advance"),
             partitions_raise: script!("partitions_raise"),
-            task_read: script!("task_read"),
+            task_read: script!("task_read", "carried"),
             idem_forward: script!("idem_forward"),
             queue_register: script!("queue_register"),
         }
@@ -85,8 +203,12 @@ impl Scripts {
     }
 }
 
-/// The return codes of the scripts, as their headers list them. Codes are
-/// unique across scripts, so a code means one thing wherever it appears.
+/// The return codes of the store's scripts, as their headers list them.
+/// Codes are unique across these scripts, so a code means one thing
+/// wherever it appears among them. The sandbox's scripts answer 1/0 and
+/// states, read where they are called; the handler registry's answer
+/// codes of their own (`deploy/registry.rs`), whose refusals are numbered
+/// from -21 so that no negative code means two things in the crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
     /// start: the message's task is terminal or gone; acknowledged.
@@ -162,7 +284,7 @@ impl Code {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::Code;
+    use super::{ArgvLayout, Code};
 
     /// The scripts whose replies carry a [`Code`], with their text.
     const CODED: &[(&str, &str)] = &[
@@ -175,24 +297,12 @@ mod tests {
         ("idem_forward", include_str!("lua/idem_forward.lua")),
     ];
 
-    /// The scripts whose replies are not codes of [`Code`] (counts, claim
-    /// states, XCLAIM entries, or a 1/0 the claim module reads itself; the
-    /// handler registry's scripts answer codes of their own, which
-    /// `deploy/registry.rs` reads).
+    /// The scripts whose replies are not codes of [`Code`] (counts, XCLAIM
+    /// entries, reads).
     const UNCODED: &[&str] = &[
-        "handler_deploy",
-        "handler_rollback",
-        "handler_undeploy",
-        "handler_gc",
-        "fleet_report",
         "promote",
         "reclaim",
         "dlq_purge",
-        "claim_begin",
-        "claim_commit",
-        "claim_renew",
-        "claim_abort",
-        "kv_write",
         "expire",
         "task_read",
         "schedule_put",
@@ -368,6 +478,49 @@ mod tests {
         }
         for code in every_code() {
             assert!(used.contains(&code), "no script returns {code:?}");
+        }
+    }
+
+    /// Every named ARGV layout, with its script's text.
+    fn layouts() -> [(&'static ArgvLayout, &'static str); 4] {
+        use super::super::{complete, reclaim, start};
+        [
+            (&start::START_ARGV, include_str!("lua/start.lua")),
+            (&reclaim::RECLAIM_ARGV, include_str!("lua/reclaim.lua")),
+            (&complete::COMPLETE_ARGV, include_str!("lua/complete.lua")),
+            (&complete::COMPLETION_ARGV, include_str!("lua/complete.lua")),
+        ]
+    }
+
+    /// The `local <prefix><NAME> = <n>` lines of `script`, in order.
+    fn argv_locals(script: &str, prefix: &str) -> Vec<(String, usize)> {
+        script
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("local ")?.strip_prefix(prefix)?;
+                let (name, value) = rest.split_once(" = ")?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_argv_layout_is_its_scripts_locals() {
+        for (layout, script) in layouts() {
+            let mut expected: Vec<(String, usize)> = (layout.names.iter())
+                .enumerate()
+                .map(|(i, name)| ((*name).to_owned(), layout.first + i))
+                .collect();
+            if let Some(rest) = layout.rest {
+                expected.push((rest.to_owned(), layout.first + layout.names.len()));
+            }
+            assert_eq!(
+                argv_locals(script, layout.prefix),
+                expected,
+                "{}.lua: its {}* locals are not the layout's names",
+                layout.script,
+                layout.prefix
+            );
         }
     }
 

@@ -52,9 +52,7 @@ if not status then
 end
 local delivered = false
 if status == "QUEUED" and msgId then
-  -- No group yet (no worker has read the queue): nothing is delivered.
-  local p = redis.pcall("XPENDING", streamKey, group, msgId, msgId, 1)
-  delivered = type(p) == "table" and not p.err and #p > 0
+  delivered = pendingConsumer(streamKey, group, msgId) ~= false
   if not delivered then
     redis.call("XDEL", streamKey, msgId)
   end

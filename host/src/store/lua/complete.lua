@@ -19,20 +19,26 @@
     then the idempotency records dtq:idempotency:{q}:<key> of the
     completions that have a key, in their order (none for the others)
 
-    ARGV[1] consumer group
-    ARGV[2] retention of terminal task hashes (s)
-    ARGV[3] events stream max length
-    then, per completion in order, from ARGV[4]:
-      task id; stream message id ("" for a task not in the stream);
-      outcome: success | fatal | retry | lost | cancelled | expired | defer;
-      result (JSON, for success) or error message; captured log;
-      now (ms since epoch); "1" when the task has an idempotency key (its
-      record is the next of the records in KEYS), else "0";
-      digest of the module the attempt ran ("" when unknown);
-      when a carried attempt started (ms since epoch), "" for an attempt
-      `start` began;
-      then, but for a carried attempt (which is always attempt 1), the
-      attempt this completion belongs to ("" for expired);
+    ARGV by name (the ARG_ and C_ locals below; store/complete.rs,
+    COMPLETE_ARGV and COMPLETION_ARGV):
+    ARG_GROUP           consumer group
+    ARG_RETENTION       retention of terminal task hashes (s)
+    ARG_EVENTS_MAX_LEN  events stream max length
+    then, per completion in order, from ARG_COMPLETIONS, at these offsets
+    from where it starts:
+      C_TASK_ID     task id
+      C_MSG_ID      stream message id ("" for a task not in the stream)
+      C_OUTCOME     success | fatal | retry | lost | cancelled | expired | defer
+      C_DETAIL      result (JSON, for success) or error message
+      C_LOG         captured log
+      C_NOW         now (ms since epoch)
+      C_HAS_KEY     "1" when the task has an idempotency key (its record is
+                    the next of the records in KEYS), else "0"
+      C_DIGEST      digest of the module the attempt ran ("" when unknown)
+      C_CARRIED_AT  when a carried attempt started (ms since epoch), "" for
+                    an attempt `start` began
+      then, from C_OPTIONAL: but for a carried attempt (which is always
+      attempt 1), the attempt this completion belongs to ("" for expired);
       then, for retry and lost only, the retry due time (ms since epoch);
       for defer only, the defer limit: how long (ms) the task may wait for
       a handler in one spell of deferrals, "0" for no bound.
@@ -98,11 +104,29 @@
   (`pushEvent`, include/idem.lua), written before the ACK.
 ]]
 -- Locals, not globals: a global is a table lookup at each use, and the
--- loop below reads ARGV a dozen times per completion.
+-- steps below read ARGV a dozen times per completion.
 local KEYS, ARGV, rcall = KEYS, ARGV, redis.call
 
+local ARG_GROUP = 1
+local ARG_RETENTION = 2
+local ARG_EVENTS_MAX_LEN = 3
+local ARG_COMPLETIONS = 4
+
+-- A completion's values, as offsets from where they start.
+local C_TASK_ID = 0
+local C_MSG_ID = 1
+local C_OUTCOME = 2
+local C_DETAIL = 3
+local C_LOG = 4
+local C_NOW = 5
+local C_HAS_KEY = 6
+local C_DIGEST = 7
+local C_CARRIED_AT = 8
+local C_OPTIONAL = 9
+
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, retention, eventsMaxLen = ARGV[1], ARGV[2], ARGV[3]
+local group, retention = ARGV[ARG_GROUP], ARGV[ARG_RETENTION]
+local eventsMaxLen = ARGV[ARG_EVENTS_MAX_LEN]
 
 local DEFER_BASE_MS, DEFER_MAX_MS = 250, 30000
 
@@ -114,16 +138,17 @@ local acks = {}
 -- Where each completion's values start in ARGV; every outcome is checked
 -- before anything is written.
 local starts, count = {}, 0
-local a, argc = 4, #ARGV
+local a, argc = ARG_COMPLETIONS, #ARGV
 while a <= argc do
-  local outcome = ARGV[a + 2]
+  local outcome = ARGV[a + C_OUTCOME]
   if not (direct[outcome] or failed[outcome] or outcome == "defer") then
     return redis.error_reply("ERR unknown outcome " .. tostring(outcome))
   end
   count = count + 1
   starts[count] = a
-  a = a + 9
-  if ARGV[a - 1] == "" then
+  local carried = ARGV[a + C_CARRIED_AT] ~= ""
+  a = a + C_OPTIONAL
+  if not carried then
     a = a + 1
   end
   if failed[outcome] or outcome == "defer" then
@@ -131,128 +156,127 @@ while a <= argc do
   end
 end
 
--- Numbers stay the strings they came as: Lua formats numbers slowly.
--- Returns the completion's code and the task's status.
-local function completeOne(taskKey, idemKey, a)
-  local taskId, msgId, outcome, detail, log, now, hasKey, digest, carriedAt =
-    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6] == "1", ARGV[a + 7], ARGV[a + 8]
-  local attempt, retryAt, deferLimit = "1", nil, nil
-  a = a + 9
+-- The completion being written, set by `readCompletion` for each in turn
+-- and read by the steps below. Numbers stay the strings they came as: Lua
+-- formats numbers slowly.
+local taskKey, idemKey, taskId, msgId, outcome, detail, log, now, hasKey, digest
+local carriedAt, attempt, retryAt, deferLimit
+
+-- Read the completion whose values start at ARGV[first], for task hash
+-- `key` and idempotency record `idem` (nil when the task has no key).
+local function readCompletion(key, idem, first)
+  taskKey, idemKey = key, idem
+  taskId, msgId = ARGV[first + C_TASK_ID], ARGV[first + C_MSG_ID]
+  outcome = ARGV[first + C_OUTCOME]
+  detail, log, now = ARGV[first + C_DETAIL], ARGV[first + C_LOG], ARGV[first + C_NOW]
+  hasKey, digest = ARGV[first + C_HAS_KEY] == "1", ARGV[first + C_DIGEST]
+  carriedAt = ARGV[first + C_CARRIED_AT]
+  attempt, retryAt, deferLimit = "1", nil, nil
+  local at = first + C_OPTIONAL
   if carriedAt == "" then
-    attempt, a = ARGV[a], a + 1
+    attempt, at = ARGV[at], at + 1
   end
   if failed[outcome] then
-    retryAt = ARGV[a]
+    retryAt = ARGV[at]
   elseif outcome == "defer" then
-    deferLimit = ARGV[a]
+    deferLimit = ARGV[at]
   end
+end
 
-  -- The common case first, with the least reading: a carried attempt that
-  -- succeeded. It was the task's first, so there is no earlier error to
-  -- clear nor digests to append to. Any other state found (its first beat
-  -- wrote the attempt, or it is not this attempt's) takes the full path.
-  if carriedAt ~= "" and outcome == "success" then
-    local c = rcall("HMGET", taskKey, "status", "msg_id", "attempts")
-    if carriedFirst(c[1], c[3], c[2], msgId) then
-      digest = digest ~= "" and digest or "-"
-      -- Each field the hash lacks costs a scan of it and an append: a
-      -- handler that logged nothing adds no `log`.
-      if log == "" then
-        rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-          "result", detail, "finished_at", now, "digests", digest, "started_at", carriedAt)
-      else
-        rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-          "log", log, "result", detail, "finished_at", now, "digests", digest,
-          "started_at", carriedAt)
-      end
-      rcall("EXPIRE", taskKey, retention)
-      pushEvent(taskId, "SUCCEEDED", "1", now)
-      if hasKey then
-        setIdemState(idemKey, taskId, "completed", now)
-      end
-      acks[#acks + 1] = msgId
-      return 1, "SUCCEEDED"
-    end
+-- The common case first, with the least reading: a carried attempt that
+-- succeeded. It was the task's first, so there is no earlier error to
+-- clear nor digests to append to. Any other state found (its first beat
+-- wrote the attempt, or it is not this attempt's) takes the full path:
+-- returns whether this one was written.
+local function carriedSuccess()
+  if carriedAt == "" or outcome ~= "success" then
+    return false
   end
+  local c = rcall("HMGET", taskKey, "status", "msg_id", "attempts")
+  if not carriedFirst(c[1], c[3], c[2], msgId) then
+    return false
+  end
+  local ran = digest ~= "" and digest or "-"
+  -- Each field the hash lacks costs a scan of it and an append: a
+  -- handler that logged nothing adds no `log`.
+  if log == "" then
+    rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+      "result", detail, "finished_at", now, "digests", ran, "started_at", carriedAt)
+  else
+    rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+      "log", log, "result", detail, "finished_at", now, "digests", ran,
+      "started_at", carriedAt)
+  end
+  rcall("EXPIRE", taskKey, retention)
+  pushEvent(taskId, "SUCCEEDED", "1", now)
+  if hasKey then
+    setIdemState(idemKey, taskId, "completed", now)
+  end
+  acks[#acks + 1] = msgId
+  return true
+end
 
-  local f = rcall("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
-    "cancel_requested", "error", "digests")
-  local current, attempts, maxAttempts, cancelRequested, hadError, digests =
-    f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
-  -- The carried attempt's own fields, written with the outcome's.
-  local began = nil
-  if carriedAt ~= "" and carriedFirst(current, f[3], f[2], msgId) then
-    current, attempts = "RUNNING", "1"
-    began = carriedAt
+-- End a deferred task unrun, with `status` and `err`: the attempts it had
+-- before this one (`before`).
+local function endUnrun(before, status, err)
+  rcall("HSET", taskKey, "status", status, "updated_at", now, "attempts", before,
+    "error", err, "finished_at", now)
+  rcall("EXPIRE", taskKey, retention)
+  pushEvent(taskId, status, before, now)
+  if hasKey then
+    setIdemState(idemKey, taskId, "failed", now)
   end
-  if outcome == "expired" then
-    if not waiting[current] then
-      return -4, current or "MISSING"
-    end
-  elseif current ~= "RUNNING" or attempts ~= attempt then
-    return -4, current or "MISSING"
-  end
+  return 1, status
+end
 
-  if outcome == "defer" then
-    if msgId ~= "" then
-      acks[#acks + 1] = msgId
-    end
-    -- The attempt is given back: a deferred task that ends here ends
-    -- with the attempts it had before this one.
-    local before = tonumber(attempts) - 1
-    local function endUnrun(status, err)
-      rcall("HSET", taskKey, "status", status, "updated_at", now, "attempts", before,
-        "error", err, "finished_at", now)
-      rcall("EXPIRE", taskKey, retention)
-      pushEvent(taskId, status, before, now)
-      if hasKey then
-        setIdemState(idemKey, taskId, "failed", now)
-      end
-      return 1, status
-    end
-    if cancelRequested then
-      return endUnrun("CANCELLED", "cancelled before it ran")
-    end
-    local limit = tonumber(deferLimit)
-    local spent, since = string.match(rcall("HGET", taskKey, "deferred_since") or "",
-      "^(%d+):(%d+)$")
-    if tonumber(spent) ~= before then
-      since = nil
-    end
-    if since and limit > 0 and tonumber(now) - tonumber(since) >= limit then
-      local waited = tonumber(now) - tonumber(since)
-      return endUnrun("FAILED", string.format(
-        "gave up after waiting %d ms for a handler (defer limit %d ms): %s", waited, limit, detail))
-    end
-    if not since then
-      rcall("HSET", taskKey, "deferred_since", before .. ":" .. now)
-    end
-    local n = rcall("HINCRBY", taskKey, "deferrals", 1)
-    local due = tonumber(now) + math.min(DEFER_BASE_MS * 2 ^ math.min(n - 1, 16), DEFER_MAX_MS)
-    rcall("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
-      "attempts", before, "error", detail, "run_at", due)
-    pushEvent(taskId, "SCHEDULED", before, now)
-    rcall("ZADD", delayedKey, due, taskId)
-    return 1, "SCHEDULED"
+-- "defer": the attempt (the task's `attempts`th) is given back. Returns
+-- the code and the task's status.
+local function deferOne(attempts, cancelRequested)
+  if msgId ~= "" then
+    acks[#acks + 1] = msgId
   end
-
-  if began then
-    rcall("HSET", taskKey, "attempts", "1", "started_at", began)
+  local before = tonumber(attempts) - 1
+  if cancelRequested then
+    return endUnrun(before, "CANCELLED", "cancelled before it ran")
   end
-
-  local status = direct[outcome]
-  if failed[outcome] then
-    if cancelRequested then
-      status = "CANCELLED"
-    elseif tonumber(attempts) >= tonumber(maxAttempts) then
-      status = "DEAD_LETTERED"
-    else
-      status = "RETRYING"
-    end
+  local limit = tonumber(deferLimit)
+  local spent, since = string.match(rcall("HGET", taskKey, "deferred_since") or "",
+    "^(%d+):(%d+)$")
+  if tonumber(spent) ~= before then
+    since = nil
   end
+  if since and limit > 0 and tonumber(now) - tonumber(since) >= limit then
+    local waited = tonumber(now) - tonumber(since)
+    return endUnrun(before, "FAILED", string.format(
+      "gave up after waiting %d ms for a handler (defer limit %d ms): %s", waited, limit, detail))
+  end
+  if not since then
+    rcall("HSET", taskKey, "deferred_since", before .. ":" .. now)
+  end
+  local n = rcall("HINCRBY", taskKey, "deferrals", 1)
+  local due = tonumber(now) + math.min(DEFER_BASE_MS * 2 ^ math.min(n - 1, 16), DEFER_MAX_MS)
+  rcall("HSET", taskKey, "status", "SCHEDULED", "updated_at", now,
+    "attempts", before, "error", detail, "run_at", due)
+  pushEvent(taskId, "SCHEDULED", before, now)
+  rcall("ZADD", delayedKey, due, taskId)
+  return 1, "SCHEDULED"
+end
 
-  -- 1. The task hash.
+-- The status an attempt that ran ends its task with.
+local function endStatus(attempts, maxAttempts, cancelRequested)
+  if not failed[outcome] then
+    return direct[outcome]
+  elseif cancelRequested then
+    return "CANCELLED"
+  elseif tonumber(attempts) >= tonumber(maxAttempts) then
+    return "DEAD_LETTERED"
+  end
+  return "RETRYING"
+end
+
+-- 1. The task hash to `status`, the attempt's digest appended to the
+-- hash's `digests`; a retried attempt archived first.
+local function writeHash(status, hadError, digests)
   local detailField = status == "SUCCEEDED" and "result" or "error"
   local timeField, at = "finished_at", now
   if status == "RETRYING" then
@@ -289,7 +313,11 @@ local function completeOne(taskKey, idemKey, a)
   if status ~= "RETRYING" and status ~= "DEAD_LETTERED" then
     rcall("EXPIRE", taskKey, retention)
   end
+end
 
+-- Steps 2 to 5 for a task that ended its attempt with `status`, counting
+-- `attempts`.
+local function followUp(status, attempts)
   -- 2. The lifecycle event (written for the batch, below).
   pushEvent(taskId, status, attempts, now)
 
@@ -313,6 +341,43 @@ local function completeOne(taskKey, idemKey, a)
   if outcome == "expired" then
     rcall("ZREM", delayedKey, taskId)
   end
+end
+
+-- Complete the completion whose values start at ARGV[first] (see
+-- `readCompletion`). Returns its code and the task's status.
+local function completeOne(key, idem, first)
+  readCompletion(key, idem, first)
+  if carriedSuccess() then
+    return 1, "SUCCEEDED"
+  end
+
+  local f = rcall("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
+    "cancel_requested", "error", "digests")
+  local current, attempts, maxAttempts, cancelRequested, hadError, digests =
+    f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
+  -- The carried attempt's own fields, written with the outcome's.
+  local began = nil
+  if carriedAt ~= "" and carriedFirst(current, f[3], f[2], msgId) then
+    current, attempts = "RUNNING", "1"
+    began = carriedAt
+  end
+  if outcome == "expired" then
+    if not waiting[current] then
+      return -4, current or "MISSING"
+    end
+  elseif current ~= "RUNNING" or attempts ~= attempt then
+    return -4, current or "MISSING"
+  end
+
+  if outcome == "defer" then
+    return deferOne(attempts, cancelRequested)
+  end
+  if began then
+    rcall("HSET", taskKey, "attempts", "1", "started_at", began)
+  end
+  local status = endStatus(attempts, maxAttempts, cancelRequested)
+  writeHash(status, hadError, digests)
+  followUp(status, attempts)
   return 1, status
 end
 
@@ -353,7 +418,7 @@ local out = {}
 local record = 5 + count
 for i = 1, count do
   local first, idemKey = starts[i], nil
-  if ARGV[first + 6] == "1" then
+  if ARGV[first + C_HAS_KEY] == "1" then
     idemKey, record = KEYS[record], record + 1
   end
   local code, status = completeOne(KEYS[4 + i], idemKey, first)

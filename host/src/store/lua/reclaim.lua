@@ -41,14 +41,15 @@
     KEYS[2] workers set    dtq:workers:{q}   consumer -> last beat (ms, Redis's clock)
     KEYS[3] clock hash     dtq:clock:{q}     last, resumed (ms, Redis's clock)
 
-    ARGV[1] consumer group
-    ARGV[2] consumer (worker) name: the caller
-    ARGV[3] visibility timeout (ms)
-    ARGV[4] most messages to claim
-    ARGV[5] prefix of task hashes of this queue, dtq:task:{q}:
+    ARGV by name (the ARG_ locals below; store/reclaim.rs, RECLAIM_ARGV):
+    ARG_GROUP        consumer group
+    ARG_CONSUMER     consumer (worker) name: the caller
+    ARG_VISIBILITY   visibility timeout (ms)
+    ARG_LIMIT        most messages to claim
+    ARG_TASK_PREFIX  prefix of task hashes of this queue, dtq:task:{q}:
 
   Reads and writes keys not in KEYS: the task hash of each message claimed
-  from a dead worker, ARGV[5] .. task id (its id is only known once
+  from a dead worker, the task prefix .. task id (its id is only known once
   claimed). They share the queue's hash tag, so they live in the same
   cluster slot as every other key here.
 
@@ -56,14 +57,20 @@
   {id, {field, value, ...}}:
     dead   messages of dead workers, now pending on the caller
     own    the caller's own messages of step 2
-  together at most ARGV[4] entries. XCLAIM drops entries deleted from the
+  together at most ARG_LIMIT entries. XCLAIM drops entries deleted from the
   stream from the pending list and does not return them (Redis 7).
 
   Errors: NOGROUP when the stream or its group does not exist.
 ]]
+local ARG_GROUP = 1
+local ARG_CONSUMER = 2
+local ARG_VISIBILITY = 3
+local ARG_LIMIT = 4
+local ARG_TASK_PREFIX = 5
+
 local streamKey, workersKey, clockKey = KEYS[1], KEYS[2], KEYS[3]
-local group, consumer, visibility, limit, taskPrefix =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local group, consumer, taskPrefix = ARGV[ARG_GROUP], ARGV[ARG_CONSUMER], ARGV[ARG_TASK_PREFIX]
+local visibility, limit = tonumber(ARGV[ARG_VISIBILITY]), tonumber(ARGV[ARG_LIMIT])
 
 local now = redisTimeMs()
 local settled = now - tickClock(clockKey, now, visibility) >= visibility

@@ -32,14 +32,15 @@
     KEYS[4] dead letters   dtq:dlq:{q}
     KEYS[5..] one task hash per message, dtq:task:{q}:<id>
 
-    ARGV[1] consumer group
-    ARGV[2] now (ms since epoch)
-    ARGV[3] consumer (worker) name
-    ARGV[4] events stream max length
-    ARGV[5] the queue's name, written into a record rebuilt as a dead letter
-    then, per task hash k (from 0), in the same order:
-    ARGV[6 + 2k] its stream message id
-    ARGV[7 + 2k] its task id
+    ARGV by name (the ARG_ locals below; store/start.rs, START_ARGV):
+    ARG_GROUP           consumer group
+    ARG_NOW             now (ms since epoch)
+    ARG_CONSUMER        consumer (worker) name
+    ARG_EVENTS_MAX_LEN  events stream max length
+    ARG_QUEUE_NAME      the queue's name, written into a record rebuilt as
+                        a dead letter
+    then from ARG_DELIVERIES, per task hash k (from 0), in the same order:
+      its stream message id, its task id
 
   Output: one flat array, a record per message in order, each a code and
   what follows it:
@@ -79,9 +80,16 @@ local NUMERIC = { 2, 3, 4, 7 }
 -- The fields the caller gets, as indexes into FIELDS.
 local RETURNED = { 2, 3, 5, 6, 7, 8, 9 }
 
+local ARG_GROUP = 1
+local ARG_NOW = 2
+local ARG_CONSUMER = 3
+local ARG_EVENTS_MAX_LEN = 4
+local ARG_QUEUE_NAME = 5
+local ARG_DELIVERIES = 6
+
 local streamKey, eventsKey, expiryKey, dlqKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, now, consumer, eventsMaxLen, queueName =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local group, now, consumer = ARGV[ARG_GROUP], ARGV[ARG_NOW], ARGV[ARG_CONSUMER]
+local eventsMaxLen, queueName = ARGV[ARG_EVENTS_MAX_LEN], ARGV[ARG_QUEUE_NAME]
 local nowMs = tonumber(now)
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
@@ -171,7 +179,8 @@ local function begin(taskKey, taskId, msgId, task)
 end
 
 for i = 5, #KEYS do
-  local taskKey, msgId, taskId = KEYS[i], ARGV[2 * i - 4], ARGV[2 * i - 3]
+  local d = ARG_DELIVERIES + 2 * (i - 5)
+  local taskKey, msgId, taskId = KEYS[i], ARGV[d], ARGV[d + 1]
   -- pcall: a key of another type answers WRONGTYPE, which would end the
   -- script with the writes made for the tasks before it kept.
   local task = redis.pcall("HMGET", taskKey, unpack(FIELDS))

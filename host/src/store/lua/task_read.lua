@@ -31,11 +31,7 @@ for i = 2, #KEYS do
   local runner = false
   -- A task with an expiry is never carried: `start` checks the expiry.
   if f[3] and carriedFirst(f[1], f[2], f[3], f[3]) and not f[4] then
-    -- No group yet (no worker has read the queue): nothing is delivered.
-    local p = redis.pcall("XPENDING", streamKey, group, f[3], f[3], 1)
-    if type(p) == "table" and not p.err and p[1] then
-      runner = p[1][2]
-    end
+    runner = pendingConsumer(streamKey, group, f[3])
   end
   out[2 * i - 3], out[2 * i - 2] = fields, runner
 end

@@ -90,13 +90,3 @@ local function flushEvents(eventsKey, maxLen)
   end
   pendingEvents = {}
 end
-
---[[
-  Shared fragment: whether a task hash's `status`, `attempts` and `msg_id`
-  (`hashMsgId`) are those of a carried first attempt delivered as message
-  `msgId` (store/carried.rs): no `start` wrote it, so the hash is QUEUED
-  with no attempt counted and names that message.
-]]
-local function carriedFirst(status, attempts, hashMsgId, msgId)
-  return status == "QUEUED" and (attempts or "0") == "0" and hashMsgId == msgId
-end

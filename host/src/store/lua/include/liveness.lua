@@ -1,6 +1,6 @@
 --[[
-  Shared fragment (heartbeat, reclaim): Redis's clock, and a queue's
-  liveness clock.
+  Shared fragment (heartbeat, reclaim), after include/clock.lua: a
+  queue's liveness clock.
 
   A worker is alive while it has beaten within the visibility timeout, by
   Redis's clock: the stamps come from TIME in the script, never from a
@@ -17,12 +17,6 @@
   live worker to beat again. A worker that is truly dead is then reclaimed
   one visibility timeout after Redis is back.
 ]]
-
--- Redis's time, in ms since the epoch.
-local function redisTimeMs()
-  local t = redis.call("TIME")
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 -- Tick the clock `clockKey` at `now` (ms); returns when it last resumed.
 local function tickClock(clockKey, now, visibility)

@@ -110,7 +110,7 @@ for i = FIRST, #KEYS do
 end
 
 -- The bytes the writes and the result leave, against the budget.
-local now = nowMs()
+local now = redisTimeMs()
 reconcile(now, 8)
 local claimField = "c:" .. claimSuffix
 local function delta()

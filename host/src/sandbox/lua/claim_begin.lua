@@ -51,7 +51,7 @@ local claimKey = KEYS[1]
 local token, taskId, attempt, ttl, lease, external, maxClaims =
   ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 
-local now = nowMs()
+local now = redisTimeMs()
 
 local c = redis.call("HMGET", claimKey, "state", "owner", "task_id", "attempt", "lease_until",
   "external", "result")

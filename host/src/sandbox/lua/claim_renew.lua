@@ -13,7 +13,5 @@ local c = redis.call("HMGET", KEYS[1], "state", "owner")
 if c[1] ~= "running" or c[2] ~= ARGV[1] then
   return 0
 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call("HSET", KEYS[1], "lease_until", now + tonumber(ARGV[2]))
+redis.call("HSET", KEYS[1], "lease_until", redisTimeMs() + tonumber(ARGV[2]))
 return 1

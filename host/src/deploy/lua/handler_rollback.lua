@@ -19,9 +19,9 @@
     {1, the new active entry, orphan digests...}
                 ROLLED_BACK: "rollback <now> <version JSON>" of the version
                 returned to, active and first in the history
-    {-8}        NO_HISTORY: the task was never deployed
-    {-9}        NOT_IN_HISTORY: no entry of the task has that digest
-    {-10}       NO_EARLIER: every version in the history is the active one
+    {-21}       NO_HISTORY: the task was never deployed
+    {-22}       NOT_IN_HISTORY: no entry of the task has that digest
+    {-23}       NO_EARLIER: every version in the history is the active one
 
   A version in the history still has its module: the history references it.
 ]]
@@ -31,7 +31,7 @@ local publish = ARGV[6]
 
 local entries = redis.call("LRANGE", historyKey, 0, -1)
 if #entries == 0 then
-  return { -8 }
+  return { -21 }
 end
 local active = redis.call("HGET", activeKey, task)
 local current = active and versionOf(active).fingerprint
@@ -52,7 +52,7 @@ for _, entry in ipairs(entries) do
   end
 end
 if not target then
-  return { to ~= "" and -9 or -10 }
+  return { to ~= "" and -22 or -23 }
 end
 
 local version = versionOf(target)

@@ -12,8 +12,7 @@
   Output: now (ms, Redis's clock).
 ]]
 local fleetKey, id, report, forgetMs = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local time = redis.call("TIME")
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = redisTimeMs()
 
 if report == "" then
   redis.call("HDEL", fleetKey, id)

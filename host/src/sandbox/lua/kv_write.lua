@@ -24,7 +24,7 @@ local key = KEYS[1]
 local op, arg, nx, ex = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local suffix = string.sub(key, #Q.kvPrefix + 1)
 local field = "k:" .. suffix
-local now = nowMs()
+local now = redisTimeMs()
 reconcile(now, 8)
 
 if op == "set" then

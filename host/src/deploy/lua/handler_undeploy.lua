@@ -18,14 +18,14 @@
   Output:
     {1, orphan digests...}  UNDEPLOYED
     {0}                     NOT_ACTIVE: already undeployed; nothing written
-    {-8}                    NO_HISTORY: the task was never deployed
+    {-21}                   NO_HISTORY: the task was never deployed
 ]]
 local activeKey, historyKey, refsKey, revisionKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local task, now, bound, channel, publish = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
 if redis.call("HDEL", activeKey, task) == 0 then
   if redis.call("EXISTS", historyKey) == 0 then
-    return { -8 }
+    return { -21 }
   end
   return { 0 }
 end

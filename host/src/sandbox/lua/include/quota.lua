@@ -7,7 +7,8 @@
 -- The overheads stand for what Redis holds per key beyond the bytes named:
 -- the key object, its TTL, its encoding, and this file's own entries for it
 -- (a count field and an index entry). The host puts their values before
--- this file (`local KEY_OVERHEAD, CLAIM_OVERHEAD = …`).
+-- this file (`local KEY_OVERHEAD, CLAIM_OVERHEAD = …`), and Redis's clock
+-- (`redisTimeMs`, store/lua/include/clock.lua).
 --
 -- Every script that includes this file takes the same six inputs first:
 --   KEYS[2] quotaKey   dtq:quota:{<ns>}         hash: "used" = bytes charged
@@ -30,11 +31,6 @@ local Q = {
   quotaKey = KEYS[2], ttlKey = KEYS[3], claimsKey = KEYS[4],
   kvPrefix = ARGV[1], claimPrefix = ARGV[2], budget = tonumber(ARGV[3]),
 }
-
-local function nowMs()
-  local t = redis.call("TIME")
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 -- The bytes a kv key of name `suffix` holding `len` bytes is charged.
 local function kvSize(suffix, len)
