@@ -8,7 +8,7 @@
 //! - `fetch.rs`: one loop for all the worker's queues, reading each in turn
 //!   for only as many messages as there are free execution slots, then one
 //!   `start` script per batch (here, on a task of its own, while the loop
-//!   reads on);
+//!   reads on); `wait.rs`: how it waits when every queue is empty;
 //! - `executor.rs`: one task through the sandbox, its outcome mapped to a
 //!   completion;
 //! - `completion.rs`: writes completions in batches (one round trip per
@@ -52,6 +52,7 @@ mod schedule;
 mod shared;
 mod start;
 mod supervise;
+mod wait;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ pub use supervise::{Fault, inject_fault};
 const MAX_BATCH: usize = 64;
 
 /// How long the fetch loop waits for new messages before it looks again
-/// (see `fetch.rs`); the wait delivers nothing, so shutdown drops it.
+/// (see `fetch.rs`), and so how long a stop may wait for its read.
 const READ_BLOCK: Duration = Duration::from_millis(500);
 
 /// Why a worker could not run.
