@@ -234,6 +234,11 @@ async fn round(
                 }
                 Err(e) => {
                     round.failed = true;
+                    // After a Redis restart (the group gone with its
+                    // pending messages), made again: nothing to read back.
+                    if server_code(&e) == Some("NOGROUP") {
+                        let _ = shared.store.ensure_group(queue).await;
+                    }
                     warn!(queue, error = %e, "reading back pending messages failed; retrying");
                     continue;
                 }
