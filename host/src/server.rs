@@ -609,6 +609,10 @@ mod tests {
         };
         assert_eq!(listen.exit_code(), 1);
         assert_eq!(ServerError::Api("x".into()).exit_code(), 1);
+        // A worker that cannot start its guest runtime failed while
+        // starting; its configuration is fine.
+        let runtime = WorkerError::GuestRuntime(std::io::ErrorKind::OutOfMemory.into());
+        assert_eq!(ServerError::Worker(runtime).exit_code(), 1);
         let redis = ServerError::Redis {
             url: "redis://x/".into(),
             source: StoreError::Redis(redis::RedisError::from(std::io::Error::from(

@@ -18,7 +18,7 @@ use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
 use crate::base::now_ms;
 use crate::metrics::{TaskSeries, TrapClass, WorkerMetrics};
-use crate::sandbox::{Call, CallReport, Outcome, TaskContext, Trap};
+use crate::sandbox::{Call, CallReport, CancelHandle, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask, logical_queue};
 
 /// Run each task on a tokio task of its own on the guest runtime (see
@@ -50,6 +50,8 @@ pub(super) fn spawn(
     shared.guests.spawn(shared.tracker.track_future(batch));
 }
 
+/// Run one task and hand over its completion, unless it was abandoned at
+/// shutdown or found stale meanwhile.
 async fn execute(
     shared: Arc<Shared>,
     delivery: Delivery,
@@ -63,33 +65,8 @@ async fn execute(
     if task.cancel_requested {
         cancel.cancel();
     }
-    // The call is built where it is moved, and the payload moved out of the
-    // task rather than copied (the completion does not need it): a local
-    // would stay in this future's state while the call runs, and a copy of
-    // the payload would be held by every call in flight.
-    let call = |task: &mut StartedTask| Call {
-        task: task.task.clone(),
-        ctx: TaskContext {
-            task_id: task.id.clone(),
-            queue: logical_queue(&task.queue).to_owned(),
-            task_name: task.task.clone(),
-            attempt: task.attempts,
-            max_attempts: task.max_attempts,
-            idempotency_key: task.idempotency_key.clone(),
-        },
-        payload: std::mem::take(&mut task.payload),
-        deadline: task.timeout_ms.map(Duration::from_millis),
-    };
-    // Boxed: the call's future is large, and unboxed it would make every
-    // executor's future as large, copied whole each time one is spawned.
-    let report = tokio::select! {
-        report = Box::pin(shared.sandbox.call(call(&mut task), &cancel)) => report,
-        () = shared.abandon.cancelled() => {
-            cancel.cancel();
-            warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
-                attempt = task.attempts, "abandoned at shutdown; the message will be reclaimed");
-            return;
-        }
+    let Some(report) = call(&shared, &mut task, &cancel).await else {
+        return;
     };
     // A handler that ran is a known task: its name is its label, with no
     // lookup.
@@ -108,6 +85,56 @@ async fn execute(
         debug!("stale attempt stopped; no completion");
         return;
     }
+    let completion = settle(&shared, task, delivery.msg_id, report);
+    // Boxed: only now allocated, instead of sizing the state every call in
+    // flight holds by the completion it will build.
+    Box::pin(hand_over(&shared, completion, series, permit, registration)).await;
+}
+
+/// Call `task`'s handler in the sandbox, interrupted by `cancel`; `None`
+/// when the worker abandoned the call at shutdown (its message will be
+/// reclaimed).
+async fn call(
+    shared: &Shared,
+    task: &mut StartedTask,
+    cancel: &CancelHandle,
+) -> Option<CallReport> {
+    // Boxed: the call's future is large, and unboxed it would make every
+    // executor's future as large, copied whole each time one is spawned.
+    tokio::select! {
+        report = Box::pin(shared.sandbox.call(call_of(task), cancel)) => Some(report),
+        () = shared.abandon.cancelled() => {
+            cancel.cancel();
+            warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
+                attempt = task.attempts, "abandoned at shutdown; the message will be reclaimed");
+            None
+        }
+    }
+}
+
+/// The sandbox call of `task`. Built where it is moved, and the payload
+/// moved out of the task rather than copied (the completion does not need
+/// it): a local would stay in the executor's state while the call runs,
+/// and a copy of the payload would be held by every call in flight.
+fn call_of(task: &mut StartedTask) -> Call {
+    Call {
+        task: task.task.clone(),
+        ctx: TaskContext {
+            task_id: task.id.clone(),
+            queue: logical_queue(&task.queue).to_owned(),
+            task_name: task.task.clone(),
+            attempt: task.attempts,
+            max_attempts: task.max_attempts,
+            idempotency_key: task.idempotency_key.clone(),
+        },
+        payload: std::mem::take(&mut task.payload),
+        deadline: task.timeout_ms.map(Duration::from_millis),
+    }
+}
+
+/// The completion of `task`'s attempt, delivered as `msg_id`, from what
+/// its call `report`ed; the attempt's end is logged here.
+fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport) -> Completion {
     let (kind, detail) = classify(report.outcome);
     match kind {
         CompletionKind::Success => {
@@ -126,20 +153,10 @@ async fn execute(
         CompletionKind::Retry => now + backoff_ms(&shared.config, task.attempts),
         _ => 0,
     };
-    let mut completion = completion_of(
-        task,
-        delivery.msg_id,
-        kind,
-        detail,
-        report.log,
-        now,
-        retry_at,
-    );
+    let mut completion = completion_of(task, msg_id, kind, detail, report.log, now, retry_at);
     completion.digest = report.digest;
     completion.defer_limit_ms = shared.config.defer_limit_ms;
-    // Boxed: only now allocated, instead of sizing the state every call in
-    // flight holds by the completion it will build.
-    Box::pin(hand_over(&shared, completion, series, permit, registration)).await;
+    completion
 }
 
 /// What `/metrics` keeps of a handler call: its duration, and its trap's

@@ -4,8 +4,7 @@
 //! after another, without blocking, each for as many messages as slots are
 //! still free, starting with a different queue each round so that busy
 //! queues share the slots evenly. Only when a whole round found nothing does
-//! the loop wait, on all the queues at once, for a new message, and it waits
-//! holding no slot.
+//! the loop wait, on all the queues at once, for a new message (`wait.rs`).
 //!
 //! Why not one `XREADGROUP … STREAMS q1 q2 … > > …` for the whole round:
 //! its `COUNT` applies to each stream, so it can deliver up to `COUNT` times
@@ -16,38 +15,60 @@
 //! ran the busy one a few tasks per block time (200 tasks with
 //! `--concurrency 4` took 50 s instead of 0.2 s with four idle queues).
 //!
+//! The wait is one blocking group read, `XREADGROUP … COUNT n BLOCK …
+//! STREAMS q1 q2 … > > …`, holding the free slots, where `n` is the free
+//! slots divided by the number of streams: it cannot deliver more than the
+//! worker can run. Any message of any queue ends it, and it returns with
+//! that message, dispatched at once: an idle worker wakes in one round
+//! trip, and the payload crosses the wire once. It holds the slots only
+//! while every queue is empty, so a busy queue is never held up by idle
+//! ones: the round after the wait reads it with every free slot.
+//!
+//! When there are more streams than free slots, a `COUNT` of at least one
+//! per stream could deliver more than the free slots: the wait is then a
+//! plain `XREAD` (no group, so it delivers nothing, and it holds no slot)
+//! from each group's last delivered id (`XINFO GROUPS`), which returns as
+//! soon as any queue has a message the group has not been given, and the
+//! next round reads it.
+//!
+//! On a Redis Cluster the streams of one call must share a slot, and each
+//! queue (each partition) has a slot of its own. With one stream, the wait
+//! is the group read; with several, it is the plain `XREAD` on each, each on
+//! a connection of its own (a blocked command holds its connection), and
+//! the first to return ends the wait. Not one blocking `XREADGROUP` per
+//! stream: when the first returns, the others are still blocked on their
+//! servers. Waiting for them would hold up the next round, and so a burst
+//! on the first queue, for up to a block time; dropping them would not stop
+//! the server, which could still deliver a message into a reply that is
+//! never read.
+//!
+//! That is also why a stop does not drop the group read: it waits for it
+//! to return (within the block time), and what it delivered runs in the
+//! grace period beside the tasks already running, rather than pending on
+//! a stopped worker until another reclaims it a visibility timeout later.
+//!
 //! Reading back: a read whose reply is lost on a broken connection may
 //! still have delivered messages, which are then pending on this worker
 //! though it never received them; so may a `start` or a reclaim whose reply
 //! is lost. After such a failure ([`Shared::read_back`], or a read here
-//! that failed) the next round first reads this worker's own pending
-//! messages of each queue (`XREADGROUP` from id 0, page by page) and
-//! dispatches those it does not hold; `start` resumes the attempt of one it
-//! had already started (`start.lua`). So a delivery lost in transit runs at
-//! once, as the attempt it was, instead of waiting a visibility timeout for
-//! this worker's own reclaim.
-//!
-//! The wait is a plain `XREAD` (no group, so it delivers nothing: dropping it
-//! at shutdown loses nothing) from each group's last delivered id, which
-//! returns as soon as any queue has a message the group has not been given,
-//! including one added between the last round and the wait. On a Redis
-//! Cluster the streams of one call must share a slot, and each queue has a
-//! slot of its own: the wait is then one `XREAD` per queue, each on a
-//! connection of its own (a blocked command holds its connection), and the
-//! first to return ends the wait.
+//! that failed, the wait's group read included) the next round first reads
+//! this worker's own pending messages of each queue (`XREADGROUP` from id
+//! 0, page by page) and dispatches those it does not hold; `start` resumes
+//! the attempt of one it had already started (`start.lua`). So a delivery
+//! lost in transit runs at once, as the attempt it was, instead of waiting
+//! a visibility timeout for this worker's own reclaim.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Value;
-use redis::streams::StreamInfoGroupsReply;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise};
-use crate::store::{Conn, Delivery, GROUP, QueueKeys, StoreError, fresh_deliveries, own_pending};
+use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise, wait};
+use crate::store::{Conn, Delivery, GROUP, StoreError, fresh_deliveries, own_pending};
 
 /// Pending messages read back per `XREADGROUP`.
 const READ_BACK_PAGE: usize = 64;
@@ -56,93 +77,26 @@ const READ_BACK_PAGE: usize = 64;
 /// until `stop`. Each batch is started and dispatched on a task of its own:
 /// the next read does not wait for the last batch's `start` script.
 pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut queues = shared.queues();
-    let (mut streams, mut waits) = wait_groups(&shared, &queues);
-    let mut wait_conns: Vec<Option<Conn>> = vec![None; waits.len()];
-    // Queues whose own pending messages are to be read back.
-    let mut unread = vec![false; queues.len()];
+    let mut keys = Keys::new(&shared);
     let mut conn = None;
     let mut backoff = Backoff::default();
-    let mut first = 0;
     while let Some(mut permits) = shared.take_slots(MAX_BATCH, &stop).await {
-        // A raise of a partition count adds key sets to read.
-        let current = shared.queues();
-        if !Arc::ptr_eq(&current, &queues) {
-            queues = current;
-            (streams, waits) = wait_groups(&shared, &queues);
-            wait_conns = vec![None; waits.len()];
-            unread = vec![true; queues.len()];
-            first %= queues.len();
-        }
-        if shared.read_back.swap(false, Ordering::AcqRel) {
-            unread.fill(true);
-        }
-        if queues.iter().any(|q| supervise::injected("fetch", q)) {
+        keys.refresh(&shared);
+        if keys.queues.iter().any(|q| supervise::injected("fetch", q)) {
             return;
         }
-        let conn = match &mut conn {
-            Some(conn) => conn,
-            None => match shared
-                .store
-                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
-                .await
-            {
-                Ok(c) => conn.insert(c),
-                Err(e) => {
-                    warn!(error = %e, "cannot connect for reading; retrying");
-                    drop(permits);
-                    backoff.wait(&stop).await;
-                    continue;
-                }
-            },
+        let conn = match connected(&shared, &mut conn).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                warn!(error = %e, "cannot connect for reading; retrying");
+                drop(permits);
+                backoff.wait(&stop).await;
+                continue;
+            }
         };
-        // One round: each queue once, from a different one each time.
-        let mut found = false;
-        let mut failed = false;
-        for i in 0..queues.len() {
-            if permits.is_empty() {
-                break;
-            }
-            let at = (first + i) % queues.len();
-            let (queue, stream) = (&queues[at], &streams[at]);
-            if unread[at] {
-                match read_back(&shared, conn, queue, stream, &mut permits).await {
-                    Ok((done, dispatched)) => {
-                        unread[at] = !done;
-                        found |= dispatched;
-                    }
-                    Err(e) => {
-                        failed = true;
-                        warn!(queue, error = %e, "reading back pending messages failed; retrying");
-                        continue;
-                    }
-                }
-                if permits.is_empty() {
-                    break;
-                }
-            }
-            match read_now(conn, queue, stream, &shared.consumer, permits.len()).await {
-                Ok(deliveries) if deliveries.is_empty() => {}
-                Ok(deliveries) => {
-                    found = true;
-                    let batch = permits.split_off(permits.len() - deliveries.len());
-                    let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
-                    spawn_dispatch(&shared, queue, deliveries, holds, batch);
-                }
-                Err(e) => {
-                    failed = true;
-                    // It may have delivered with its reply lost.
-                    unread[at] = true;
-                    if e.to_string().contains("NOGROUP") {
-                        let _ = shared.store.ensure_group(queue).await;
-                    }
-                    warn!(queue, error = %e, "read failed; retrying");
-                }
-            }
-        }
-        first = (first + 1) % queues.len();
-        drop(permits);
+        let Round { found, failed } = round(&shared, conn, &mut keys, &mut permits).await;
         if failed && !found {
+            drop(permits);
             backoff.wait(&stop).await;
             continue;
         }
@@ -150,14 +104,27 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         if found {
             continue;
         }
-        // Nothing anywhere: wait, holding no slot, for something new.
-        let waited = tokio::select! {
-            waited = wait_any(&shared, conn, &mut wait_conns, &waits) => waited,
-            () = stop.cancelled() => return,
+        // Nothing anywhere: wait for something new.
+        let waited = if wait::can_read_waiting(&keys.waits, permits.len()) {
+            let waited =
+                wait::read_waiting(&shared, conn, &keys.queues, &keys.streams, permits).await;
+            // It may have delivered with its reply lost.
+            if waited.is_err() {
+                keys.unread.fill(true);
+            }
+            waited
+        } else {
+            drop(permits);
+            tokio::select! {
+                waited = wait::any(&shared, conn, &mut keys.wait_conns, &keys.waits) => waited,
+                () = stop.cancelled() => return,
+            }
         };
         if let Err(e) = waited {
-            if e.to_string().contains("no such key") {
-                for queue in queues.iter() {
+            if matches!(server_code(&e), Some("NOGROUP" | "ERR")) {
+                // A group, or its stream (`XINFO GROUPS` answers `ERR no
+                // such key`), is gone: made again, and idempotent if not.
+                for queue in keys.queues.iter() {
                     let _ = shared.store.ensure_group(queue).await;
                 }
             }
@@ -167,10 +134,154 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// The key sets the fetch loop reads, and what it keeps of each between
+/// rounds.
+struct Keys {
+    /// Every partition of every queue of the worker ([`Shared::queues`]),
+    /// as last read.
+    queues: Arc<Vec<String>>,
+    /// The stream of each of `queues`.
+    streams: Vec<String>,
+    /// How the wait groups `streams`, one call each ([`wait::groups`]).
+    waits: Vec<Vec<String>>,
+    /// A connection for each of `waits` when there are several (a
+    /// cluster); opened when first needed.
+    wait_conns: Vec<Option<Conn>>,
+    /// Queues whose own pending messages are to be read back.
+    unread: Vec<bool>,
+    /// The queue the next round reads first.
+    first: usize,
+}
+
+impl Keys {
+    fn new(shared: &Shared) -> Keys {
+        let queues = shared.queues();
+        let (streams, waits) = wait::groups(shared, &queues);
+        Keys {
+            wait_conns: vec![None; waits.len()],
+            unread: vec![false; queues.len()],
+            first: 0,
+            queues,
+            streams,
+            waits,
+        }
+    }
+
+    /// Follow a raise of a partition count (key sets added, whose pending
+    /// messages are read back), and a request to read back.
+    fn refresh(&mut self, shared: &Shared) {
+        let current = shared.queues();
+        if !Arc::ptr_eq(&current, &self.queues) {
+            let first = self.first;
+            *self = Keys::new(shared);
+            self.unread.fill(true);
+            self.first = first % self.queues.len();
+        }
+        if shared.read_back.swap(false, Ordering::AcqRel) {
+            self.unread.fill(true);
+        }
+    }
+}
+
+/// The fetch loop's connection, opened when missing.
+async fn connected<'c>(
+    shared: &Shared,
+    conn: &'c mut Option<Conn>,
+) -> Result<&'c mut Conn, StoreError> {
+    Ok(match conn {
+        Some(conn) => conn,
+        None => conn.insert(
+            shared
+                .store
+                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
+                .await?,
+        ),
+    })
+}
+
+/// What a round found: whether it dispatched anything, and whether a read
+/// failed.
+struct Round {
+    found: bool,
+    failed: bool,
+}
+
+/// One round: each queue once, from a different one each time, reading
+/// back first where [`Keys::unread`] says so; each read asks for as many
+/// messages as `permits` has left.
+async fn round(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    keys: &mut Keys,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+) -> Round {
+    let mut round = Round {
+        found: false,
+        failed: false,
+    };
+    let count = keys.queues.len();
+    for i in 0..count {
+        if permits.is_empty() {
+            break;
+        }
+        let at = (keys.first + i) % count;
+        let (queue, stream) = (&keys.queues[at], &keys.streams[at]);
+        if keys.unread[at] {
+            match read_back(shared, conn, queue, stream, permits).await {
+                Ok((done, dispatched)) => {
+                    keys.unread[at] = !done;
+                    round.found |= dispatched;
+                }
+                Err(e) => {
+                    round.failed = true;
+                    // After a Redis restart (the group gone with its
+                    // pending messages), made again: nothing to read back.
+                    if server_code(&e) == Some("NOGROUP") {
+                        let _ = shared.store.ensure_group(queue).await;
+                    }
+                    warn!(queue, error = %e, "reading back pending messages failed; retrying");
+                    continue;
+                }
+            }
+            if permits.is_empty() {
+                break;
+            }
+        }
+        match read_now(conn, queue, stream, &shared.consumer, permits.len()).await {
+            Ok(deliveries) if deliveries.is_empty() => {}
+            Ok(deliveries) => {
+                round.found = true;
+                let batch = permits.split_off(permits.len() - deliveries.len());
+                let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
+                spawn_dispatch(shared, queue, deliveries, holds, batch);
+            }
+            Err(e) => {
+                round.failed = true;
+                // It may have delivered with its reply lost.
+                keys.unread[at] = true;
+                if server_code(&e) == Some("NOGROUP") {
+                    let _ = shared.store.ensure_group(queue).await;
+                }
+                warn!(queue, error = %e, "read failed; retrying");
+            }
+        }
+    }
+    keys.first = (keys.first + 1) % count;
+    round
+}
+
+/// The code of the error Redis answered, if `e` is one (`NOGROUP`, say).
+fn server_code(e: &StoreError) -> Option<&str> {
+    match e {
+        StoreError::Redis(e) => e.code(),
+        _ => None,
+    }
+}
+
 /// Start and dispatch `deliveries` of `queue`, held already (before the
 /// next read, so that reading back never takes them a second time), on a
 /// task of their own.
-fn spawn_dispatch(
+pub(super) fn spawn_dispatch(
     shared: &Arc<Shared>,
     queue: &str,
     deliveries: Vec<Delivery>,
@@ -239,51 +350,6 @@ async fn read_back(
     }
 }
 
-/// The stream of each of `queues`, and how the wait groups them: one call
-/// for all on a single server; on a cluster, one per stream (each its own
-/// slot).
-fn wait_groups(shared: &Shared, queues: &[String]) -> (Vec<String>, Vec<Vec<String>>) {
-    let streams: Vec<String> = queues.iter().map(|q| QueueKeys::new(q).stream).collect();
-    let waits = if shared.store.backend().is_cluster() {
-        streams.iter().map(|s| vec![s.clone()]).collect()
-    } else {
-        vec![streams.clone()]
-    };
-    (streams, waits)
-}
-
-/// Wait on every group of `waits` at once ([`wait_for_messages`]): on
-/// `conn` when there is one group (a single server), else each on its own
-/// connection of `wait_conns` (opened when missing), until the first
-/// returns.
-async fn wait_any(
-    shared: &Shared,
-    conn: &mut Conn,
-    wait_conns: &mut [Option<Conn>],
-    waits: &[Vec<String>],
-) -> Result<(), StoreError> {
-    if let [streams] = waits {
-        return wait_for_messages(conn, streams, READ_BLOCK).await;
-    }
-    for slot in wait_conns.iter_mut().filter(|c| c.is_none()) {
-        *slot = Some(
-            shared
-                .store
-                .dedicated_connection(READ_BLOCK + Duration::from_secs(5))
-                .await?,
-        );
-    }
-    let calls = wait_conns.iter_mut().zip(waits).filter_map(|(c, streams)| {
-        Some(Box::pin(wait_for_messages(
-            c.as_mut()?,
-            streams,
-            READ_BLOCK,
-        )))
-    });
-    let (first, _, _) = futures::future::select_all(calls).await;
-    first
-}
-
 /// Read up to `count` new messages of `queue`'s `stream` for `consumer`,
 /// without blocking. Not to be cancelled: the messages a read delivers are
 /// pending on this consumer, and until reclaimed nobody else runs them.
@@ -306,37 +372,4 @@ async fn read_now(
         .query_async(conn)
         .await?;
     fresh_deliveries(queue, reply)
-}
-
-/// Wait until one of `streams` has a message its group has not delivered,
-/// or `block` has passed; delivers nothing, so it may be dropped at any
-/// time. All `streams` are waited on in one call: under Redis Cluster they
-/// must share a slot.
-pub(super) async fn wait_for_messages(
-    conn: &mut Conn,
-    streams: &[String],
-    block: Duration,
-) -> Result<(), StoreError> {
-    let mut pipe = redis::pipe();
-    for stream in streams {
-        pipe.cmd("XINFO").arg("GROUPS").arg(stream);
-    }
-    let infos: Vec<StreamInfoGroupsReply> = pipe.query_async(conn).await?;
-    let mut read = redis::cmd("XREAD");
-    read.arg("COUNT")
-        .arg(1)
-        .arg("BLOCK")
-        .arg(block.as_millis().max(1) as u64)
-        .arg("STREAMS")
-        .arg(streams);
-    for info in &infos {
-        let last = info
-            .groups
-            .iter()
-            .find(|g| g.name == GROUP)
-            .map_or("$", |g| g.last_delivered_id.as_str());
-        read.arg(last);
-    }
-    let _: Value = read.query_async(conn).await?;
-    Ok(())
 }
