@@ -651,7 +651,7 @@ async fn submit_batch_prints_a_result_per_line_and_fails_if_any_is_refused() -> 
     assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
 
     // `submit --run-at` schedules the task at that time.
-    let at = dtq_host::ingest::now_ms() + 3_600_000;
+    let at = dtq_host::base::now_ms() + 3_600_000;
     let out = run(&[
         "submit",
         "default",
@@ -975,7 +975,7 @@ async fn watch_prints_events_and_submit_wait_follows_them() -> Result<()> {
     // it missed (submitted before the stream opened) is followed by
     // another. Probes are scheduled an hour ahead: they never run, and no
     // listing of SUCCEEDED tasks below shows them.
-    let later = (dtq_host::ingest::now_ms() + 3_600_000).to_string();
+    let later = (dtq_host::base::now_ms() + 3_600_000).to_string();
     let deadline = Instant::now() + WAIT;
     'live: loop {
         ensure!(

@@ -146,7 +146,7 @@ async fn run(
     let settings = dtq.config.ingest_settings();
     for queue in queues {
         dtq.store
-            .raise_partitions(queue, partitions, ingest::now_ms())
+            .raise_partitions(queue, partitions, dtq_host::base::now_ms())
             .await?;
     }
     let ports: Vec<u16> = shards.iter().map(|(_, port)| *port).collect();

@@ -216,7 +216,7 @@ async fn read_and_start(store: &Store, tasks: usize) -> Result<Vec<Vec<(Delivery
         );
         read += deliveries.len();
         let decisions = store
-            .start(QUEUE, "bench", &mut deliveries, ingest::now_ms())
+            .start(QUEUE, "bench", &mut deliveries, dtq_host::base::now_ms())
             .await?;
         let batch = deliveries
             .into_iter()
@@ -247,7 +247,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 attempt: task.attempts,
                 retry_at: 0,
                 defer_limit_ms: 0,
-                now: ingest::now_ms(),
+                now: dtq_host::base::now_ms(),
                 digest: None,
                 carried_at: task.carried_at,
             })

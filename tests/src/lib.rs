@@ -603,7 +603,7 @@ pub fn completion(
         attempt: task.attempts,
         retry_at: 0,
         defer_limit_ms: 0,
-        now: dtq_host::ingest::now_ms(),
+        now: dtq_host::base::now_ms(),
         digest: None,
         carried_at: task.carried_at,
     }
@@ -691,7 +691,7 @@ impl Dtq {
                 "default",
                 consumer,
                 &mut deliveries,
-                dtq_host::ingest::now_ms(),
+                dtq_host::base::now_ms(),
             )
             .await?;
         deliveries

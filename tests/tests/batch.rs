@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dtq_host::ingest::{MAX_BATCH_ITEMS, now_ms};
+use dtq_host::base::now_ms;
+use dtq_host::ingest::MAX_BATCH_ITEMS;
 use dtq_tests::{Dtq, assert_error};
 use serde_json::{Value, json};
 

@@ -284,7 +284,7 @@ async fn a_cancel_stops_a_delivered_carried_attempt_and_drops_an_undelivered_one
     assert_eq!(stream_len(&dtq).await?, 2);
 
     // Delivered: asked to stop, as a RUNNING task is; its worker's beat says so.
-    let now = dtq_host::ingest::now_ms();
+    let now = dtq_host::base::now_ms();
     assert_eq!(
         dtq.store.cancel("default", &running, now).await?,
         CancelOutcome::Requested
@@ -323,7 +323,7 @@ async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> 
     let dtq = Dtq::start(false, &[]).await?;
     let (id, delivery, task) =
         submit_and_take(&dtq, json!({"task": "echo", "payload": 1}), None).await?;
-    let delivered = dtq_host::ingest::now_ms();
+    let delivered = dtq_host::base::now_ms();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let beat = dtq
         .store
@@ -353,7 +353,7 @@ async fn the_first_beat_writes_a_carried_attempt_as_start_would() -> Result<()> 
         .context("no started_at")?
         .parse()?;
     assert!(
-        started + 150 < dtq_host::ingest::now_ms() && started + 100 >= delivered,
+        started + 150 < dtq_host::base::now_ms() && started + 100 >= delivered,
         "started_at {started}, delivered about {delivered}"
     );
     // The carried completion is still this attempt's.
@@ -407,7 +407,7 @@ async fn died_and_reclaimed(previous_form: bool) -> Result<()> {
         rewrite_message(&dtq, &id, &[("run", "2\n\n\necho\n5")]).await?;
     }
     // A worker ("ghost") takes the message and dies before its first beat.
-    let taken = dtq_host::ingest::now_ms();
+    let taken = dtq_host::base::now_ms();
     let ghost = dtq.read_and_start("ghost", 10).await?;
     assert_eq!(ghost.len(), 1);
     // A live worker reclaims it after the visibility timeout (1 s here).
@@ -502,7 +502,7 @@ async fn only_a_task_that_runs_now_without_an_expiry_is_carried() -> Result<()> 
             "default",
             "tester",
             &mut deliveries,
-            dtq_host::ingest::now_ms(),
+            dtq_host::base::now_ms(),
         )
         .await?;
     assert_eq!(
@@ -574,7 +574,7 @@ async fn a_carried_success_after_its_message_was_taken_over_is_stale() -> Result
             "default",
             "thief",
             &mut reclaimed.dead,
-            dtq_host::ingest::now_ms(),
+            dtq_host::base::now_ms(),
         )
         .await?;
     assert!(

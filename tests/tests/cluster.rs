@@ -140,7 +140,7 @@ async fn a_master_failover_during_a_run_loses_no_acknowledged_task() -> Result<(
     )
     .await?;
     dtq.store
-        .raise_partitions(&queue, 3, dtq_host::ingest::now_ms())
+        .raise_partitions(&queue, 3, dtq_host::base::now_ms())
         .await?;
 
     // Submissions go on through the failover, each retried with its key

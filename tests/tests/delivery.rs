@@ -48,7 +48,7 @@ async fn start(dtq: &Dtq, consumer: &str, deliveries: &[Delivery]) -> Result<Vec
     let mut deliveries = deliveries.to_vec();
     Ok(dtq
         .store
-        .start(QUEUE, consumer, &mut deliveries, dtq_host::ingest::now_ms())
+        .start(QUEUE, consumer, &mut deliveries, dtq_host::base::now_ms())
         .await?)
 }
 

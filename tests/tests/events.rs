@@ -677,7 +677,7 @@ async fn a_subscriber_of_every_partition_holds_one_redis_connection() -> Result<
     const PARTITIONS: u32 = 8;
     let dtq = Dtq::start(false, &["--api-max-event-streams", "2"]).await?;
     dtq.store
-        .raise_partitions("default", PARTITIONS, dtq_host::ingest::now_ms())
+        .raise_partitions("default", PARTITIONS, dtq_host::base::now_ms())
         .await?;
     let redis = dtq.redis.single();
     let mut probe = redis.conn().await?;

@@ -208,13 +208,13 @@ async fn a_scheduled_task_past_its_expiry_is_expired_by_the_sweep() -> Result<()
     assert_eq!(zcard(&dtq, &keys().delayed).await?, 1);
     let before = dtq.store.expire_due("default", expires_at - 1, 16).await?;
     assert_eq!(before, (0, Some(expires_at)), "expired before its time");
-    while dtq_host::ingest::now_ms() <= expires_at {
+    while dtq_host::base::now_ms() <= expires_at {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
     let (expired, next) = dtq
         .store
-        .expire_due("default", dtq_host::ingest::now_ms(), 16)
+        .expire_due("default", dtq_host::base::now_ms(), 16)
         .await?;
     assert_eq!((expired, next), (1, None));
     let task = dtq.task("default", &id).await?;
@@ -234,12 +234,12 @@ async fn a_scheduled_task_past_its_expiry_is_expired_by_the_sweep() -> Result<()
     // A second sweep finds nothing; the mover finds nothing to move.
     let again = dtq
         .store
-        .expire_due("default", dtq_host::ingest::now_ms(), 16)
+        .expire_due("default", dtq_host::base::now_ms(), 16)
         .await?;
     assert_eq!(again, (0, None));
     let moved = dtq
         .store
-        .promote_due("default", dtq_host::ingest::now_ms(), 16)
+        .promote_due("default", dtq_host::base::now_ms(), 16)
         .await?;
     assert_eq!(moved.0, 0);
     Ok(())

@@ -328,7 +328,7 @@ const OUTCOMES: &str = "dtq_attempt_outcomes_total";
 
 /// A task written to Redis directly, past the API's check of its name.
 fn raw_task(queue: &str, task: &str) -> NewTask {
-    let now = dtq_host::ingest::now_ms();
+    let now = dtq_host::base::now_ms();
     NewTask {
         id: uuid::Uuid::now_v7().to_string(),
         queue: queue.into(),

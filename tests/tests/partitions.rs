@@ -361,7 +361,7 @@ async fn a_submitter_that_knows_an_old_count_is_routed_again() -> Result<()> {
     let other = Store::connect(&dtq.redis.url(), StoreSettings::default()).await?;
     assert_eq!(
         other
-            .raise_partitions(Q, 4, dtq_host::ingest::now_ms())
+            .raise_partitions(Q, 4, dtq_host::base::now_ms())
             .await?,
         4
     );
