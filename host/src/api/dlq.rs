@@ -28,11 +28,11 @@ use utoipa::{IntoParams, ToSchema};
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, read_limited, store_call};
+use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::store::{BulkRequeue, DLQ_CHUNK, DLQ_MAX_IDS, PurgeBound};
 

@@ -65,12 +65,12 @@ use utoipa::IntoParams;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
-use crate::store::{Conn, EventId, QueueEvent, Store, partition_of_id, partition_queue};
+use crate::base::ErrorCode;
+use crate::store::{Conn, EventId, EventsGap, QueueEvent, Store, partition_of_id, partition_queue};
 
 /// How often a quiet stream gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -186,23 +186,44 @@ pub(super) async fn subscribe(
         ));
     }
     let since = resume_point(&headers, params.since.as_deref())?;
-    let task = match params.task_id {
-        Some(t) if t.is_empty() || t.len() > MAX_TASK_ID_BYTES => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidQuery,
-                format!("task_id must be 1 to {MAX_TASK_ID_BYTES} bytes"),
-            ));
-        }
-        t => t,
-    };
+    let task = task_filter(params.task_id)?;
     let store = shared.state.store.clone();
     let q = queue.clone();
     let count = store_call(&shared, async move { store.partitioning(&q).await })
         .await?
         .count;
-    // One partition's stream: the one asked for, the task's, or the only
-    // one; else every partition's, merged.
-    let partitions: Vec<u32> = match (params.partition, &task) {
+    let partitions = partitions_to_read(&queue, count, params.partition, task.as_deref())?;
+    let since = resume_each(since, partitions.len())?;
+    let names: Vec<String> = partitions
+        .iter()
+        .map(|p| partition_queue(&queue, *p))
+        .collect();
+    let (parts, gaps, slot) = open(&shared, &names, since).await?;
+    tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
+    let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
+    Ok(event_stream(gaps, Reader::new(parts, task, slot), stop))
+}
+
+/// The `task_id` filter, checked.
+fn task_filter(task_id: Option<String>) -> Result<Option<String>, ApiError> {
+    match task_id {
+        Some(t) if t.is_empty() || t.len() > MAX_TASK_ID_BYTES => Err(ApiError::new(
+            ErrorCode::InvalidQuery,
+            format!("task_id must be 1 to {MAX_TASK_ID_BYTES} bytes"),
+        )),
+        t => Ok(t),
+    }
+}
+
+/// The partitions whose streams a subscriber reads, of `count`: the one
+/// asked for, the task's, or the only one; else every partition's, merged.
+fn partitions_to_read(
+    queue: &str,
+    count: u32,
+    partition: Option<u32>,
+    task: Option<&str>,
+) -> Result<Vec<u32>, ApiError> {
+    let partitions: Vec<u32> = match (partition, task) {
         (Some(p), _) => vec![p],
         (None, Some(task)) => vec![partition_of_id(task)],
         (None, None) => (0..count).collect(),
@@ -214,28 +235,33 @@ pub(super) async fn subscribe(
         )
         .with_details(json!({"partitions": count})));
     }
-    let since: Vec<Option<EventId>> = match since {
-        None => vec![None; partitions.len()],
-        Some(Resume::Each(id)) => vec![Some(id); partitions.len()],
-        Some(Resume::Per(ids)) if ids.len() == partitions.len() => {
-            ids.into_iter().map(Some).collect()
-        }
-        Some(Resume::Per(ids)) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidEventId,
-                format!(
-                    "an event id of {} partitions for a stream of {}",
-                    ids.len(),
-                    partitions.len()
-                ),
-            ));
-        }
-    };
-    let names: Vec<String> = partitions
-        .iter()
-        .map(|p| partition_queue(&queue, *p))
-        .collect();
-    // One connection on one server; one per partition on a cluster.
+    Ok(partitions)
+}
+
+/// Where each of `n` streams continues.
+fn resume_each(since: Option<Resume>, n: usize) -> Result<Vec<Option<EventId>>, ApiError> {
+    match since {
+        None => Ok(vec![None; n]),
+        Some(Resume::Each(id)) => Ok(vec![Some(id); n]),
+        Some(Resume::Per(ids)) if ids.len() == n => Ok(ids.into_iter().map(Some).collect()),
+        Some(Resume::Per(ids)) => Err(ApiError::new(
+            ErrorCode::InvalidEventId,
+            format!(
+                "an event id of {} partitions for a stream of {n}",
+                ids.len(),
+            ),
+        )),
+    }
+}
+
+/// Take the slots of a subscriber of the streams of `names`, find where
+/// each continues (and what it missed), and open its connections: one on
+/// one server, one per partition on a cluster.
+async fn open(
+    shared: &Shared,
+    names: &[String],
+    since: Vec<Option<EventId>>,
+) -> Result<(Vec<PartReader>, Vec<EventsGap>, OwnedSemaphorePermit), ApiError> {
     let per_conn = if shared.state.store.backend().is_cluster() {
         1
     } else {
@@ -243,8 +269,8 @@ pub(super) async fn subscribe(
     };
     let slot = shared.events.take(names.len().div_ceil(per_conn))?;
     let store = shared.state.store.clone();
-    let opened = names.clone();
-    let (parts, gaps) = store_call(&shared, async move {
+    let opened = names.to_vec();
+    let (parts, gaps) = store_call(shared, async move {
         let mut starts = Vec::with_capacity(opened.len());
         for (name, since) in opened.iter().zip(since) {
             starts.push(store.events_start(name, since).await?);
@@ -263,7 +289,12 @@ pub(super) async fn subscribe(
         Ok::<_, crate::store::StoreError>((parts, gaps))
     })
     .await?;
-    tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
+    Ok((parts, gaps, slot))
+}
+
+/// The response: a `gap` event for each stream that missed events, then
+/// what `reader` reads, until `stop`; a keep-alive comment while quiet.
+fn event_stream(gaps: Vec<EventsGap>, reader: Reader, stop: CancellationToken) -> Response {
     let gaps: Vec<_> = gaps
         .iter()
         .map(|gap| {
@@ -274,12 +305,10 @@ pub(super) async fn subscribe(
             )
         })
         .collect();
-    let reader = Reader::new(parts, task, slot);
     let events = futures::stream::unfold(reader, |mut reader| async move {
         let event = reader.next().await;
         Some((Ok::<_, Infallible>(event), reader))
     });
-    let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
     let stream = futures::stream::iter(gaps)
         .chain(events)
         .take_until(stop.cancelled_owned());
@@ -290,7 +319,7 @@ pub(super) async fn subscribe(
     response
         .headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// Where a subscriber continues.

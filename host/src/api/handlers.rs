@@ -17,17 +17,17 @@ use utoipa::ToSchema;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{
     ActiveHandler, DeploySettings as DeployQuery, Deployed, HandlerHistory, HandlerList,
     HandlerPath, Undeployed,
 };
+use crate::base::ErrorCode;
+use crate::base::now_ms;
 use crate::deploy::{
     DeploySettings, Entry, FleetReport, REPORT_LIVE_MS, RegistryError, SIGNATURE_HEADER, Version,
 };
-use crate::base::now_ms;
 use crate::ingest::validate_task_name;
 
 type ApiResult = Result<Response, ApiError>;

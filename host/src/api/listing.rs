@@ -22,11 +22,11 @@ use utoipa::IntoParams;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::schemas::{QueuePath, TaskPage};
 use super::routes::{authorized, list_limit, store_call};
+use crate::base::ErrorCode;
 use crate::store::{LIST_SCAN_BUDGET, ListCursor, TaskStatus};
 
 /// The query of the listing.

@@ -21,10 +21,10 @@ use utoipa::ToSchema;
 use super::Shared;
 use super::auth::Scope;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::routes::{authorized, store_call};
+use crate::base::ErrorCode;
 use crate::ingest::validate_idempotency_key;
 
 /// The task an idempotency key names.

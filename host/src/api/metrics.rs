@@ -24,10 +24,10 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use super::auth::{Access, Scope};
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::openapi::ErrorBody;
 use super::routes::{self, store_call};
 use super::{ApiSettings, ApiState, Shared, router_with};
+use crate::base::ErrorCode;
 use crate::metrics::{CONTENT_TYPE, Metrics, read_depths};
 
 /// `GET /metrics`.

@@ -15,11 +15,11 @@ use serde_json::json;
 
 use super::Shared;
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{checked_queue, read_limited, require_json, store_call};
+use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::store::MAX_PARTITIONS;
 

@@ -32,8 +32,8 @@ use axum::routing::get;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use crate::base::ErrorCode;
 use super::extract::ApiPath;
+use crate::base::ErrorCode;
 
 /// The policy of every dashboard response. `default-src 'self'` covers
 /// scripts, styles, images and `fetch`; what it does not cover is named.
