@@ -21,6 +21,7 @@ mod entries;
 mod events;
 mod expiry;
 mod keys;
+mod latency;
 mod listing;
 mod lookup;
 mod partitions;
@@ -65,7 +66,7 @@ pub use types::{
     RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
 };
 
-use crate::metrics::RedisLatency;
+pub use latency::RedisLatency;
 use scripts::Scripts;
 
 /// Why a store operation failed.
