@@ -332,7 +332,7 @@ async fn purge_of_all_and_of_the_older_ones() -> Result<()> {
     let mut dtq = Dtq::start(true, &["--admin-token", ADMIN]).await?;
     let ids = dead_letter(&dtq, 6, Some("o")).await?;
     dtq.stop_worker().await?;
-    let now = dtq_host::ingest::now_ms();
+    let now = dtq_host::base::now_ms();
     // Two dead-lettered an hour ago, two a minute ago, two now.
     set_dead_lettered_at(&dtq, &ids[..2], now - 3_600_000).await?;
     set_dead_lettered_at(&dtq, &ids[2..4], now - 60_000).await?;
@@ -380,7 +380,7 @@ async fn the_retention_sweep_trims_by_age_and_by_count() -> Result<()> {
     .await?;
     let ids = dead_letter(&dtq, 6, Some("r")).await?;
     dtq.stop_worker().await?;
-    let now = dtq_host::ingest::now_ms();
+    let now = dtq_host::base::now_ms();
     // Two dead-lettered two days ago; then four, a second apart.
     set_dead_lettered_at(&dtq, &ids[..2], now - 2 * 86_400_000).await?;
     for (i, id) in ids[2..].iter().enumerate() {
@@ -393,10 +393,10 @@ async fn the_retention_sweep_trims_by_age_and_by_count() -> Result<()> {
     }
 
     // A worker keeping a day's dead letters, at most three.
-    let mut config = dtq.config.clone();
+    let mut config = dtq.config.worker();
     config.dlq_retention_s = 86_400;
     config.dlq_max = 3;
-    let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+    let store = Store::connect(&dtq.config.store.redis_url, dtq.config.store_settings()).await?;
     let stop = CancellationToken::new();
     let worker = tokio::spawn(dtq_host::worker::run(
         store,

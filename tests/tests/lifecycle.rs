@@ -67,7 +67,7 @@ async fn read_and_start(
         .read(&mut conn, queue, consumer, count, Duration::from_millis(10))
         .await?;
     let decisions = store
-        .start(queue, consumer, &mut deliveries, dtq_host::ingest::now_ms())
+        .start(queue, consumer, &mut deliveries, dtq_host::base::now_ms())
         .await?;
     Ok((deliveries, decisions))
 }
@@ -86,7 +86,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
         attempt,
         retry_at: 0,
         defer_limit_ms: 0,
-        now: dtq_host::ingest::now_ms(),
+        now: dtq_host::base::now_ms(),
         digest: None,
         carried_at: None,
     }
@@ -641,7 +641,7 @@ async fn a_task_not_started_before_its_expiry_expires() -> Result<()> {
     let expires_at = dtq.task("default", &id).await?["expires_at"]
         .as_u64()
         .context("no expires_at")?;
-    while dtq_host::ingest::now_ms() <= expires_at {
+    while dtq_host::base::now_ms() <= expires_at {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     dtq.start_worker();
@@ -800,7 +800,7 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
     let second = tokio::spawn(dtq_host::worker::run(
         dtq.store.clone(),
         dtq.sandbox.clone(),
-        dtq.config.clone(),
+        dtq.config.worker(),
         stop.clone().cancelled_owned(),
     ));
     let mut ids = Vec::new();
@@ -973,7 +973,7 @@ async fn one_batch_reads_each_completions_own_values_whatever_its_shape() -> Res
     }
     let taken = dtq.read_and_start("tester", 10).await?;
     assert_eq!(taken.len(), ids.len());
-    let now = dtq_host::ingest::now_ms();
+    let now = dtq_host::base::now_ms();
     let retry_b = now + 111_000;
     let retry_d = now + 222_000;
     let completions: Vec<Completion> = taken

@@ -107,8 +107,9 @@ struct Worker {
 
 impl Worker {
     async fn start(dtq: &Dtq) -> Result<Worker> {
-        let config = dtq.config.clone();
-        let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+        let config = dtq.config.worker();
+        let store =
+            Store::connect(&dtq.config.store.redis_url, dtq.config.store_settings()).await?;
         let stop = CancellationToken::new();
         let run = dtq_host::worker::run(
             store,
@@ -335,7 +336,7 @@ async fn putting_a_schedule_again_replaces_it_and_recomputes_its_next_tick() -> 
         put_schedule(&dtq, "report", json!({"cron": "0 0 1 1 *", "task": "echo"})).await?;
     assert_eq!(status, 201, "{body}");
     let yearly = body["next_at"].as_u64().context("next_at")?;
-    let before = dtq_host::ingest::now_ms();
+    let before = dtq_host::base::now_ms();
     let (status, body) = put_schedule(
         &dtq,
         "report",

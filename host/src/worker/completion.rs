@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
-use crate::config::Config;
+use crate::config::WorkerConfig as Config;
 use crate::metrics::{AttemptOutcome, TaskSeries};
 use crate::store::{CompleteOutcome, Completion, CompletionKind, Store, StoreError, TaskStatus};
 

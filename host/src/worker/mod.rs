@@ -61,7 +61,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
-use crate::config::Config;
+use crate::config::WorkerConfig as Config;
 use crate::metrics::WorkerMetrics;
 use crate::sandbox::{CancelHandle, Sandbox};
 use crate::store::{Delivery, StartDecision, Store, StoreError};
