@@ -12,7 +12,8 @@
 //!
 //! - [`base`]: the clock, the API's error codes and the ids dtq makes;
 //!   it imports nothing of the crate, and every room may use it.
-//! - [`config`]: the one configuration struct (flags and `DTQ_*` variables).
+//! - [`config`]: the configuration (flags and `DTQ_*` variables), one part
+//!   per room, composed into one command line.
 //! - [`store`]: the Redis key layout, the Lua scripts, and typed calls.
 //! - [`ingest`]: the submission path: validation, fingerprint, one script.
 //! - [`api`]: the HTTP API (axum on hyper): routes, the error body, tokens

@@ -73,11 +73,6 @@ const ATTEMPT_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Buckets of Redis round trips (s): 100 µs to 5 s.
-const REDIS_BUCKETS: [f64; 14] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-];
-
 /// How an attempt ended, as `dtq_attempt_outcomes_total` counts it: by the
 /// status its completion wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -230,11 +225,6 @@ struct TrapLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct OperationLabels {
-    operation: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct HandlerLabels {
     task: String,
     digest: String,
@@ -256,31 +246,6 @@ type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn attempt_histogram() -> Histogram {
     Histogram::new(ATTEMPT_BUCKETS)
-}
-
-fn redis_histogram() -> Histogram {
-    Histogram::new(REDIS_BUCKETS)
-}
-
-/// The latency of the store's round trips to Redis, by operation. The
-/// store owns it (every clone of a store shares it); [`Metrics`] exposes
-/// it as `dtq_redis_round_trip_seconds`.
-#[derive(Debug, Clone)]
-pub struct RedisLatency(Histograms<OperationLabels>);
-
-impl Default for RedisLatency {
-    fn default() -> Self {
-        RedisLatency(Family::new_with_constructor(redis_histogram))
-    }
-}
-
-impl RedisLatency {
-    /// Record one round trip of `operation` that took `elapsed`.
-    pub fn observe(&self, operation: &'static str, elapsed: Duration) {
-        self.0
-            .get_or_create(&OperationLabels { operation })
-            .observe(elapsed.as_secs_f64());
-    }
 }
 
 /// Label values, one shared string per distinct value: the worker's
@@ -616,12 +581,7 @@ impl Metrics {
             "Tasks this worker may hold at once (--concurrency); 0 in a process without a worker",
             worker.slots.clone(),
         );
-        registry.register_with_unit(
-            "dtq_redis_round_trip",
-            "Round trips to Redis made by the store, by operation",
-            Unit::Seconds,
-            store.round_trip_latency().0.clone(),
-        );
+        store.round_trip_latency().register(&mut registry);
         registry.register_collector(Box::new(HandlerInfo(names.clone())));
         Metrics {
             inner: Arc::new(Inner {

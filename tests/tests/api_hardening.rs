@@ -59,18 +59,18 @@ impl Api {
         let config = dtq_host::Config::from_args(args)?;
         config.validate().map_err(anyhow::Error::msg)?;
         let settings = config.api_settings().map_err(anyhow::Error::msg)?;
-        let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+        let store = Store::connect(&config.store.redis_url, config.store_settings()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let deploy = api::DeployState {
             registry: dtq_host::deploy::Registry::new(store.connection()),
             checker: dtq_host::sandbox::Sandbox::new(config.sandbox_config(), store.connection())?,
-            max_module_bytes: config.max_module_bytes(),
+            max_module_bytes: config.deploy.max_module_bytes(),
         };
         let state = ApiState {
             store,
             ingest: config.ingest_settings(),
-            admin_token: config.admin_token.clone(),
+            admin_token: config.api.admin_token.clone(),
             has_handler: Arc::new(|task: &str| task == "echo"),
             catalog: Default::default(),
             deploy,

@@ -393,10 +393,10 @@ async fn the_retention_sweep_trims_by_age_and_by_count() -> Result<()> {
     }
 
     // A worker keeping a day's dead letters, at most three.
-    let mut config = dtq.config.clone();
+    let mut config = dtq.config.worker();
     config.dlq_retention_s = 86_400;
     config.dlq_max = 3;
-    let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+    let store = Store::connect(&dtq.config.store.redis_url, dtq.config.store_settings()).await?;
     let stop = CancellationToken::new();
     let worker = tokio::spawn(dtq_host::worker::run(
         store,

@@ -800,7 +800,7 @@ async fn delayed_tasks_wait_then_run_exactly_once_with_two_movers() -> Result<()
     let second = tokio::spawn(dtq_host::worker::run(
         dtq.store.clone(),
         dtq.sandbox.clone(),
-        dtq.config.clone(),
+        dtq.config.worker(),
         stop.clone().cancelled_owned(),
     ));
     let mut ids = Vec::new();

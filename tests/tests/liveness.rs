@@ -56,9 +56,10 @@ struct Worker {
 
 impl Worker {
     async fn start(dtq: &Dtq, concurrency: usize) -> Result<Worker> {
-        let mut config = dtq.config.clone();
+        let mut config = dtq.config.worker();
         config.concurrency = concurrency;
-        let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+        let store =
+            Store::connect(&dtq.config.store.redis_url, dtq.config.store_settings()).await?;
         let stop = CancellationToken::new();
         let run = dtq_host::worker::run(
             store,

@@ -107,8 +107,9 @@ struct Worker {
 
 impl Worker {
     async fn start(dtq: &Dtq) -> Result<Worker> {
-        let config = dtq.config.clone();
-        let store = Store::connect(&config.redis_url, config.store_settings()).await?;
+        let config = dtq.config.worker();
+        let store =
+            Store::connect(&dtq.config.store.redis_url, dtq.config.store_settings()).await?;
         let stop = CancellationToken::new();
         let run = dtq_host::worker::run(
             store,

@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// Run a worker on `queue` (of `dtq`'s Redis) with no shutdown; what it
 /// ended with, failing if it ran on for [`WAIT`].
 async fn run_until_it_ends(dtq: &Dtq, queue: &str) -> Result<Result<(), WorkerError>> {
-    let mut config = dtq.config.clone();
+    let mut config = dtq.config.worker();
     config.queues = vec![queue.to_owned()];
     let never = CancellationToken::new();
     let run = worker::run(
@@ -76,7 +76,7 @@ async fn a_dead_loop_lets_running_tasks_finish_before_the_worker_ends() -> Resul
             None,
         )
         .await?;
-    let mut config = dtq.config.clone();
+    let mut config = dtq.config.worker();
     config.queues = vec!["sup-grace".into()];
     let never = CancellationToken::new();
     let run = tokio::spawn(worker::run(

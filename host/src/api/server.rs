@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::io;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::ApiLimits;
 
@@ -33,54 +33,16 @@ pub(super) async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let cap = connection_cap(limits.max_connections, soft_fd_limit());
-    if cap < limits.max_connections {
-        tracing::warn!(
-            configured = limits.max_connections,
-            cap,
-            "connection cap lowered to half the soft file-descriptor limit (RLIMIT_NOFILE)"
-        );
-    }
-    tracing::info!(
-        addr = %listener.local_addr()?,
-        max_connections = cap,
-        header_timeout_ms = limits.header_timeout.as_millis() as u64,
-        body_timeout_ms = limits.body_timeout.as_millis() as u64,
-        redis_timeout_ms = limits.redis_timeout.as_millis() as u64,
-        "API listening"
-    );
-    // A permit is taken before each accept, so that beyond the cap new
-    // connections wait in the kernel's backlog rather than being accepted
-    // with no descriptor left to serve them; it is held until the
-    // connection closes.
-    let permits = Arc::new(Semaphore::new(cap));
+    announce(&listener, &limits, cap)?;
+    let mut permits = Permits::new(cap);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
-    let mut at_cap = false;
     loop {
-        let permit = match permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                at_cap = false;
-                permit
-            }
-            Err(_) => {
-                if !at_cap {
-                    at_cap = true;
-                    tracing::warn!(
-                        max_connections = cap,
-                        "connection cap reached: new connections wait until one closes"
-                    );
-                }
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    permit = permits.clone().acquire_owned() => match permit {
-                        Ok(permit) => permit,
-                        Err(_) => break,
-                    },
-                }
-            }
+        let Some(permit) = permits.next(&mut shutdown).await else {
+            break;
         };
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
@@ -116,6 +78,72 @@ pub(super) async fn run(
         );
     }
     Ok(())
+}
+
+/// Log where the API listens and under which limits, `cap` connections
+/// at once (and why, if fewer than configured).
+fn announce(listener: &TcpListener, limits: &ApiLimits, cap: usize) -> io::Result<()> {
+    if cap < limits.max_connections {
+        tracing::warn!(
+            configured = limits.max_connections,
+            cap,
+            "connection cap lowered to half the soft file-descriptor limit (RLIMIT_NOFILE)"
+        );
+    }
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        max_connections = cap,
+        header_timeout_ms = limits.header_timeout.as_millis() as u64,
+        body_timeout_ms = limits.body_timeout.as_millis() as u64,
+        redis_timeout_ms = limits.redis_timeout.as_millis() as u64,
+        "API listening"
+    );
+    Ok(())
+}
+
+/// The connection cap: a permit is taken before each accept, so that
+/// beyond the cap new connections wait in the kernel's backlog rather than
+/// being accepted with no descriptor left to serve them; it is held until
+/// the connection closes.
+struct Permits {
+    permits: Arc<Semaphore>,
+    cap: usize,
+    /// Whether the cap was reached since a permit was last free at once:
+    /// it is logged once each time.
+    at_cap: bool,
+}
+
+impl Permits {
+    fn new(cap: usize) -> Permits {
+        Permits {
+            permits: Arc::new(Semaphore::new(cap)),
+            cap,
+            at_cap: false,
+        }
+    }
+
+    /// The next connection's permit, waiting for one to close at the cap;
+    /// `None` once `shutdown` resolves first.
+    async fn next(
+        &mut self,
+        shutdown: &mut Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            self.at_cap = false;
+            return Some(permit);
+        }
+        if !self.at_cap {
+            self.at_cap = true;
+            tracing::warn!(
+                max_connections = self.cap,
+                "connection cap reached: new connections wait until one closes"
+            );
+        }
+        tokio::select! {
+            () = shutdown => None,
+            permit = self.permits.clone().acquire_owned() => permit.ok(),
+        }
+    }
 }
 
 /// An accept error: one connection's (it was reset before we took it) is

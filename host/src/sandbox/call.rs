@@ -13,7 +13,8 @@ use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::http::{AllowList, Clients, OutboundHttp};
+use super::allow::AllowList;
+use super::http::{Clients, OutboundHttp};
 use super::imports::bindings::{self, HandlerError, HandlerPre};
 use super::imports::{Caller, HostCtx};
 use super::limits::{Limit, Limits, StoreLimiter};
@@ -218,41 +219,94 @@ pub(crate) async fn run(
     let limits = &handler.limits;
     let log = TaskLog::new(limits.max_log_bytes);
     let deadline_at = Instant::now() + budget;
-    let state = TaskState {
-        wasi: None,
-        table: ResourceTable::new(),
-        limiter: StoreLimiter::new(limits),
-        host: HostCtx {
-            handler: handler.clone(),
-            redis: None,
-            log: log.clone(),
-            host_calls: 0,
-            caller: Caller {
-                task_id: call.ctx.task_id.clone(),
-                attempt: call.ctx.attempt,
-                token: None,
-            },
-            deadline_at,
-            operation: None,
-            http_requests: None,
-        },
-        http: WasiHttpCtx::new(),
-        outbound: None,
-        deadline_at,
-        cancel: cancel.clone(),
+    let state = TaskState::new(handler, &call.ctx, &log, deadline_at, cancel);
+    let mut store = match new_store(engine, state, limits) {
+        Ok(store) => store,
+        Err(e) => {
+            return RunResult {
+                outcome: Outcome::Trapped(Trap::Other(e.to_string())),
+                log: log.finish(),
+                host_calls: 0,
+            };
+        }
     };
+    let Call { ctx, payload, .. } = call;
+    let wit_ctx = wit_context(ctx, budget);
+    // Pinned where it is made: a future passed by value to another is
+    // stored twice in the caller's state (once as the argument, once in the
+    // callee), and this one is the largest part of a call held in flight.
+    let result = {
+        let guest = std::pin::pin!(async {
+            let instance = handler.pre.instantiate_async(&mut store).await?;
+            instance.call_handle(&mut store, &wit_ctx, &payload).await
+        });
+        interruptible(guest, deadline_at, cancel).await
+    };
+    let denied = store
+        .data()
+        .outbound
+        .as_ref()
+        .and_then(|o| o.denied.as_deref());
+    let outcome = match outcome_of(result, limits, &log).after_denial(denied) {
+        Outcome::Fatal(msg) => Outcome::Fatal(truncate(msg, limits.max_result_bytes)),
+        other => other,
+    };
+    RunResult {
+        outcome,
+        log: log.finish(),
+        host_calls: store.data().host.calls(),
+    }
+}
 
+impl TaskState {
+    /// The state of a call of `handler` for the task of `ctx`, logging to
+    /// `log`, to end by `deadline_at` or when `cancel` fires.
+    fn new(
+        handler: &Arc<LoadedHandler>,
+        ctx: &TaskContext,
+        log: &TaskLog,
+        deadline_at: Instant,
+        cancel: &CancelHandle,
+    ) -> TaskState {
+        TaskState {
+            wasi: None,
+            table: ResourceTable::new(),
+            limiter: StoreLimiter::new(&handler.limits),
+            host: HostCtx {
+                handler: handler.clone(),
+                redis: None,
+                log: log.clone(),
+                host_calls: 0,
+                caller: Caller {
+                    task_id: ctx.task_id.clone(),
+                    attempt: ctx.attempt,
+                    token: None,
+                },
+                deadline_at,
+                operation: None,
+                http_requests: None,
+            },
+            http: WasiHttpCtx::new(),
+            outbound: None,
+            deadline_at,
+            cancel: cancel.clone(),
+        }
+    }
+}
+
+/// A store of `engine` holding `state`, under `limits`: its memory and
+/// tables, its host-call bytes, its fuel, and an epoch callback that
+/// interrupts it.
+fn new_store(
+    engine: &wasmtime::Engine,
+    state: TaskState,
+    limits: &Limits,
+) -> wasmtime::Result<Store<TaskState>> {
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_hostcall_fuel(limits.max_hostcall_bytes);
-    if let Some(fuel) = limits.fuel
-        && let Err(e) = store.set_fuel(fuel)
-    {
-        return RunResult {
-            outcome: Outcome::Trapped(Trap::Other(e.to_string())),
-            log: log.finish(),
-            host_calls: 0,
-        };
+    if let Some(fuel) = limits.fuel {
+        store.set_fuel(fuel)?;
     }
     // Checked on every epoch tick while wasm runs: stop on cancel or
     // deadline, otherwise yield to the executor so that `interruptible` below
@@ -277,9 +331,13 @@ pub(crate) async fn run(
             ))
         }
     });
+    Ok(store)
+}
 
-    let Call { ctx, payload, .. } = call;
-    let wit_ctx = bindings::TaskContext {
+/// The WIT `task-context` of `ctx`, with the call's `budget` as its
+/// deadline.
+fn wit_context(ctx: TaskContext, budget: Duration) -> bindings::TaskContext {
+    bindings::TaskContext {
         task_id: ctx.task_id,
         queue: ctx.queue,
         task_name: ctx.task_name,
@@ -287,19 +345,19 @@ pub(crate) async fn run(
         max_attempts: ctx.max_attempts,
         idempotency_key: ctx.idempotency_key,
         deadline_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
-    };
-    // Pinned where it is made: a future passed by value to another is
-    // stored twice in the caller's state (once as the argument, once in the
-    // callee), and this one is the largest part of a call held in flight.
-    let result = {
-        let guest = std::pin::pin!(async {
-            let instance = handler.pre.instantiate_async(&mut store).await?;
-            instance.call_handle(&mut store, &wit_ctx, &payload).await
-        });
-        interruptible(guest, deadline_at, cancel).await
-    };
+    }
+}
 
-    let outcome = match result {
+/// What the guest's return (or trap) makes of the call: a result over the
+/// limit or not JSON fails the call, error messages are cut to the limit,
+/// and a trap is classified by its type (an unclassified one goes to the
+/// task log).
+fn outcome_of(
+    result: wasmtime::Result<Result<String, HandlerError>>,
+    limits: &Limits,
+    log: &TaskLog,
+) -> Outcome {
+    match result {
         Ok(Ok(value)) if value.len() > limits.max_result_bytes => {
             Outcome::Trapped(Trap::LimitExceeded(Limit::Result))
         }
@@ -312,27 +370,13 @@ pub(crate) async fn run(
         }
         Ok(Err(HandlerError::Fatal(msg))) => Outcome::Fatal(truncate(msg, limits.max_result_bytes)),
         Err(err) => {
-            let trap = classify(&err, &log);
+            let trap = classify(&err, log);
             if let Trap::Other(_) = &trap {
                 tracing::debug!(error = ?err, "unclassified guest trap");
                 log.line(["[dtq] trap: ", &error_chain(&err)]);
             }
             Outcome::Trapped(trap)
         }
-    };
-    let denied = store
-        .data()
-        .outbound
-        .as_ref()
-        .and_then(|o| o.denied.as_deref());
-    let outcome = match outcome.after_denial(denied) {
-        Outcome::Fatal(msg) => Outcome::Fatal(truncate(msg, limits.max_result_bytes)),
-        other => other,
-    };
-    RunResult {
-        outcome,
-        log: log.finish(),
-        host_calls: store.data().host.calls(),
     }
 }
 

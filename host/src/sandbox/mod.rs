@@ -51,14 +51,18 @@
 //!
 //! # Layout
 //!
+//! - `settings.rs`: [`SandboxConfig`] and the operator's [`HandlerSettings`].
+//! - `error.rs`: [`SandboxError`].
 //! - `engine.rs`: the engine configuration and the epoch ticker.
 //! - `cache.rs`: the on-disk artifact cache.
 //! - `namespace.rs`: namespaces and guest key names.
 //! - `limits.rs`: [`Limits`] and the store's resource limiter.
 //! - `imports.rs`: the WIT bindings and the host side of `kv`,
 //!   `idempotency` and `log`.
+//! - `allow.rs`: the allow-list of outbound HTTP, and which addresses are
+//!   public.
 //! - `http.rs`: outbound HTTP (`wasi:http/outgoing-handler`): the
-//!   allow-list, the host's client, limits and `Idempotency-Key`.
+//!   allow-list applied, the host's client, limits and `Idempotency-Key`.
 //! - `quota.rs`: what a namespace's Redis budget charges, and the
 //!   scripts that keep the count.
 //! - `fleet_secret.rs`: the fleet's secret and the downstream
@@ -67,11 +71,13 @@
 //! - `call.rs`: one call, its store, deadline and cancellation.
 //! - `outcome.rs`: [`Outcome`], [`Trap`] and the classification of errors.
 
+mod allow;
 #[doc(hidden)]
 pub mod baseline;
 mod cache;
 mod call;
 mod engine;
+mod error;
 mod fleet_secret;
 mod http;
 mod imports;
@@ -81,6 +87,7 @@ mod namespace;
 mod operation;
 mod outcome;
 mod quota;
+mod settings;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -91,14 +98,17 @@ use tracing::Instrument as _;
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
+pub use allow::{AllowList, PatternError};
 pub use call::{Call, CancelHandle, TaskContext};
 pub use engine::SlotReset;
+pub use error::SandboxError;
 pub use fleet_secret::{FLEET_SECRET_KEY, HOST_KEY_PREFIX};
-pub use http::{AllowList, IDEMPOTENCY_KEY, PatternError};
+pub use http::IDEMPOTENCY_KEY;
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
 pub use outcome::{CallReport, Outcome, Trap};
 pub use quota::{CLAIM_OVERHEAD_BYTES, KEY_OVERHEAD_BYTES};
+pub use settings::{HandlerSettings, SandboxConfig};
 
 use cache::ArtifactCache;
 use call::{LoadedHandler, TaskState};
@@ -110,223 +120,6 @@ use outcome::{error_chain, error_line};
 /// Check that `namespace` can name a handler namespace.
 pub fn validate_namespace(namespace: &str) -> Result<(), SandboxError> {
     namespace::validate(namespace)
-}
-
-/// How a [`Sandbox`] is set up.
-#[derive(Debug, Clone)]
-pub struct SandboxConfig {
-    /// The limits every call runs under.
-    pub limits: Limits,
-    /// Where compiled artifacts are cached; `None` disables the cache (every
-    /// load compiles). [`SandboxConfig::default_cache_dir`] gives the usual
-    /// place.
-    pub cache_dir: Option<PathBuf>,
-    /// How often the epoch advances. Default 10 ms.
-    ///
-    /// Deadline and cancellation are noticed within about one tick of
-    /// running wasm; a shorter tick reacts faster and costs a little more.
-    pub epoch_tick: Duration,
-    /// Calls that may run at once. Default 64.
-    ///
-    /// Sizes the pooling allocator (its slots are reserved up front); more
-    /// concurrent calls wait for a free slot.
-    pub max_concurrent_calls: u32,
-    /// The operator's settings of each task's handler, by task name; a task
-    /// without an entry gets [`HandlerSettings::default`].
-    pub handlers: HashMap<String, HandlerSettings>,
-    /// Reset pool slots between calls with `madvise` even where the faster
-    /// `PAGEMAP_SCAN` reset would be used ([`SlotReset`]): about 3× the
-    /// cost per call, and no memory kept resident between calls. Default
-    /// false.
-    pub madvise_slot_reset: bool,
-    /// The operator's fleet secret, which keys the `Idempotency-Key`s
-    /// handlers' requests carry downstream: a file of at least 32 bytes,
-    /// the same for every process of the fleet. Default `None`: the
-    /// fleet's own, made once in Redis ([`FLEET_SECRET_KEY`]).
-    pub fleet_secret_file: Option<PathBuf>,
-}
-
-/// What the operator decides for one task's handler, whatever its component
-/// asks for. Each `None` takes the sandbox's [`Limits`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HandlerSettings {
-    /// The namespace its kv keys and idempotency claims live in; `None`:
-    /// the task name. A component whose `dtq-namespace` section asks for
-    /// another is refused at load.
-    pub namespace: Option<String>,
-    /// The namespace's kv budget in bytes; `None`:
-    /// [`Limits::kv_quota_bytes`]. Handlers sharing a namespace share its
-    /// budget; the value of the handler loaded last applies to its calls.
-    pub kv_quota_bytes: Option<u64>,
-    /// Linear memory one call may hold; at most [`Limits::memory_bytes`],
-    /// which sizes the pool's slots: a handler asking for more cannot be
-    /// loaded by this sandbox ([`SandboxError::Unsupported`]).
-    pub memory_bytes: Option<usize>,
-    /// Wall-clock deadline of one call, in place of [`Limits::deadline`]
-    /// (longer or shorter). A task may still ask for less.
-    pub deadline: Option<Duration>,
-    /// Fuel per call. Needs a sandbox that meters fuel ([`Limits::fuel`]
-    /// set); another cannot load the handler
-    /// ([`SandboxError::Unsupported`]).
-    pub fuel: Option<u64>,
-    /// The hosts it may send HTTP requests to; none by default.
-    pub allow_hosts: AllowList,
-}
-
-impl HandlerSettings {
-    /// The limits a handler with these settings runs under, from the
-    /// sandbox's; an error when this sandbox cannot honour them.
-    fn limits(&self, base: &Limits) -> Result<Limits, SandboxError> {
-        let mut limits = base.clone();
-        if let Some(bytes) = self.memory_bytes {
-            if bytes > base.memory_bytes {
-                return Err(SandboxError::Unsupported(format!(
-                    "the handler may use {} MiB of memory, but this worker's pool slots hold {} MiB \
-                     (start it with --memory-mib {} or more)",
-                    bytes >> 20,
-                    base.memory_bytes >> 20,
-                    bytes.div_ceil(1 << 20)
-                )));
-            }
-            limits.memory_bytes = bytes;
-        }
-        if let Some(fuel) = self.fuel {
-            if base.fuel.is_none() {
-                return Err(SandboxError::Unsupported(
-                    "the handler has a fuel budget, but this worker does not meter fuel \
-                     (start it with --fuel)"
-                        .into(),
-                ));
-            }
-            limits.fuel = Some(fuel);
-        }
-        if let Some(deadline) = self.deadline {
-            limits.deadline = deadline;
-        }
-        if let Some(bytes) = self.kv_quota_bytes {
-            limits.kv_quota_bytes = bytes;
-        }
-        Ok(limits)
-    }
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            limits: Limits::default(),
-            cache_dir: None,
-            epoch_tick: Duration::from_millis(10),
-            max_concurrent_calls: 64,
-            handlers: HashMap::new(),
-            madvise_slot_reset: false,
-            fleet_secret_file: None,
-        }
-    }
-}
-
-impl SandboxConfig {
-    /// The conventional artifact cache directory: `$DTQ_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/dtq`, else `$HOME/.cache/dtq`; `None` if none of
-    /// those is set.
-    pub fn default_cache_dir() -> Option<PathBuf> {
-        let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(dir) = env("DTQ_CACHE_DIR") {
-            return Some(PathBuf::from(dir));
-        }
-        if let Some(dir) = env("XDG_CACHE_HOME") {
-            return Some(PathBuf::from(dir).join("dtq"));
-        }
-        env("HOME").map(|home| PathBuf::from(home).join(".cache").join("dtq"))
-    }
-}
-
-/// Why the sandbox could not be set up or a handler could not be loaded.
-///
-/// A failing *call* is not an error: it is an [`Outcome`].
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
-    /// The engine (or its epoch thread) could not be created.
-    #[error("cannot set up the wasm engine: {0}")]
-    Engine(String),
-    /// A file or directory could not be read or created.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// What went wrong.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The artifact cache directory could be written by someone else, who
-    /// could then make the worker run native code of theirs.
-    #[error(
-        "refusing the artifact cache {}: {reason} (its files are native code the worker runs)",
-        path.display()
-    )]
-    UntrustedCache {
-        /// The directory.
-        path: PathBuf,
-        /// Why it is not trusted.
-        reason: String,
-    },
-    /// The task name cannot name a handler.
-    #[error("invalid task name {0:?}")]
-    InvalidTaskName(String),
-    /// The bytes are not a valid component, or it does not fit the limits
-    /// (e.g. more memories than [`Limits::memories`]).
-    #[error("invalid component: {0}")]
-    InvalidModule(String),
-    /// The component does not fit the `handler` world: it imports something
-    /// the host does not provide, or does not export `handle`.
-    #[error("component does not fit the handler world: {0}")]
-    Link(String),
-    /// The component asks for a namespace the operator did not give its
-    /// task.
-    #[error(
-        "the component asks for namespace {asked:?}, but task {task:?} runs in {granted:?}; \
-         to let it share {asked:?}, start dtq with --namespace {task}={asked}"
-    )]
-    NamespaceNotGranted {
-        /// The task name.
-        task: String,
-        /// The namespace the component's `dtq-namespace` section names.
-        asked: String,
-        /// The namespace the operator gave the task (by default its name).
-        granted: String,
-    },
-    /// The handler's settings ask for what this sandbox cannot give (more
-    /// memory than its pool slots hold, fuel without metering). Another
-    /// worker may run it.
-    #[error("this worker cannot run it: {0}")]
-    Unsupported(String),
-    /// The operator's fleet secret is too short to key anything.
-    #[error(
-        "the fleet secret in {} is {len} bytes; it must have at least 32",
-        path.display()
-    )]
-    FleetSecret {
-        /// The file.
-        path: PathBuf,
-        /// Its bytes, trailing whitespace trimmed.
-        len: usize,
-    },
-    /// The handler's namespace is not acceptable.
-    #[error("invalid namespace {namespace:?}: {reason}")]
-    InvalidNamespace {
-        /// The namespace asked for.
-        namespace: String,
-        /// Why it was refused.
-        reason: &'static str,
-    },
-    /// Loading one handler failed.
-    #[error("cannot load handler {task:?}: {source}")]
-    Handler {
-        /// The task name.
-        task: String,
-        /// Why.
-        #[source]
-        source: Box<SandboxError>,
-    },
 }
 
 /// What [`Sandbox::load_dir`] did.

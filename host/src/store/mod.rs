@@ -34,6 +34,7 @@ mod entries;
 mod events;
 mod expiry;
 mod keys;
+mod latency;
 mod listing;
 mod lookup;
 mod partitions;
@@ -86,7 +87,7 @@ pub use types::{
     RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
 };
 
-use crate::metrics::RedisLatency;
+pub use latency::RedisLatency;
 use scripts::Scripts;
 
 /// Why a store operation failed.

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
-use crate::config::Config;
+use crate::config::WorkerConfig;
 use crate::metrics::{AttemptOutcome, TaskSeries};
 use crate::store::{CompleteOutcome, Completion, CompletionKind, Store, StoreError, TaskStatus};
 
@@ -268,7 +268,7 @@ impl Failure {
 /// failed): exponential from `retry_base_ms`, capped at `retry_max_ms`, with
 /// "equal jitter" (half fixed, half random) so that tasks failing together
 /// do not retry together.
-pub fn backoff_ms(config: &Config, attempt: u32) -> u64 {
+pub fn backoff_ms(config: &WorkerConfig, attempt: u32) -> u64 {
     let exp = config
         .retry_base_ms
         .saturating_mul(1u64 << attempt.saturating_sub(1).min(30))

@@ -62,7 +62,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::Config;
+use crate::config::WorkerConfig;
 use crate::metrics::WorkerMetrics;
 use crate::sandbox::Sandbox;
 use crate::store::{Store, StoreError};
@@ -110,7 +110,7 @@ pub enum WorkerError {
 pub async fn run(
     store: Store,
     sandbox: Sandbox,
-    config: Config,
+    config: WorkerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     run_with_metrics(store, sandbox, config, WorkerMetrics::detached(), shutdown).await
@@ -122,7 +122,7 @@ pub async fn run(
 pub async fn run_with_metrics(
     store: Store,
     sandbox: Sandbox,
-    config: Config,
+    config: WorkerConfig,
     metrics: WorkerMetrics,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {

@@ -11,7 +11,7 @@ use tracing::{error, warn};
 
 use super::running::{Registration, Running};
 use super::{completion, executor};
-use crate::config::Config;
+use crate::config::WorkerConfig;
 use crate::metrics::WorkerMetrics;
 use crate::sandbox::Sandbox;
 use crate::store::{Delivery, StartDecision, Store, StoreError};
@@ -20,7 +20,7 @@ use crate::store::{Delivery, StartDecision, Store, StoreError};
 pub(super) struct Shared {
     pub(super) store: Store,
     pub(super) sandbox: Sandbox,
-    pub(super) config: Config,
+    pub(super) config: WorkerConfig,
     /// What `/metrics` shows of this worker.
     pub(super) metrics: WorkerMetrics,
     /// This worker's consumer name in every queue's group.

@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use super::running::Running;
 use super::{Shared, WorkerError, completion, partitions};
-use crate::config::Config;
+use crate::config::WorkerConfig;
 use crate::metrics::{SlotsHeld, WorkerMetrics};
 use crate::sandbox::Sandbox;
 use crate::store::Store;
@@ -32,7 +32,7 @@ pub(super) struct Started {
 pub(super) async fn prepare(
     store: Store,
     sandbox: Sandbox,
-    config: Config,
+    config: WorkerConfig,
     metrics: WorkerMetrics,
 ) -> Result<Started, WorkerError> {
     config.validate().map_err(WorkerError::Config)?;

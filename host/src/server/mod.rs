@@ -12,25 +12,29 @@
 //! Every failure is a [`ServerError`], which knows the exit code the README
 //! promises for it ([`ServerError::exit_code`]).
 
+mod error;
+mod supervise;
+
+pub use error::ServerError;
+
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::api::{self, ApiState, DeployState, HandlerCheck};
-use crate::config::{Config, ConfigError};
-use crate::deploy::{Catalog, Registry, RegistryError, Watcher};
+use crate::config::Config;
+use crate::deploy::{Catalog, Registry, Watcher};
 use crate::metrics::Metrics;
-use crate::sandbox::{Sandbox, SandboxError};
-use crate::store::{Store, StoreError};
-use crate::worker::{self, WorkerError};
+use crate::sandbox::Sandbox;
+use crate::store::Store;
+use crate::worker;
+use supervise::{either, supervise};
 
 /// What one server process runs: the API, a worker, or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,84 +63,9 @@ impl Roles {
     };
 }
 
-/// Why a server could not start, or stopped without being asked to.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// A flag's value is unusable.
-    #[error("invalid configuration")]
-    Config(#[from] ConfigError),
-    /// The API tokens (`--tokens-file`, `DTQ_TOKENS`) cannot be read.
-    #[error("invalid API tokens: {0}")]
-    Tokens(String),
-    /// The trusted keys (`--trusted-keys`) cannot be read.
-    #[error("invalid trusted keys")]
-    TrustedKeys(#[source] crate::deploy::SigningError),
-    /// Redis did not answer.
-    #[error("cannot reach Redis at {url}")]
-    Redis {
-        /// The configured URL.
-        url: String,
-        /// What the connection attempt got.
-        #[source]
-        source: StoreError,
-    },
-    /// The wasm engine or the artifact cache cannot be set up.
-    #[error("cannot set up the sandbox")]
-    Sandbox(#[source] SandboxError),
-    /// The handlers directory does not exist.
-    #[error(
-        "handlers directory {} does not exist (--handlers, DTQ_HANDLERS)",
-        .0.display()
-    )]
-    NoHandlersDir(PathBuf),
-    /// The handler registry cannot be read.
-    #[error("cannot read the handler registry")]
-    Registry(#[source] RegistryError),
-    /// The API's address cannot be bound.
-    #[error("cannot listen on {addr}")]
-    Listen {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The API server failed, panicked, or returned before shutdown.
-    #[error("the API server stopped: {0}")]
-    Api(String),
-    /// The worker failed, or returned before shutdown.
-    #[error("the worker stopped")]
-    Worker(#[source] WorkerError),
-    /// The worker returned before shutdown, without an error.
-    #[error("the worker stopped before shutdown")]
-    WorkerReturned,
-}
-
-impl ServerError {
-    /// The process exit code the README documents: 2 for a bad command line
-    /// or configuration (the handlers directory included), 3 when Redis
-    /// cannot be reached at start, 1 for a failure while running (cannot
-    /// listen, the API or the worker stopped).
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ServerError::Config(_)
-            | ServerError::Tokens(_)
-            | ServerError::TrustedKeys(_)
-            | ServerError::NoHandlersDir(_)
-            | ServerError::Worker(WorkerError::Config(_)) => 2,
-            ServerError::Redis { .. } | ServerError::Registry(_) => 3,
-            ServerError::Sandbox(_)
-            | ServerError::Listen { .. }
-            | ServerError::Api(_)
-            | ServerError::Worker(_)
-            | ServerError::WorkerReturned => 1,
-        }
-    }
-}
-
 /// Run the `roles` of a server configured by `config` until `shutdown`
 /// resolves: check the configuration, connect to Redis, load the handlers
-/// (for a worker), listen on `config.listen` (for the API), and serve.
+/// (for a worker), listen on `--listen` (for the API), and serve.
 pub async fn run(
     config: Config,
     roles: Roles,
@@ -183,17 +112,20 @@ impl Server {
     /// ones load), an API knows it.
     pub async fn prepare(config: Config, roles: Roles) -> Result<Server, ServerError> {
         config.check()?;
-        let trusted_keys = config.trusted_keys().map_err(ServerError::TrustedKeys)?;
-        if let Some(dir) = &config.handlers
+        let trusted_keys = config
+            .deploy
+            .trusted_keys()
+            .map_err(ServerError::TrustedKeys)?;
+        if let Some(dir) = &config.deploy.handlers
             && !dir.is_dir()
         {
             return Err(ServerError::NoHandlersDir(dir.clone()));
         }
         let redis = |source| ServerError::Redis {
-            url: config.redis_url.clone(),
+            url: config.store.redis_url.clone(),
             source,
         };
-        let store = Store::connect(&config.redis_url, config.store_settings())
+        let store = Store::connect(&config.store.redis_url, config.store_settings())
             .await
             .map_err(redis)?;
         // Modules are large: their reads and writes get a connection, and a
@@ -261,6 +193,7 @@ impl Server {
         )
         .with_trusted_keys(
             self.config
+                .deploy
                 .trusted_keys()
                 .map_err(ServerError::TrustedKeys)?,
         );
@@ -300,7 +233,7 @@ impl Server {
     }
 
     /// Serve until `shutdown` resolves, then stop both roles gracefully.
-    /// The API is served on `listener`, or on `config.listen` when it is
+    /// The API is served on `listener`, or on `--listen` when it is
     /// `None`; a server without the API role ignores it.
     pub async fn serve(
         self,
@@ -313,7 +246,7 @@ impl Server {
             false => None,
         };
         let metrics = match (
-            self.config.metrics_listen,
+            self.config.api.metrics_listen,
             self.metrics_listener.clone().try_lock_owned(),
         ) {
             (Some(addr), Ok(held)) => match self.start_metrics(addr, held, &stop).await {
@@ -343,7 +276,7 @@ impl Server {
             worker::run_with_metrics(
                 self.store,
                 sandbox,
-                self.config,
+                self.config.worker(),
                 self.metrics.worker(),
                 stop.clone().cancelled_owned(),
             )
@@ -366,7 +299,7 @@ impl Server {
         let listener = match listener {
             Some(listener) => listener,
             None => {
-                let addr = self.config.listen;
+                let addr = self.config.api.listen;
                 TcpListener::bind(addr)
                     .await
                     .map_err(|source| ServerError::Listen { addr, source })?
@@ -421,113 +354,15 @@ impl Server {
         ApiState {
             store: self.store.clone(),
             ingest: self.config.ingest_settings(),
-            admin_token: self.config.admin_token.clone(),
+            admin_token: self.config.api.admin_token.clone(),
             has_handler,
             catalog: self.catalog.clone(),
             deploy: DeployState {
                 registry: self.registry.clone(),
                 checker: self.checker.clone(),
-                max_module_bytes: self.config.max_module_bytes(),
+                max_module_bytes: self.config.deploy.max_module_bytes(),
             },
         }
-    }
-}
-
-/// The API and the metrics listener as one task for [`supervise`]: when
-/// either ends, `stop` stops the other (at shutdown it is stopping
-/// already), and the task ends once both have, with the first error.
-fn either(
-    api: Option<JoinHandle<std::io::Result<()>>>,
-    metrics: Option<JoinHandle<std::io::Result<()>>>,
-    stop: CancellationToken,
-) -> Option<JoinHandle<std::io::Result<()>>> {
-    let (mut api, mut metrics) = match (api, metrics) {
-        (None, one) | (one, None) => return one,
-        (Some(api), Some(metrics)) => (api, metrics),
-    };
-    let settle = |ended: Result<std::io::Result<()>, tokio::task::JoinError>| match ended {
-        Ok(result) => result,
-        Err(e) => Err(std::io::Error::other(e.to_string())),
-    };
-    Some(tokio::spawn(async move {
-        let (first, other) = tokio::select! {
-            ended = &mut api => (ended, metrics),
-            ended = &mut metrics => (ended, api),
-        };
-        stop.cancel();
-        let second = other.await;
-        settle(first).and(settle(second))
-    }))
-}
-
-/// Wait for `shutdown` or for either role to end; then stop the other and
-/// wait for it. The first role to end on its own is the error returned.
-async fn supervise(
-    api: Option<JoinHandle<std::io::Result<()>>>,
-    worker: Option<impl Future<Output = Result<(), WorkerError>>>,
-    shutdown: impl Future<Output = ()>,
-    stop: CancellationToken,
-) -> Result<(), ServerError> {
-    let mut shutdown = pin!(shutdown);
-    let mut worker = worker.map(Box::pin);
-    let mut api = api;
-    let mut failure = None;
-    tokio::select! {
-        () = &mut shutdown => info!("shutting down"),
-        ended = async { api.as_mut().expect("guarded").await }, if api.is_some() => {
-            api = None;
-            failure = Some(api_failure(ended));
-        }
-        ended = async { worker.as_mut().expect("guarded").await }, if worker.is_some() => {
-            worker = None;
-            failure = Some(ended.map_or_else(ServerError::Worker, |()| ServerError::WorkerReturned));
-        }
-    }
-    if let Some(e) = &failure {
-        // Logged for whoever reads the log; the caller reports it too.
-        warn!("stopping the server: {e}");
-    }
-    stop.cancel();
-    if let Some(worker) = worker
-        && let Err(e) = worker.await
-    {
-        keep_first(&mut failure, ServerError::Worker(e));
-    }
-    if let Some(api) = api {
-        let ended = api.await;
-        if !matches!(ended, Ok(Ok(()))) {
-            keep_first(&mut failure, api_failure(ended));
-        }
-    }
-    failure.map_or(Ok(()), Err)
-}
-
-/// The error of an API task that ended, however it ended.
-fn api_failure(ended: Result<std::io::Result<()>, tokio::task::JoinError>) -> ServerError {
-    ServerError::Api(match ended {
-        Ok(Ok(())) => "it returned before shutdown".to_owned(),
-        Ok(Err(e)) => e.to_string(),
-        Err(e) if e.is_panic() => format!("it panicked: {}", panic_message(e.into_panic())),
-        Err(e) => e.to_string(),
-    })
-}
-
-fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
-    match panic.downcast::<String>() {
-        Ok(s) => *s,
-        Err(panic) => match panic.downcast::<&'static str>() {
-            Ok(s) => (*s).to_owned(),
-            Err(_) => "(no message)".to_owned(),
-        },
-    }
-}
-
-/// Keep the first failure; log the later ones, which would otherwise be
-/// lost.
-fn keep_first(failure: &mut Option<ServerError>, e: ServerError) {
-    match failure {
-        Some(_) => error!("also: {e}"),
-        None => *failure = Some(e),
     }
 }
 
@@ -552,7 +387,7 @@ fn new_watcher(
     sandbox: Option<Sandbox>,
 ) -> Watcher {
     let queues = match sandbox {
-        Some(_) => config.queues.clone(),
+        Some(_) => config.worker().queues,
         None => Vec::new(),
     };
     Watcher::new(
@@ -560,8 +395,8 @@ fn new_watcher(
         store.backend().clone(),
         catalog.clone(),
         sandbox,
-        config.handlers.clone(),
-        config.reload_interval(),
+        config.deploy.handlers.clone(),
+        config.deploy.reload_interval(),
         queues,
     )
 }
@@ -596,31 +431,6 @@ pub fn init_tracing(format: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exit_codes_are_the_documented_ones() {
-        let config = ServerError::Config(ConfigError::NoQueue);
-        assert_eq!(config.exit_code(), 2);
-        assert_eq!(ServerError::NoHandlersDir("x".into()).exit_code(), 2);
-        assert_eq!(ServerError::Tokens("bad".into()).exit_code(), 2);
-        let listen = ServerError::Listen {
-            addr: "127.0.0.1:1".parse().expect("an address"),
-            source: std::io::ErrorKind::AddrInUse.into(),
-        };
-        assert_eq!(listen.exit_code(), 1);
-        assert_eq!(ServerError::Api("x".into()).exit_code(), 1);
-        // A worker that cannot start its guest runtime failed while
-        // starting; its configuration is fine.
-        let runtime = WorkerError::GuestRuntime(std::io::ErrorKind::OutOfMemory.into());
-        assert_eq!(ServerError::Worker(runtime).exit_code(), 1);
-        let redis = ServerError::Redis {
-            url: "redis://x/".into(),
-            source: StoreError::Redis(redis::RedisError::from(std::io::Error::from(
-                std::io::ErrorKind::ConnectionRefused,
-            ))),
-        };
-        assert_eq!(redis.exit_code(), 3);
-    }
 
     #[tokio::test]
     async fn a_bad_configuration_stops_before_reaching_redis() {

@@ -45,7 +45,6 @@
 //!
 //! [`ApiLimits::max_event_streams`]: super::ApiLimits::max_event_streams
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,10 +56,13 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
+
+mod reader;
+
+use reader::{PartReader, Reader};
 
 use super::Shared;
 use super::auth::Scope;
@@ -70,26 +72,13 @@ use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
 use super::routes::{authorized, store_call};
 use crate::base::ErrorCode;
-use crate::store::{Conn, EventId, QueueEvent, Store, partition_of_id, partition_queue};
+use crate::store::{EventId, EventsGap, partition_of_id, partition_queue};
 
 /// How often a quiet stream gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// How long one XREAD blocks. Shorter than the connection's response
-/// timeout ([`READ_TIMEOUT`]), which is how a connection that died without
-/// a word is noticed.
-const BLOCK: Duration = Duration::from_secs(10);
-
 /// The response timeout of a subscriber's connection.
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Entries one XREAD returns at most, over all the streams it reads: what
-/// a subscriber holds in memory (an entry of a completion batch holds up
-/// to a batch of events).
-const READ_COUNT: usize = 64;
-
-/// Longest pause between reads while Redis fails.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Longest `task_id` filter accepted, bytes.
 const MAX_TASK_ID_BYTES: usize = 256;
@@ -186,23 +175,44 @@ pub(super) async fn subscribe(
         ));
     }
     let since = resume_point(&headers, params.since.as_deref())?;
-    let task = match params.task_id {
-        Some(t) if t.is_empty() || t.len() > MAX_TASK_ID_BYTES => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidQuery,
-                format!("task_id must be 1 to {MAX_TASK_ID_BYTES} bytes"),
-            ));
-        }
-        t => t,
-    };
+    let task = task_filter(params.task_id)?;
     let store = shared.state.store.clone();
     let q = queue.clone();
     let count = store_call(&shared, async move { store.partitioning(&q).await })
         .await?
         .count;
-    // One partition's stream: the one asked for, the task's, or the only
-    // one; else every partition's, merged.
-    let partitions: Vec<u32> = match (params.partition, &task) {
+    let partitions = partitions_to_read(&queue, count, params.partition, task.as_deref())?;
+    let since = resume_each(since, partitions.len())?;
+    let names: Vec<String> = partitions
+        .iter()
+        .map(|p| partition_queue(&queue, *p))
+        .collect();
+    let (parts, gaps, slot) = open(&shared, &names, since).await?;
+    tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
+    let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
+    Ok(event_stream(gaps, Reader::new(parts, task, slot), stop))
+}
+
+/// The `task_id` filter, checked.
+fn task_filter(task_id: Option<String>) -> Result<Option<String>, ApiError> {
+    match task_id {
+        Some(t) if t.is_empty() || t.len() > MAX_TASK_ID_BYTES => Err(ApiError::new(
+            ErrorCode::InvalidQuery,
+            format!("task_id must be 1 to {MAX_TASK_ID_BYTES} bytes"),
+        )),
+        t => Ok(t),
+    }
+}
+
+/// The partitions whose streams a subscriber reads, of `count`: the one
+/// asked for, the task's, or the only one; else every partition's, merged.
+fn partitions_to_read(
+    queue: &str,
+    count: u32,
+    partition: Option<u32>,
+    task: Option<&str>,
+) -> Result<Vec<u32>, ApiError> {
+    let partitions: Vec<u32> = match (partition, task) {
         (Some(p), _) => vec![p],
         (None, Some(task)) => vec![partition_of_id(task)],
         (None, None) => (0..count).collect(),
@@ -214,28 +224,33 @@ pub(super) async fn subscribe(
         )
         .with_details(json!({"partitions": count})));
     }
-    let since: Vec<Option<EventId>> = match since {
-        None => vec![None; partitions.len()],
-        Some(Resume::Each(id)) => vec![Some(id); partitions.len()],
-        Some(Resume::Per(ids)) if ids.len() == partitions.len() => {
-            ids.into_iter().map(Some).collect()
-        }
-        Some(Resume::Per(ids)) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidEventId,
-                format!(
-                    "an event id of {} partitions for a stream of {}",
-                    ids.len(),
-                    partitions.len()
-                ),
-            ));
-        }
-    };
-    let names: Vec<String> = partitions
-        .iter()
-        .map(|p| partition_queue(&queue, *p))
-        .collect();
-    // One connection on one server; one per partition on a cluster.
+    Ok(partitions)
+}
+
+/// Where each of `n` streams continues.
+fn resume_each(since: Option<Resume>, n: usize) -> Result<Vec<Option<EventId>>, ApiError> {
+    match since {
+        None => Ok(vec![None; n]),
+        Some(Resume::Each(id)) => Ok(vec![Some(id); n]),
+        Some(Resume::Per(ids)) if ids.len() == n => Ok(ids.into_iter().map(Some).collect()),
+        Some(Resume::Per(ids)) => Err(ApiError::new(
+            ErrorCode::InvalidEventId,
+            format!(
+                "an event id of {} partitions for a stream of {n}",
+                ids.len(),
+            ),
+        )),
+    }
+}
+
+/// Take the slots of a subscriber of the streams of `names`, find where
+/// each continues (and what it missed), and open its connections: one on
+/// one server, one per partition on a cluster.
+async fn open(
+    shared: &Shared,
+    names: &[String],
+    since: Vec<Option<EventId>>,
+) -> Result<(Vec<PartReader>, Vec<EventsGap>, OwnedSemaphorePermit), ApiError> {
     let per_conn = if shared.state.store.backend().is_cluster() {
         1
     } else {
@@ -243,8 +258,8 @@ pub(super) async fn subscribe(
     };
     let slot = shared.events.take(names.len().div_ceil(per_conn))?;
     let store = shared.state.store.clone();
-    let opened = names.clone();
-    let (parts, gaps) = store_call(&shared, async move {
+    let opened = names.to_vec();
+    let (parts, gaps) = store_call(shared, async move {
         let mut starts = Vec::with_capacity(opened.len());
         for (name, since) in opened.iter().zip(since) {
             starts.push(store.events_start(name, since).await?);
@@ -263,7 +278,12 @@ pub(super) async fn subscribe(
         Ok::<_, crate::store::StoreError>((parts, gaps))
     })
     .await?;
-    tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
+    Ok((parts, gaps, slot))
+}
+
+/// The response: a `gap` event for each stream that missed events, then
+/// what `reader` reads, until `stop`; a keep-alive comment while quiet.
+fn event_stream(gaps: Vec<EventsGap>, reader: Reader, stop: CancellationToken) -> Response {
     let gaps: Vec<_> = gaps
         .iter()
         .map(|gap| {
@@ -274,12 +294,10 @@ pub(super) async fn subscribe(
             )
         })
         .collect();
-    let reader = Reader::new(parts, task, slot);
     let events = futures::stream::unfold(reader, |mut reader| async move {
         let event = reader.next().await;
         Some((Ok::<_, Infallible>(event), reader))
     });
-    let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
     let stream = futures::stream::iter(gaps)
         .chain(events)
         .take_until(stop.cancelled_owned());
@@ -290,7 +308,7 @@ pub(super) async fn subscribe(
     response
         .headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// Where a subscriber continues.
@@ -327,190 +345,6 @@ fn resume_point(headers: &HeaderMap, since: Option<&str>) -> Result<Option<Resum
     text.parse()
         .map(|id| Some(Resume::Each(id)))
         .map_err(invalid)
-}
-
-/// The reading of some partitions' events streams on one connection: every
-/// partition's on one server, one partition's on a cluster.
-struct PartReader {
-    store: Store,
-    /// A connection of its own, blocked in XREAD most of the time.
-    conn: Conn,
-    /// The partitions' key sets (the queue's name for partition 0).
-    queues: Vec<String>,
-    /// The last event read (sent or filtered out) of each.
-    after: Vec<EventId>,
-    /// Reads failed in a row.
-    failures: u32,
-}
-
-impl PartReader {
-    /// The next entries, each with the index of its partition in
-    /// `queues`; waits until there are some, retrying while Redis fails.
-    async fn read(&mut self) -> Vec<(usize, QueueEvent)> {
-        loop {
-            let read = self
-                .store
-                .read_events_of(
-                    &mut self.conn,
-                    &self.queues,
-                    &mut self.after,
-                    (READ_COUNT / self.queues.len().max(1)).max(1),
-                    BLOCK,
-                )
-                .await;
-            match read {
-                Ok(events) => {
-                    if self.failures > 0 {
-                        tracing::info!(queues = ?self.queues, "event stream: Redis read again");
-                        self.failures = 0;
-                    }
-                    if !events.is_empty() {
-                        return events;
-                    }
-                }
-                Err(e) => {
-                    if self.failures == 0 {
-                        tracing::warn!(
-                            queues = ?self.queues,
-                            error = %e,
-                            "event stream: cannot read Redis; retrying"
-                        );
-                    }
-                    self.failures = self.failures.saturating_add(1);
-                    tokio::time::sleep(backoff(self.failures)).await;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for PartReader {
-    fn drop(&mut self) {
-        tracing::debug!(queues = ?self.queues, after = ?self.after, "event stream closed");
-    }
-}
-
-/// One subscriber's reading: of one stream, or of every partition's,
-/// merged.
-struct Reader {
-    source: Source,
-    /// Only this task's events, if set.
-    task: Option<String>,
-    /// Where each stream read stands: the last event of each partition
-    /// read (sent or filtered out). With several, the event id is where
-    /// every partition stands, `<id 0>,<id 1>,...`, which a subscriber
-    /// resumes from as it is.
-    positions: Vec<EventId>,
-    /// Events read and not yet sent.
-    pending: VecDeque<Event>,
-    /// The subscriber's slots, released with the reader.
-    _slot: OwnedSemaphorePermit,
-}
-
-enum Source {
-    /// Every stream read here, on one connection.
-    One(Box<PartReader>),
-    /// One stream per connection (a cluster's partitions), each read by a
-    /// task of its own (each blocks on its own connection, to its own
-    /// shard), whose events arrive in order per partition, with the
-    /// partition's index.
-    Merged {
-        events: mpsc::Receiver<(usize, QueueEvent)>,
-        /// Aborted with the reader.
-        _readers: JoinSet<()>,
-    },
-}
-
-impl Reader {
-    fn new(mut parts: Vec<PartReader>, task: Option<String>, slot: OwnedSemaphorePermit) -> Self {
-        let positions = parts.iter().flat_map(|p| p.after.clone()).collect();
-        let source = if parts.len() == 1 {
-            Source::One(Box::new(parts.remove(0)))
-        } else {
-            let (tx, rx) = mpsc::channel(READ_COUNT);
-            let mut readers = JoinSet::new();
-            for (i, mut part) in parts.into_iter().enumerate() {
-                let tx = tx.clone();
-                readers.spawn(async move {
-                    loop {
-                        for (_, event) in part.read().await {
-                            if tx.send((i, event)).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-            Source::Merged {
-                events: rx,
-                _readers: readers,
-            }
-        };
-        Reader {
-            source,
-            task,
-            positions,
-            pending: VecDeque::new(),
-            _slot: slot,
-        }
-    }
-
-    /// The next event to send; waits (for ever) until there is one.
-    async fn next(&mut self) -> Event {
-        loop {
-            if let Some(event) = self.pending.pop_front() {
-                return event;
-            }
-            let read = match &mut self.source {
-                Source::One(part) => part.read().await,
-                // The readers end only with this reader.
-                Source::Merged { events, .. } => match events.recv().await {
-                    Some(event) => vec![event],
-                    None => return std::future::pending().await,
-                },
-            };
-            for (i, event) in read {
-                self.positions[i] = event.id;
-                if self.task.as_ref().is_some_and(|t| *t != event.task_id) {
-                    continue;
-                }
-                let id = match self.positions.as_slice() {
-                    [_] => event.id.to_string(),
-                    all => all
-                        .iter()
-                        .map(EventId::to_string)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                };
-                self.pending.push_back(sse_event(&event, id));
-            }
-        }
-    }
-}
-
-/// 100 ms after the first failure, doubling, at most [`MAX_BACKOFF`].
-fn backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(16);
-    (Duration::from_millis(100) * (1 << exp)).min(MAX_BACKOFF)
-}
-
-/// The SSE event of a stream entry, with event id `id`. Its name is the
-/// status; a status that could not be an event name (none is written) is
-/// sent as `unknown`.
-fn sse_event(event: &QueueEvent, id: String) -> Event {
-    let name_ok = !event.status.is_empty()
-        && event
-            .status
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    Event::default()
-        .id(id)
-        .event(if name_ok {
-            event.status.as_str()
-        } else {
-            "unknown"
-        })
-        .data(event.to_json().to_string())
 }
 
 #[cfg(test)]
@@ -563,14 +397,6 @@ mod tests {
         assert_eq!(err.code, ErrorCode::InvalidEventId);
         let err = resume_point(&HeaderMap::new(), Some("$")).expect_err("not an id");
         assert_eq!(err.code, ErrorCode::InvalidEventId);
-    }
-
-    #[test]
-    fn backoff_doubles_to_its_cap() {
-        assert_eq!(backoff(1), Duration::from_millis(100));
-        assert_eq!(backoff(2), Duration::from_millis(200));
-        assert_eq!(backoff(7), MAX_BACKOFF);
-        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
     }
 
     #[test]
