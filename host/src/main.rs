@@ -924,7 +924,7 @@ async fn follow_events(api: &Api, queue: &str, id: &str, deadline: Instant) {
         Ok(Ok(response)) if response.status().is_success() => response,
         _ => return,
     };
-    let mut events = dtq_host::sse::SseReader::new(response);
+    let mut events = dtq_host::client::sse::SseReader::new(response);
     let Ok(task_path) = path(&["queues", queue, "tasks", id]) else {
         return;
     };
@@ -993,7 +993,7 @@ async fn watch(
                 Ok(Some(response)) => {
                     connected = true;
                     failures = 0;
-                    let mut events = dtq_host::sse::SseReader::new(response);
+                    let mut events = dtq_host::client::sse::SseReader::new(response);
                     loop {
                         match events.next().await {
                             Ok(Some(event)) => {
@@ -1084,7 +1084,7 @@ async fn signal_shutdown_quietly() {
 /// One event as a JSON line on stdout, flushed: its `id` (null for `gap`)
 /// and `event`, and the fields of its data (or the data as `data`, when it
 /// is not an object).
-fn print_event_line(event: &dtq_host::sse::SseEvent) -> std::io::Result<()> {
+fn print_event_line(event: &dtq_host::client::sse::SseEvent) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut line = serde_json::Map::new();
     line.insert("id".into(), json!(event.id));
