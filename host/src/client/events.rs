@@ -172,10 +172,11 @@ impl Client {
     /// Wait until task `id` of `queue` ends or `deadline` passes, and
     /// return its record then (ended or not: see its status).
     ///
-    /// The task's events are followed while they can be (see
-    /// [`Client::follow_events`]); then, or when they cannot be, the
-    /// record is read every [`POLL_EVERY`]. The record decides in every
-    /// case; a failure to read it is the error.
+    /// The task's events are followed until one says it ended (or a gap
+    /// says some were lost) while they can be: from a little before the
+    /// task was made, so none already written is missed. Then, or when
+    /// they cannot be followed, the record is read every 100 ms. The
+    /// record decides in every case; a failure to read it is the error.
     pub async fn wait(
         &self,
         queue: &str,
