@@ -225,7 +225,7 @@ impl Client {
         }
         loop {
             match tokio::time::timeout(left(), events.next()).await {
-                Ok(Ok(Some(event))) if is_final(&event) || event.event == "gap" => return,
+                Ok(Ok(Some(event))) if ends_the_task(&event) || event.event == "gap" => return,
                 Ok(Ok(Some(_))) => {}
                 // The deadline, the end of the stream, or a broken one.
                 _ => return,
@@ -235,7 +235,7 @@ impl Client {
 }
 
 /// Whether `event` is a task's entry into a status it ends in.
-fn is_final(event: &SseEvent) -> bool {
+fn ends_the_task(event: &SseEvent) -> bool {
     event
         .event
         .parse::<crate::store::TaskStatus>()
@@ -279,7 +279,7 @@ mod tests {
             "CANCELLED",
             "EXPIRED",
         ] {
-            assert!(is_final(&event(name)), "{name}");
+            assert!(ends_the_task(&event(name)), "{name}");
         }
         for name in [
             "QUEUED",
@@ -289,7 +289,7 @@ mod tests {
             "gap",
             "succeeded",
         ] {
-            assert!(!is_final(&event(name)), "{name}");
+            assert!(!ends_the_task(&event(name)), "{name}");
         }
     }
 }
