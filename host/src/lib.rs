@@ -33,19 +33,19 @@
 //!   used by the `dtq` binary and the test harness alike.
 //! - [`allocator`]: mimalloc's settings for the processes that run a
 //!   worker.
-//! - [`sse`]: a Server-Sent Events reader, the client side of the API's
-//!   live events (`dtq watch`, `dtq submit --wait`).
+//! - [`client`]: dtq's Rust client: typed calls to the HTTP API, a
+//!   task's wait and a queue's live events (what the `dtq` command uses).
 
 pub mod allocator;
 pub mod api;
 pub mod base;
+pub mod client;
 pub mod config;
 pub mod deploy;
 pub mod ingest;
 pub mod metrics;
 pub mod sandbox;
 pub mod server;
-pub mod sse;
 pub mod store;
 pub mod worker;
 

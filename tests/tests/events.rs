@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use dtq_host::sse::{SseEvent, SseReader};
+use dtq_host::client::sse::{SseEvent, SseReader};
 use dtq_host::store::{CompleteOutcome, CompletionKind, EventId, QueueKeys};
 use dtq_tests::{Dtq, RedisServer, assert_error, completion};
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use dtq_host::sse::SseReader;
+use dtq_host::client::sse::SseReader;
 use dtq_host::store::{Store, StoreSettings, key_hash, partition_of_id};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;

@@ -11,7 +11,7 @@ use crate::base::ErrorCode;
 
 /// The body of `POST /v1/queues/{queue}/tasks`. Unknown fields are rejected,
 /// so a misspelt option (`max_attempt`) is an error instead of being ignored.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, serde::Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The task name: `<task>.wasm` must be deployed.

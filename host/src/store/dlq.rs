@@ -62,7 +62,7 @@ pub const DLQ_MAX_IDS: usize = 1000;
 pub const FORWARD_MARGIN_S: u64 = 300;
 
 /// What a bulk requeue did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BulkRequeue {
     /// Tasks that left the DLQ and are QUEUED again.
     pub requeued: u64,
@@ -74,7 +74,7 @@ pub struct BulkRequeue {
 }
 
 /// A dead-lettered task left in the DLQ: its key names another task.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyTaken {
     /// The dead-lettered task.
     pub id: String,

@@ -1,11 +1,12 @@
 //! A Server-Sent Events reader: the client side of `GET
-//! /v1/queues/{q}/events`, for `dtq watch`, `dtq submit --wait` and tests.
+//! /v1/queues/{q}/events`, under [`Watch`](super::Watch),
+//! [`Client::wait`](super::Client::wait) and tests.
 //!
 //! The format is a few rules (lines of `field: value`, a blank line ends
 //! an event, `:` starts a comment, lines end with LF, CRLF or CR), so it is
 //! read here, as the HTML standard's "event stream interpretation" says,
 //! over reqwest's streamed body, rather than with one more dependency.
-//! `retry:` is ignored: reconnecting is the caller's.
+//! `retry:` is ignored: reconnecting is the caller's ([`Watch`](super::Watch)'s).
 
 use std::collections::VecDeque;
 
