@@ -485,7 +485,7 @@ export class Client {
   }
 
   /**
-   * Follow task `taskId`'s events until one of a final status, a gap, or
+   * Follow task `taskId`'s events until one of a final status or
    * `deadline`; the task's record if it had ended before the stream
    * opened, else null. Returns early, saying nothing, whenever the events
    * cannot be followed: the caller polls the record then, which decides.
@@ -510,7 +510,9 @@ export class Client {
       for (;;) {
         const events = await connection.read();
         if (events === null) return null;
-        if (events.some((e) => TERMINAL_STATUSES.includes(e.event) || e.event === "gap")) return null;
+        // A gap (the stream was trimmed past `since`) loses only events
+        // older than the record read above.
+        if (events.some((e) => TERMINAL_STATUSES.includes(e.event))) return null;
       }
     } catch (e) {
       // The caller's abort is the caller's; anything else (EVENTS_OFF, the

@@ -188,7 +188,8 @@ class Client:
         self.timeout = timeout
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port
+        # Given always: http.client would read a port off an IPv6 address.
+        self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
 
     def __repr__(self) -> str:
@@ -425,11 +426,11 @@ class Client:
     def _follow(
         self, queue: str, task_id: str, deadline: float, stop: _Stop
     ) -> Optional[Dict[str, Any]]:
-        """Follow task ``task_id``'s events until one of a final status, a
-        gap in the stream, or ``deadline``; the task's record if it had
-        ended before the stream opened, else None. Returns early, saying
-        nothing, whenever the events cannot be followed: the caller polls
-        the record then, which decides in every case.
+        """Follow task ``task_id``'s events until one of a final status or
+        ``deadline``; the task's record if it had ended before the stream
+        opened, else None. Returns early, saying nothing, whenever the
+        events cannot be followed: the caller polls the record then, which
+        decides in every case.
 
         The subscription starts a little before the task was created (its
         UUIDv7 holds the time), so events already written are read too;
@@ -462,7 +463,9 @@ class Client:
                 if events is None:
                     return None
                 for event in events:
-                    if event.event in TERMINAL_STATUSES or event.event == "gap":
+                    # A gap (the stream was trimmed past `since`) loses
+                    # only events older than the record read above.
+                    if event.event in TERMINAL_STATUSES:
                         return None
         except (OSError, http.client.HTTPException, SseError, DtqError):
             # The deadline, a broken stream, or a record that could not be
