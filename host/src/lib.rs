@@ -38,6 +38,8 @@
 
 pub mod allocator;
 pub mod api;
+#[cfg(test)]
+mod architecture;
 pub mod base;
 pub mod client;
 pub mod config;

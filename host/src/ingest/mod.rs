@@ -173,6 +173,23 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
+impl IngestError {
+    /// The stable code the API answers this refusal with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            IngestError::Invalid { code, .. } => *code,
+            IngestError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
+            IngestError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            IngestError::UnknownTask(_) => ErrorCode::UnknownTask,
+            IngestError::InProgress { .. } => ErrorCode::IdempotencyInProgress,
+            IngestError::KeyMismatch { .. } => ErrorCode::IdempotencyKeyMismatch,
+            IngestError::QueueFull { .. } => ErrorCode::QueueFull,
+            IngestError::Store(StoreError::TooManyQueues { .. }) => ErrorCode::TooManyQueues,
+            IngestError::Store(_) => ErrorCode::StoreUnavailable,
+        }
+    }
+}
+
 fn invalid(code: ErrorCode, message: impl Into<String>) -> IngestError {
     IngestError::Invalid {
         code,

@@ -7,8 +7,9 @@
 //! loading), its errors and the helpers its operations share. Each
 //! operation is a file of its own, with the `Store` methods that run it:
 //!
-//! - submission: [`Store::submit`], batches (`batch.rs`) and partition
-//!   routing (`partitions.rs`);
+//! - submission: [`Store::submit`] (`submit.rs`), batches
+//!   (`submit/batch.rs`) and routing to a partition (`submit/route.rs`;
+//!   the partition counts themselves in `partitions.rs`);
 //! - a worker's walk: reading and starting deliveries and the heartbeat
 //!   (`start.rs`), completing attempts (`complete.rs`), reclaiming the
 //!   messages of dead workers (`reclaim.rs`), promoting delayed tasks

@@ -252,10 +252,9 @@ impl Scheduler {
         if let Some(t) = def.timeout_ms {
             body["timeout_ms"] = json!(t);
         }
-        let refused = |e: IngestError| {
-            let code = crate::api::error::ApiError::from(e);
-            TickSubmission::Refused(format!("{}: {}", code.code, code.message))
-        };
+        // A store failure is returned before this, so the text is the
+        // API's own for the refusal.
+        let refused = |e: IngestError| TickSubmission::Refused(format!("{}: {e}", e.code()));
         let req = match ingest::parse_submit_body(body.to_string().as_bytes()) {
             Ok(req) => req,
             Err(e) => return Ok(refused(e)),
