@@ -10,6 +10,9 @@
 //!
 //! # Layout
 //!
+//! `docs/architecture.md` walks one task through these rooms and states
+//! which may use which (a test holds the code to it).
+//!
 //! - [`base`]: the clock, the API's error codes and the ids dtq makes;
 //!   it imports nothing of the crate, and every room may use it.
 //! - [`config`]: the configuration (flags and `DTQ_*` variables), one part

@@ -230,13 +230,13 @@ async fn python_client_submits_waits_replays_follows_and_cancels() -> Result<()>
     let smoke = repo().join("clients/python/tests/smoke.py");
     let smoke = smoke.to_str().context("a UTF-8 path")?;
 
-    let dtq = Dtq::start(true, &[]).await?;
+    let dtq = Dtq::start(true, &["--queues", "clients-py"]).await?;
     let out = run(python, &[smoke, dtq.api.as_str()], &tmp.path, SCRIPT).await?;
     let seen = report(&out)?;
     check_report(&dtq, "clients-py", &seen).await?;
     assert_eq!(seen["async_result"], json!({"async": true}), "{seen:#}");
 
-    let quiet = Dtq::start(true, &["--events", "none"]).await?;
+    let quiet = Dtq::start(true, &["--events", "none", "--queues", "clients-py"]).await?;
     let out = run(
         python,
         &[smoke, quiet.api.as_str(), "--events-off"],
@@ -290,11 +290,11 @@ async fn js_client_submits_waits_replays_follows_and_cancels() -> Result<()> {
     let tmp = TempDir::new("client-js")?;
     js_project_with_client(&tmp.path).await?;
 
-    let dtq = Dtq::start(true, &[]).await?;
+    let dtq = Dtq::start(true, &["--queues", "clients-js"]).await?;
     let out = run("node", &["smoke.mjs", dtq.api.as_str()], &tmp.path, SCRIPT).await?;
     check_report(&dtq, "clients-js", &report(&out)?).await?;
 
-    let quiet = Dtq::start(true, &["--events", "none"]).await?;
+    let quiet = Dtq::start(true, &["--events", "none", "--queues", "clients-js"]).await?;
     let out = run(
         "node",
         &["smoke.mjs", quiet.api.as_str(), "--events-off"],

@@ -221,6 +221,73 @@ fn collect_refs(value: &Value, refs: &mut Vec<String>) {
     }
 }
 
+/// Every operation has an `operationId` of its own, as OpenAPI requires and
+/// client generators rely on (each names a method of the client).
+#[tokio::test]
+async fn every_operation_has_an_id_of_its_own() -> Result<()> {
+    let dtq = start().await?;
+    let doc = document(&dtq).await?;
+    let mut seen = std::collections::BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().context("paths")? {
+        for (method, op) in item.as_object().context("a path item")? {
+            if !["get", "put", "post", "delete", "patch", "head", "options"].contains(&&**method) {
+                continue;
+            }
+            let id = op["operationId"]
+                .as_str()
+                .with_context(|| format!("{method} {path} has no operationId"))?;
+            if let Some(other) = seen.insert(id.to_owned(), format!("{method} {path}")) {
+                bail!("operationId {id:?} names both {other} and {method} {path}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The document passes a real validator: `openapi-spec-validator` (pinned),
+/// installed from PyPI into a venv of this test's own.
+#[tokio::test]
+async fn the_document_passes_openapi_spec_validator() -> Result<()> {
+    let dtq = start().await?;
+    let doc = document(&dtq).await?;
+    let dir = dtq_tests::TempDir::new("openapi-validator")?;
+    let file = dir.path.join("dtq.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&doc)?)?;
+    let venv = dir.path.join("venv");
+    let run = |program: &std::path::Path, args: &[&std::ffi::OsStr]| -> Result<String> {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .with_context(|| format!("cannot run {}", program.display()))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(
+            out.status.success(),
+            "{}: {}\n{text}",
+            program.display(),
+            out.status
+        );
+        Ok(text)
+    };
+    run(
+        "python3".as_ref(),
+        &["-m".as_ref(), "venv".as_ref(), venv.as_os_str()],
+    )?;
+    run(
+        &venv.join("bin/pip"),
+        &["install", "--quiet", "openapi-spec-validator==0.9.0"].map(std::ffi::OsStr::new),
+    )?;
+    let said = run(
+        &venv.join("bin/openapi-spec-validator"),
+        &[file.as_os_str()],
+    )?;
+    ensure!(said.contains("OK"), "the validator said: {said}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn every_documented_operation_is_served() -> Result<()> {
     let dtq = start().await?;

@@ -59,6 +59,7 @@ pub(super) struct BatchResult {
 }
 
 #[utoipa::path(
+    operation_id = "submit_batch",
     post,
     path = "/v1/queues/{queue}/tasks/batch",
     tag = "tasks",

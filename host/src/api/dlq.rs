@@ -198,6 +198,7 @@ fn checked_ids(ids: Vec<String>) -> Result<Vec<String>, ApiError> {
 
 /// `POST /v1/queues/{queue}/dlq/requeue`.
 #[utoipa::path(
+    operation_id = "requeue_many",
     post,
     path = "/v1/queues/{queue}/dlq/requeue",
     tag = "queues",

@@ -95,6 +95,7 @@ impl From<RegistryError> for ApiError {
 /// `GET /v1/handlers`: each deployed task's active version, with how many
 /// live workers run it, and what each live worker runs.
 #[utoipa::path(
+    operation_id = "list_handlers",
     get,
     path = "/v1/handlers",
     tag = "handlers",

@@ -47,6 +47,7 @@ pub(super) struct TaskListParams {
 
 /// `GET /v1/queues/{queue}/tasks`.
 #[utoipa::path(
+    operation_id = "list_tasks",
     get,
     path = "/v1/queues/{queue}/tasks",
     tag = "tasks",

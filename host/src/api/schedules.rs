@@ -192,6 +192,7 @@ pub(super) async fn put(
 /// `GET /v1/queues/{queue}/schedules`: every schedule, by name, with its
 /// next tick and its last fired one.
 #[utoipa::path(
+    operation_id = "list_schedules",
     get,
     path = "/v1/queues/{queue}/schedules",
     tag = "queues",
