@@ -54,7 +54,7 @@ pub enum ClientError {
     #[error("{0:?} is not a queue name or a task id")]
     BadSegment(String),
     /// No answer: the server cannot be reached, or the request timed out.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {source}{}", unreachable_hint(.source))]
     Unreachable {
         /// The URL asked.
         url: Url,
@@ -127,6 +127,18 @@ pub struct Client {
     timeout: Option<Duration>,
 }
 
+/// What to do about a request nothing answered.
+fn unreachable_hint(source: &reqwest::Error) -> &'static str {
+    if source.is_connect() {
+        " (nothing accepts connections there: is a dtq API listening at that \
+         address? `dtq` takes it from --api or DTQ_API)"
+    } else if source.is_timeout() {
+        " (no answer in time: the API or its Redis may be overloaded)"
+    } else {
+        ""
+    }
+}
+
 impl Client {
     /// A client of the API at `base` (`http://127.0.0.1:8080`), without a
     /// token or a timeout.
@@ -135,7 +147,20 @@ impl Client {
             base: base.to_owned(),
             why,
         };
-        let url = Url::parse(base).map_err(|e| bad(e.to_string()))?;
+        let with_scheme = || {
+            format!(
+                "it needs http:// or https:// in front, e.g. http://{}",
+                base.trim_start_matches('/')
+            )
+        };
+        let url = match Url::parse(base) {
+            Ok(url) => url,
+            Err(_) if !base.contains("://") => return Err(bad(with_scheme())),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad(with_scheme()));
+        }
         if url.cannot_be_a_base() {
             return Err(bad("it cannot have a path".into()));
         }
@@ -520,6 +545,28 @@ mod tests {
             Client::new("127.0.0.1:8080/x y"),
             Err(ClientError::BadBase { .. })
         ));
+        // A base without its scheme is answered with the fix.
+        for base in ["localhost:8080", "127.0.0.1:8080", "dtq.internal"] {
+            let error = Client::new(base).err().expect("refused").to_string();
+            assert!(
+                error.contains(&format!("e.g. http://{base}")),
+                "{base}: {error}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_names_the_api_setting() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let port = listener.local_addr().expect("an address").port();
+        drop(listener);
+        let client = Client::new(&format!("http://127.0.0.1:{port}")).expect("a client");
+        let error = client.task("q", "t").await.expect_err("nothing listens");
+        let text = error.to_string();
+        assert!(
+            text.contains("is a dtq API listening") && text.contains("DTQ_API"),
+            "{text}"
+        );
     }
 
     #[test]
