@@ -547,7 +547,10 @@ mod tests {
         ));
         // A base without its scheme is answered with the fix.
         for base in ["localhost:8080", "127.0.0.1:8080", "dtq.internal"] {
-            let error = Client::new(base).err().expect("refused").to_string();
+            let error = Client::new(base)
+                .map(drop)
+                .expect_err("refused")
+                .to_string();
             assert!(
                 error.contains(&format!("e.g. http://{base}")),
                 "{base}: {error}"
