@@ -106,9 +106,22 @@ async fn an_idle_worker_wakes_with_the_read_that_delivers() -> Result<()> {
     let id = dtq
         .submit_new("w", json!({"task": "echo", "payload": "wake"}), None)
         .await?;
-    // No polling through the API meanwhile: its reads name the task too.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let seen = snapshot(&seen);
+    // Wait for the completion script to write the task's status, as
+    // MONITOR shows it (no polling through the API meanwhile: its reads
+    // name the task too).
+    let start = Instant::now();
+    let seen = loop {
+        let now = snapshot(&seen);
+        let done =
+            |s: &Seen| s.client == "lua" && s.line.contains(&id) && s.line.contains("SUCCEEDED");
+        if now.iter().any(done) {
+            break now;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            bail!("the task was never completed: {now:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     let task = dtq.task("w", &id).await?;
     assert_eq!(task["status"], "SUCCEEDED", "{task}");
 

@@ -116,32 +116,20 @@ impl From<StoreError> for ApiError {
 
 impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
+        let code = e.code();
         let message = e.to_string();
-        match e {
-            IngestError::Invalid { code, .. } => ApiError::new(code, message),
-            IngestError::BatchTooLarge { items, limit } => {
-                ApiError::new(ErrorCode::BatchTooLarge, message)
-                    .with_details(json!({"items": items, "limit": limit}))
+        let details = match e {
+            IngestError::Store(e) => return e.into(),
+            IngestError::Invalid { .. } => return ApiError::new(code, message),
+            IngestError::BatchTooLarge { items, limit } => json!({"items": items, "limit": limit}),
+            IngestError::PayloadTooLarge { size, limit } => json!({"size": size, "limit": limit}),
+            IngestError::UnknownTask(task) => json!({"task": task}),
+            IngestError::InProgress { task_id } | IngestError::KeyMismatch { task_id } => {
+                json!({"task_id": task_id})
             }
-            IngestError::PayloadTooLarge { size, limit } => {
-                ApiError::new(ErrorCode::PayloadTooLarge, message)
-                    .with_details(json!({"size": size, "limit": limit}))
-            }
-            IngestError::UnknownTask(task) => {
-                ApiError::new(ErrorCode::UnknownTask, message).with_details(json!({"task": task}))
-            }
-            IngestError::InProgress { task_id } => {
-                ApiError::new(ErrorCode::IdempotencyInProgress, message)
-                    .with_details(json!({"task_id": task_id}))
-            }
-            IngestError::KeyMismatch { task_id } => {
-                ApiError::new(ErrorCode::IdempotencyKeyMismatch, message)
-                    .with_details(json!({"task_id": task_id}))
-            }
-            IngestError::QueueFull { queue, depth } => ApiError::new(ErrorCode::QueueFull, message)
-                .with_details(json!({"queue": queue, "depth": depth})),
-            IngestError::Store(e) => e.into(),
-        }
+            IngestError::QueueFull { queue, depth } => json!({"queue": queue, "depth": depth}),
+        };
+        ApiError::new(code, message).with_details(details)
     }
 }
 

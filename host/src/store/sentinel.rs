@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::StoreError;
 
@@ -182,7 +182,6 @@ fn after_failover(e: &RedisError) -> bool {
         || e.is_connection_refusal()
         || e.is_timeout()
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
-        || e.kind() == ErrorKind::Io
 }
 
 impl ConnectionLike for SentinelConn {
