@@ -48,11 +48,17 @@ async function submitAndWait(client, out) {
   check(again.duplicate === true, "a replay is a duplicate", again);
   check(again.task_id === first.task_id, "a replay names the first task", again);
   check(isDeepStrictEqual(again.result, payload), "a replay carries the result", again);
-  // A key no header can carry goes in the body, and keys the same way.
+  // A key no header can carry goes in the body, and keys the same way. The
+  // task is delayed so that it is surely still in flight when resubmitted.
   const oddKey = `clé ${randomUUID()}`;
-  const odd = await client.submit(QUEUE, "echo", 1, { idempotencyKey: oddKey });
-  const oddAgain = await client.submit(QUEUE, "echo", 1, { idempotencyKey: oddKey });
-  check(oddAgain.task_id === odd.task_id, "a non-ASCII key keys", [odd, oddAgain]);
+  const odd = await client.submit(QUEUE, "echo", 1, { idempotencyKey: oddKey, delayMs: 600_000 });
+  const busy = await expectError(
+    () => client.submit(QUEUE, "echo", 1, { idempotencyKey: oddKey }),
+    "IDEMPOTENCY_IN_PROGRESS",
+    409,
+  );
+  check(busy.details.task_id === odd.task_id, "a non-ASCII key keys", [odd, busy.details]);
+  await client.cancel(QUEUE, odd.task_id);
   Object.assign(out, {
     task_id: first.task_id,
     key,

@@ -54,11 +54,17 @@ def submit_and_wait(client: Client, out: Dict[str, Any]) -> None:
     check(again["duplicate"] is True, "a replay is a duplicate", again)
     check(again["task_id"] == first["task_id"], "a replay names the first task", again)
     check(again["result"] == payload, "a replay carries the result", again)
-    # A key no header can carry goes in the body, and keys the same way.
+    # A key no header can carry goes in the body, and keys the same way. The
+    # task is delayed so that it is surely still in flight when resubmitted.
     odd_key = f"clé {uuid.uuid4()}"
-    odd = client.submit(QUEUE, "echo", 1, idempotency_key=odd_key)
-    odd_again = client.submit(QUEUE, "echo", 1, idempotency_key=odd_key)
-    check(odd_again["task_id"] == odd["task_id"], "a non-ASCII key keys", (odd, odd_again))
+    odd = client.submit(QUEUE, "echo", 1, idempotency_key=odd_key, delay_ms=600_000)
+    busy = expect_error(
+        lambda: client.submit(QUEUE, "echo", 1, idempotency_key=odd_key),
+        "IDEMPOTENCY_IN_PROGRESS",
+        409,
+    )
+    check(busy.details.get("task_id") == odd["task_id"], "a non-ASCII key keys", (odd, busy.details))
+    client.cancel(QUEUE, odd["task_id"])
     out.update(
         task_id=first["task_id"],
         key=key,
