@@ -68,6 +68,8 @@ export interface SubmitOptions {
   timeoutMs?: number;
   /** Expire if not started within this many ms. */
   expiresInMs?: number;
+  /** The task's group, for the queue's `group_concurrency` limit. */
+  group?: string;
 }
 
 /** An item of `submitBatch`. */

@@ -112,13 +112,14 @@ const FIELDS = {
   runAt: "run_at",
   timeoutMs: "timeout_ms",
   expiresInMs: "expires_in_ms",
+  group: "group",
 };
 
 /**
  * The body of a submission (an item of a batch): `task`, `payload` and the
  * options given, by the API's field names. Options are taken in camelCase
  * (`idempotencyKey`, `maxAttempts`, `delayMs`, `runAt`, `timeoutMs`,
- * `expiresInMs`); any other field goes as it is.
+ * `expiresInMs`, `group`); any other field goes as it is.
  */
 export function submission(task, payload, options = {}) {
   const body = { task, payload: payload === undefined ? null : payload };

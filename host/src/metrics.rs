@@ -794,6 +794,7 @@ mod tests {
             delayed: 2,
             dead_lettered: 0,
             partitions: 1,
+            paused: false,
         };
         prometheus_client::encoding::text::encode(&mut text, &depth_registry(Some(&[stats])))
             .expect("encodes");

@@ -366,6 +366,8 @@ async fn drive(b: &Client, base: &str, api: &ApiClient, echo: &str, dead: &str) 
     wait_text(b, "#dlq-status", |t| t == "Purged 1.").await?;
     ensure!(dlq_ids(api).await?.is_empty());
 
+    pause_and_resume(b, base, api).await?;
+
     // Handlers: the worker and what it loaded from its directory.
     b.find(Locator::Css("a[data-nav='handlers']"))
         .await?
@@ -376,6 +378,38 @@ async fn drive(b: &Client, base: &str, api: &ApiClient, echo: &str, dead: &str) 
     })
     .await?;
     save_screenshot(b, "handlers").await?;
+    Ok(())
+}
+
+/// The queue page's pause button (the admin token is set): pausing holds
+/// a new task, the queues page says so, and resuming runs it.
+async fn pause_and_resume(b: &Client, base: &str, api: &ApiClient) -> Result<()> {
+    b.goto(&format!("{base}/ui/#/queues/default/tasks")).await?;
+    wait_text(b, "#queue-state", |t| t.starts_with("Running")).await?;
+    wait_text(b, "#pause-toggle", |t| t == "Pause").await?;
+    b.find(Locator::Css("#pause-toggle")).await?.click().await?;
+    wait_text(b, "#queue-state", |t| t.starts_with("Paused")).await?;
+    wait_text(b, "#pause-toggle", |t| t == "Resume").await?;
+    let (status, queue) = api.call(Method::GET, "/v1/queues/default", None, &[]).await?;
+    ensure!(status == 200 && queue["paused"] == true, "{queue}");
+    // Held while paused (the worker learns of the pause within a poll).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = api
+        .submit_new("default", json!({"task": "echo", "payload": "held"}), None)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, task) = api
+        .call(Method::GET, &format!("/v1/queues/default/tasks/{held}"), None, &[])
+        .await?;
+    ensure!(task["status"] == "QUEUED", "a paused queue started a task: {task}");
+    b.goto(&format!("{base}/ui")).await?;
+    wait_text(b, "#queues tr[data-queue='default'] td[data-state]", |t| t == "paused").await?;
+    save_screenshot(b, "paused").await?;
+    b.goto(&format!("{base}/ui/#/queues/default/tasks")).await?;
+    wait_text(b, "#pause-toggle", |t| t == "Resume").await?;
+    b.find(Locator::Css("#pause-toggle")).await?.click().await?;
+    wait_text(b, "#queue-state", |t| t.starts_with("Running")).await?;
+    api.wait_for("default", &held, &["SUCCEEDED"], WAIT).await?;
     Ok(())
 }
 

@@ -92,7 +92,7 @@ export async function queuesPage(ctx) {
     heading('Queues'),
     h('table', { id: 'queues' },
       h('caption', { class: 'sr-only' }, 'Queues and their counts'),
-      h('thead', {}, h('tr', {}, ['Queue', 'Ready', 'Running', 'Delayed', 'Dead-lettered', '']
+      h('thead', {}, h('tr', {}, ['Queue', 'State', 'Ready', 'Running', 'Delayed', 'Dead-lettered', '']
         .map((c) => h('th', { scope: 'col' }, c)))),
       tbody),
     updated,
@@ -130,6 +130,7 @@ export async function queuesPage(ctx) {
     const { queues } = await get('v1/queues', ctx.signal);
     tbody.replaceChildren(...queues.map((q) => h('tr', { 'data-queue': q.queue },
       h('th', { scope: 'row' }, h('a', { href: `#/queues/${seg(q.queue)}/tasks` }, q.queue)),
+      h('td', { 'data-state': q.paused ? 'paused' : 'running' }, q.paused ? 'paused' : 'running'),
       h('td', { 'data-count': 'ready' }, q.ready),
       h('td', { 'data-count': 'running' }, q.running),
       h('td', { 'data-count': 'delayed' }, q.delayed),
@@ -138,7 +139,7 @@ export async function queuesPage(ctx) {
       h('td', {}, h('a', { href: `#/queues/${seg(q.queue)}/tasks` }, 'tasks'))),
     ));
     if (!queues.length) {
-      tbody.replaceChildren(h('tr', {}, h('td', { colspan: 6 },
+      tbody.replaceChildren(h('tr', {}, h('td', { colspan: 7 },
         'No queue has received a submission yet (or this token may read none).')));
     }
     updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
@@ -181,9 +182,11 @@ export async function tasksPage(ctx) {
 
   const tbody = h('tbody');
   const pager = h('nav', { 'aria-label': 'Pages of tasks', class: 'pager' });
+  const pause = pauseControl(ctx, queue);
   ctx.main.replaceChildren(
     heading(`Tasks of ${queue}`),
     await queuePicker(ctx, queue, 'tasks'),
+    pause.element,
     searchForm, found,
     h('p', { class: 'picker' }, h('label', { for: 'status-filter' }, 'Status '), statusSelect),
     table(`Tasks of ${queue}, newest first`,
@@ -192,6 +195,7 @@ export async function tasksPage(ctx) {
   );
 
   await every(ctx.signal, ctx.notice, async () => {
+    await pause.refresh();
     const q = new URLSearchParams({ limit: '50' });
     if (st) q.set('status', st);
     if (cursor) q.set('cursor', cursor);
@@ -217,6 +221,34 @@ export async function tasksPage(ctx) {
     // A later page does not change as tasks are added: read it once.
     return !cursor;
   });
+}
+
+// Whether `queue` is paused, and the button that pauses or resumes it
+// (admin on the queue). A paused queue takes submissions; no worker starts
+// its tasks until it is resumed.
+function pauseControl(ctx, queue) {
+  const state = h('span', { id: 'queue-state' });
+  const button = h('button', { type: 'button', id: 'pause-toggle' });
+  let paused = false;
+  const show = () => {
+    state.textContent = paused ? 'Paused: no worker starts its tasks.' : 'Running.';
+    button.textContent = paused ? 'Resume' : 'Pause';
+  };
+  button.addEventListener('click', async () => {
+    try {
+      const r = await call('POST', `v1/queues/${seg(queue)}/${paused ? 'resume' : 'pause'}`);
+      paused = r.paused;
+      show();
+      ctx.notice(null);
+    } catch (e) { ctx.notice(e); }
+  });
+  return {
+    element: h('p', { class: 'picker' }, state, ' ', button),
+    refresh: async () => {
+      paused = (await get(`v1/queues/${seg(queue)}`, ctx.signal)).paused;
+      show();
+    },
+  };
 }
 
 // The search box: a task id, else an idempotency key.
@@ -275,8 +307,12 @@ function taskView(ctx, t, actions) {
     cancellable ? h('p', {}, h('button', { type: 'button', id: 'cancel', onclick: cancel }, 'Cancel task')) : null,
     dl([
       ['Status', h('span', { id: 'task-status' }, status(t.status),
-        t.cancel_requested ? ' (cancel requested)' : null)],
+        t.cancel_requested ? ' (cancel requested)' : null,
+        t.held ? h('span', { id: 'task-held' },
+          ` (held by ${t.held.by === 'rate' ? "the queue's rate limit" : 'its group'} until `,
+          when(t.held.until), ')') : null)],
       ['Queue', t.queue],
+      ['Group', t.group ?? '—'],
       ['Task', t.task],
       ['Attempts', `${t.attempts} of ${t.max_attempts}`],
       ['Idempotency key', t.idempotency_key ? h('code', {}, t.idempotency_key) : '—'],

@@ -70,6 +70,7 @@ test("helpers", () => {
       timeoutMs: 500,
       expiresInMs: 9000,
       delayMs: undefined,
+      group: "customer-7",
     }),
     {
       task: "echo",
@@ -79,6 +80,7 @@ test("helpers", () => {
       run_at: 1796306400000,
       timeout_ms: 500,
       expires_in_ms: 9000,
+      group: "customer-7",
     },
   );
   assert.deepEqual(submission("echo"), { task: "echo", payload: null });

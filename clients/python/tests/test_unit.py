@@ -87,7 +87,7 @@ class HelpersTest(unittest.TestCase):
     def test_submission_has_the_api_field_names(self) -> None:
         at = datetime.datetime(2026, 12, 3, 14, 0, tzinfo=datetime.timezone.utc)
         self.assertEqual(
-            submission("echo", {"n": 1}, "k", 3, None, at, 500, 9000),
+            submission("echo", {"n": 1}, "k", 3, None, at, 500, 9000, "customer-7"),
             {
                 "task": "echo",
                 "payload": {"n": 1},
@@ -96,6 +96,7 @@ class HelpersTest(unittest.TestCase):
                 "run_at": 1796306400000,
                 "timeout_ms": 500,
                 "expires_in_ms": 9000,
+                "group": "customer-7",
             },
         )
         self.assertEqual(submission("echo", None), {"task": "echo", "payload": None})

@@ -11,6 +11,11 @@
 //! | `POST /v1/queues/{queue}/tasks/{id}/cancel` | `cancel` | cancel a waiting or running task |
 //! | `GET /v1/queues` | `read` | every queue's counts (those the token may read) |
 //! | `GET /v1/queues/{queue}` | `read` | one queue's counts |
+//! | `POST /v1/queues/{queue}/pause` | `admin` | pause the queue: it takes submissions, no worker starts its tasks (`api::pause`) |
+//! | `POST /v1/queues/{queue}/resume` | `admin` | resume a paused queue |
+//! | `PUT /v1/queues/{queue}/limits` | `admin` | set the queue's limits: `{"rate": {"limit", "per_ms"}, "group_concurrency"}` (`api::limits`) |
+//! | `GET /v1/queues/{queue}/limits` | `read` | the queue's limits |
+//! | `DELETE /v1/queues/{queue}/limits` | `admin` | lift the queue's limits |
 //! | `PUT /v1/queues/{queue}/partitions` | `admin` on every queue | raise the queue's partition count (`api::partitions`) |
 //! | `GET /v1/queues/{queue}/dlq` | `read` | dead-lettered tasks |
 //! | `POST /v1/queues/{queue}/dlq/{id}/requeue` | `admin` | requeue a dead-lettered task |
@@ -58,11 +63,13 @@ mod events;
 mod extract;
 mod fleet;
 mod handlers;
+mod limits;
 mod listing;
 mod lookup;
 mod metrics;
 pub mod openapi;
 mod partitions;
+mod pause;
 mod routes;
 mod schedules;
 mod server;
@@ -240,6 +247,9 @@ fn route_table() -> openapi::ApiRouter {
         .routes(routes!(routes::list_queues))
         .routes(routes!(routes::queue_stats))
         .routes(routes!(partitions::raise))
+        .routes(routes!(pause::pause))
+        .routes(routes!(pause::resume))
+        .routes(routes!(limits::put, limits::get, limits::delete))
         .routes(routes!(routes::submit, listing::list))
         .routes(routes!(batch::submit))
         .routes(routes!(events::subscribe))

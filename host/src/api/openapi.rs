@@ -506,6 +506,9 @@ pub(super) mod schemas {
         dead_lettered: u64,
         /// Partitions the queue is spread over; the counts are their sums.
         partitions: u32,
+        /// Paused: it takes submissions, but no worker starts its tasks
+        /// (`POST /v1/queues/{queue}/pause`, `.../resume`).
+        paused: bool,
     }
 
     /// Every queue's counts (those the token may read).

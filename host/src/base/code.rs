@@ -81,6 +81,10 @@ error_codes! {
     /// `run_at` neither ms since the epoch nor an RFC 3339 time, more than
     /// 30 days ahead, or sent with `delay_ms`.
     InvalidRunAt = "INVALID_RUN_AT", BAD_REQUEST;
+    /// A `group` that is empty, too long or not visible text.
+    InvalidGroup = "INVALID_GROUP", BAD_REQUEST;
+    /// Queue limits out of their bounds (`details.field` names the limit).
+    InvalidLimits = "INVALID_LIMITS", BAD_REQUEST;
     /// A partition count of 0, over the maximum, or below the queue's
     /// present count.
     InvalidPartitions = "INVALID_PARTITIONS", UNPROCESSABLE_ENTITY;

@@ -12,15 +12,24 @@ use crate::ingest::IngestSettings;
 /// submit by.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerConfig {
-    /// Queues this worker consumes, comma-separated. The API accepts
-    /// submissions to any valid queue name.
+    /// Queues this worker consumes, comma-separated, each with an optional
+    /// weight: `high:6,default:3,low:1` (a queue without one weighs 1).
+    /// While every queue has tasks, the worker's slots go to them in
+    /// proportion to their weights; a queue with none gives its share to
+    /// the others. The API accepts submissions to any valid queue name.
     #[arg(
         long,
         env = "DTQ_QUEUES",
         value_delimiter = ',',
         default_value = "default"
     )]
-    pub queues: Vec<String>,
+    pub queues: Vec<WeightedQueue>,
+
+    /// Drain the queues in the order `--queues` names them: a queue's tasks
+    /// start only while every queue before it is empty (weights are then
+    /// ignored).
+    #[arg(long, env = "DTQ_STRICT_PRIORITY")]
+    pub strict_priority: bool,
 
     /// Tasks this worker runs at once.
     #[arg(long, env = "DTQ_CONCURRENCY", default_value_t = 8)]
@@ -70,7 +79,68 @@ pub struct WorkerConfig {
     pub submit: SubmitConfig,
 }
 
+/// A queue of `--queues` and its weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightedQueue {
+    /// The queue's name (checked by [`WorkerConfig::check`]).
+    pub name: String,
+    /// Its share of the worker's slots, relative to the other queues'.
+    pub weight: u32,
+}
+
+/// The largest weight `--queues` takes.
+pub const MAX_QUEUE_WEIGHT: u32 = 1_000;
+
+impl std::str::FromStr for WeightedQueue {
+    type Err = String;
+
+    /// `name` (weight 1) or `name:weight`, a weight of 1 to
+    /// [`MAX_QUEUE_WEIGHT`]. Queue names cannot hold `:`, so the last one
+    /// splits.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let Some((name, weight)) = text.rsplit_once(':') else {
+            return Ok(WeightedQueue {
+                name: text.to_owned(),
+                weight: 1,
+            });
+        };
+        match weight.parse::<u32>() {
+            Ok(weight) if (1..=MAX_QUEUE_WEIGHT).contains(&weight) => Ok(WeightedQueue {
+                name: name.to_owned(),
+                weight,
+            }),
+            _ => Err(format!(
+                "{text:?}: a weight is a whole number from 1 to {MAX_QUEUE_WEIGHT} \
+                 (as in high:6,default:3,low:1)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightedQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.weight {
+            1 => f.write_str(&self.name),
+            w => write!(f, "{}:{w}", self.name),
+        }
+    }
+}
+
 impl WorkerConfig {
+    /// The names of the queues this worker consumes, in `--queues` order.
+    pub fn queue_names(&self) -> Vec<String> {
+        self.queues.iter().map(|q| q.name.clone()).collect()
+    }
+
+    /// The weight `--queues` gives `queue` (1 if it names it without one,
+    /// or not at all).
+    pub fn weight_of(&self, queue: &str) -> u32 {
+        self.queues
+            .iter()
+            .find(|q| q.name == queue)
+            .map_or(1, |q| q.weight)
+    }
+
     /// The settings the schedules submit with.
     pub fn ingest_settings(&self) -> IngestSettings {
         self.submit.settings()
@@ -99,11 +169,17 @@ impl WorkerConfig {
         if self.queues.is_empty() {
             return Err(ConfigError::NoQueue);
         }
-        for q in &self.queues {
-            crate::ingest::validate_queue_name(q).map_err(|e| ConfigError::Queue {
-                queue: q.clone(),
+        for (i, q) in self.queues.iter().enumerate() {
+            crate::ingest::validate_queue_name(&q.name).map_err(|e| ConfigError::Queue {
+                queue: q.name.clone(),
                 reason: e.to_string(),
             })?;
+            if self.queues[..i].iter().any(|earlier| earlier.name == q.name) {
+                return Err(ConfigError::Queue {
+                    queue: q.name.clone(),
+                    reason: "named twice".into(),
+                });
+            }
         }
         at_least("--visibility-timeout-ms", 100, self.visibility_timeout_ms)
     }

@@ -67,7 +67,7 @@ pub use request::{
 };
 pub use run_at::parse_run_at;
 pub use validate::{
-    Start, check_run_settings, fingerprint, schedule, validate_idempotency_key,
+    Start, check_run_settings, fingerprint, schedule, validate_group, validate_idempotency_key,
     validate_queue_name, validate_task_name,
 };
 
@@ -362,6 +362,9 @@ fn prepare(
     if let Some(key) = &key {
         validate_idempotency_key(key)?;
     }
+    if let Some(group) = &req.group {
+        validate_group(group)?;
+    }
     let payload = req.payload.to_string();
     if payload.len() > settings.max_payload_bytes {
         return Err(IngestError::PayloadTooLarge {
@@ -388,6 +391,7 @@ fn prepare(
         now,
         run_at,
         expires_at,
+        group: req.group,
     })
 }
 

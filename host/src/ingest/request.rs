@@ -40,6 +40,12 @@ pub struct SubmitRequest {
     #[serde(default, deserialize_with = "run_at_field")]
     #[schema(value_type = Option<RunAt>)]
     pub run_at: Option<u64>,
+    /// The group the task belongs to, for the queue's `group_concurrency`
+    /// limit (1 to 128 bytes): at most that many tasks of one group run at
+    /// once across the fleet.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 128)]
+    pub group: Option<String>,
 }
 
 /// `run_at` as [`parse_run_at`] reads it; `null` is absent.

@@ -9,6 +9,7 @@ use super::{
     MAX_IDEMPOTENCY_KEY_BYTES, MAX_NAME_BYTES, SubmitRequest, invalid,
 };
 use crate::base::ErrorCode;
+use crate::store::MAX_GROUP_BYTES;
 
 /// Check a queue name: 1 to 64 bytes of `[A-Za-z0-9_.-]`. Braces and colons
 /// would break the key layout's hash tags.
@@ -57,6 +58,24 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), IngestError> {
             ErrorCode::InvalidIdempotencyKey,
             "idempotency key has control characters",
         ));
+    }
+    Ok(())
+}
+
+/// Check a submission's `group`: 1 to [`MAX_GROUP_BYTES`] bytes, no
+/// control characters.
+pub fn validate_group(group: &str) -> Result<(), IngestError> {
+    if group.is_empty() || group.len() > MAX_GROUP_BYTES {
+        return Err(invalid(
+            ErrorCode::InvalidGroup,
+            format!(
+                "group must be 1 to {MAX_GROUP_BYTES} bytes, got {}",
+                group.len()
+            ),
+        ));
+    }
+    if group.chars().any(char::is_control) {
+        return Err(invalid(ErrorCode::InvalidGroup, "group has control characters"));
     }
     Ok(())
 }

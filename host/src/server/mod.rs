@@ -387,7 +387,7 @@ fn new_watcher(
     sandbox: Option<Sandbox>,
 ) -> Watcher {
     let queues = match sandbox {
-        Some(_) => config.worker().queues,
+        Some(_) => config.worker().queue_names(),
         None => Vec::new(),
     };
     Watcher::new(

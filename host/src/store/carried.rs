@@ -3,7 +3,8 @@
 //!
 //! `start` cost Redis about as much per task as the rest of a drained
 //! task's life together: a read of the task hash, a write of RUNNING and a
-//! RUNNING event. A task submitted to run now, without an expiry, is
+//! RUNNING event. A task submitted to run now, without an expiry or a
+//! group, is
 //! written with its message carrying its name, payload and the settings of
 //! an attempt (`ingest.lua`), and the hash naming that message (`msg_id`).
 //! They travel in the message's only field, `run` ([`run_head`]), with the
@@ -109,7 +110,9 @@ impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
 /// task name of letters, digits and `_.-`), so the payload needs no
 /// escaping.
 pub(super) fn run_head(new: &NewTask) -> Option<String> {
-    if new.expires_at.is_some() || new.run_at > new.now {
+    // A grouped task is admitted by its hash (`lua/admit.lua`), so it goes
+    // through `start` like any attempt after the first.
+    if new.expires_at.is_some() || new.run_at > new.now || new.group.is_some() {
         return None;
     }
     let timeout = new.timeout_ms.map(|t| t.to_string()).unwrap_or_default();
@@ -249,6 +252,7 @@ mod tests {
             now: 1_000,
             run_at: 1_000,
             expires_at: None,
+            group: None,
         }
     }
 
@@ -284,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_task_that_runs_now_without_an_expiry_is_carried() {
+    fn only_a_task_that_runs_now_without_an_expiry_or_a_group_is_carried() {
         let now = new_task(None, None, "{}");
         assert!(run_head(&now).is_some());
         let later = NewTask {
@@ -297,6 +301,11 @@ mod tests {
             ..new_task(None, None, "{}")
         };
         assert_eq!(run_head(&expiring), None);
+        let grouped = NewTask {
+            group: Some("customer-7".into()),
+            ..new_task(None, None, "{}")
+        };
+        assert_eq!(run_head(&grouped), None);
     }
 
     #[test]

@@ -27,6 +27,10 @@
 //! | `dtq:cancel:{q}` | pub/sub channel | cancel requests of the queue's running tasks (message: `<queue>\n<task id>`), published by `cancel.lua` (`SPUBLISH` on a cluster: the queue's shard only) |
 //! | `dtq:partitions:{q}` | string | the queue's partition count, in every partition's slot; checked by `ingest.lua` (absent: 1) |
 //! | `dtq:partition-history:{q}` | sorted set | partition counts a raise replaced → until when (ms) keyed records may still be in their partitions (partition 0 only; see `store::partitions`) |
+//! | `dtq:rate:{q}` | hash | a rate-limited queue's window `w` (its number, by Redis's clock) and the starts `n` counted in it (`lua/admit.lua`) |
+//! | `dtq:group:{q}:<group>` | sorted set | the tasks holding a slot of `<group>` under a group limit, by when admitted (`lua/admit.lua`) |
+//! | [`LIMITS`] | hash | each queue's limits, JSON (`limits.rs`) |
+//! | [`PAUSED`] | hash | paused queues: each name, and when it was paused (ms) (`pause.rs`) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission, at most `--max-queues` (`queue_register.lua`) |
 //! | `dtq:guest:<namespace>:<key>` | any | the only keys a handler can reach (see `sandbox`) |
 //! | `dtq:*:{registry}*` | | the handler registry: modules, active versions, history, fleet reports (see `deploy::Registry`) |
@@ -38,6 +42,15 @@ pub const GROUP: &str = "dtq-workers";
 /// at most `--max-queues` of them. It is the one key without a queue's hash
 /// tag; one script touches it, alone (`lua/queue_register.lua`).
 pub const QUEUES: &str = "dtq:queues";
+
+/// The limits of every queue that has some (a logical queue, all its
+/// partitions): its name, and the limits as JSON ([`super::Limits`]).
+pub const LIMITS: &str = "dtq:limits";
+
+/// Every paused queue (a logical queue, all its partitions): its name, and
+/// when it was paused (ms). Like [`QUEUES`], a key without a queue's hash
+/// tag, so one read gives a worker the state of all its queues.
+pub const PAUSED: &str = "dtq:paused";
 
 /// What separates a queue's name from a partition's number in the name of
 /// the partition's key set: `q#3`.
@@ -167,6 +180,18 @@ impl QueueKeys {
     /// The prefix of every task hash of this queue.
     pub fn task_prefix(&self) -> &str {
         &self.task_prefix
+    }
+
+    /// The rate limit's window of this key set: the window and the starts
+    /// counted in it (`lua/admit.lua`).
+    pub fn rate(&self) -> String {
+        format!("dtq:rate:{{{}}}", self.queue)
+    }
+
+    /// The prefix of this key set's group sets: the running tasks of each
+    /// group, `<prefix><group>` (`lua/admit.lua`).
+    pub fn group_prefix(&self) -> String {
+        format!("dtq:group:{{{}}}:", self.queue)
     }
 
     /// The idempotency record of `key`, or of no key: scripts take the record

@@ -17,7 +17,8 @@
 //!   queue's periodic tasks (`schedules.rs`);
 //! - outside the worker: reading tasks by id (`task_read.rs`), cancelling
 //!   (`cancel.rs`), the DLQ (`dlq.rs`), counts and queue names
-//!   (`stats.rs`), the events stream (`events.rs`; entry ids in
+//!   (`stats.rs`), pausing a queue (`pause.rs`), its limits and the
+//!   admission of a batch under them (`limits.rs`), the events stream (`events.rs`; entry ids in
 //!   `stream_id.rs`), listing a queue's tasks (`listing.rs`), finding a
 //!   task by its idempotency key (`lookup.rs`).
 //!
@@ -36,9 +37,11 @@ mod events;
 mod expiry;
 mod keys;
 mod latency;
+mod limits;
 mod listing;
 mod lookup;
 mod partitions;
+mod pause;
 mod promote;
 mod reclaim;
 mod schedules;
@@ -68,11 +71,13 @@ pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
 pub use keys::{
-    GROUP, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
+    GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
 };
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
+pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate};
+pub use pause::PAUSE_POLL;
 pub use reclaim::Reclaimed;
 pub use schedules::{
     CronExpr, FiredTick, InvalidCron, MAX_SCHEDULE_NAME_BYTES, Schedule, ScheduleDef, TIMEZONE,

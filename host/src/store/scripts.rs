@@ -155,6 +155,7 @@ pub(crate) struct Scripts {
     pub(crate) task_read: Script,
     pub(crate) idem_forward: Script,
     pub(crate) queue_register: Script,
+    pub(crate) admit: Script,
 }
 
 impl Scripts {
@@ -177,10 +178,11 @@ impl Scripts {
             task_read: script!("task_read", "carried"),
             idem_forward: script!("idem_forward"),
             queue_register: script!("queue_register"),
+            admit: script!("admit", "clock"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 17] {
+    pub(crate) fn all(&self) -> [&Script; 18] {
         [
             &self.ingest,
             &self.start,
@@ -199,6 +201,7 @@ impl Scripts {
             &self.task_read,
             &self.idem_forward,
             &self.queue_register,
+            &self.admit,
         ]
     }
 }
@@ -482,9 +485,10 @@ mod tests {
     }
 
     /// Every named ARGV layout, with its script's text.
-    fn layouts() -> [(&'static ArgvLayout, &'static str); 4] {
-        use super::super::{complete, reclaim, start};
+    fn layouts() -> [(&'static ArgvLayout, &'static str); 5] {
+        use super::super::{complete, limits, reclaim, start};
         [
+            (&limits::ADMIT_ARGV, include_str!("lua/admit.lua")),
             (&start::START_ARGV, include_str!("lua/start.lua")),
             (&reclaim::RECLAIM_ARGV, include_str!("lua/reclaim.lua")),
             (&complete::COMPLETE_ARGV, include_str!("lua/complete.lua")),

@@ -11,10 +11,13 @@ impl Store {
     /// Counts of `queue`: the sums over its partitions.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats, StoreError> {
         let names = self.partition_names(queue).await?;
-        let parts = futures::future::try_join_all(
-            names
-                .iter()
-                .map(|name| self.partition_stats(QueueKeys::new(name))),
+        let (parts, paused) = futures::future::try_join(
+            futures::future::try_join_all(
+                names
+                    .iter()
+                    .map(|name| self.partition_stats(QueueKeys::new(name))),
+            ),
+            self.paused_since(queue),
         )
         .await?;
         let mut stats = QueueStats {
@@ -24,6 +27,7 @@ impl Store {
             delayed: 0,
             dead_lettered: 0,
             partitions: names.len() as u32,
+            paused: paused.is_some(),
         };
         for part in parts {
             stats.ready += part.ready;
@@ -79,6 +83,7 @@ impl Store {
             delayed,
             dead_lettered,
             partitions: 1,
+            paused: false,
         })
     }
 

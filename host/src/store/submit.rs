@@ -212,6 +212,9 @@ fn hash_fields(new: &NewTask) -> Vec<(&'static str, Cow<'_, str>)> {
     if new.run_at > new.now {
         fields.push(("run_at", new.run_at.to_string().into()));
     }
+    if let Some(group) = &new.group {
+        fields.push(("group", Cow::Borrowed(group)));
+    }
     fields.push(("budget", max_attempts.into()));
     fields.push(("created_at", now.into()));
     fields.push(("id", Cow::Borrowed(&new.id)));
@@ -318,6 +321,7 @@ mod tests {
             now: 1_000,
             run_at: 1_000,
             expires_at,
+            group: None,
         }
     }
 

@@ -153,6 +153,11 @@ pub struct TaskRecord {
     pub attempt_digests: Vec<String>,
     /// The archived attempts (`attempt:<n>` fields), by attempt number.
     pub archived_attempts: Vec<AttemptRecord>,
+    /// The group it belongs to, for a group limit.
+    pub group: Option<String>,
+    /// What holds it while it waits SCHEDULED under a queue limit (`rate`
+    /// or `group`), and until when (ms): see `store::limits`.
+    pub held: Option<(String, u64)>,
 }
 
 /// How many attempts a task's history keeps: the scripts keep this many
@@ -265,6 +270,11 @@ impl TaskRecord {
                 .map(|d| d.split(',').map(str::to_owned).collect())
                 .unwrap_or_default(),
             archived_attempts,
+            group: take("group"),
+            held: match (take("held_by"), number(take("held_until"), "held_until")?) {
+                (Some(by), Some(until)) if status == TaskStatus::Scheduled => Some((by, until)),
+                _ => None,
+            },
             id,
         })
     }
@@ -302,6 +312,8 @@ impl TaskRecord {
             "run_at": self.run_at,
             "expires_at": self.expires_at,
             "cancel_requested": self.cancel_requested,
+            "group": self.group,
+            "held": self.held.as_ref().map(|(by, until)| json!({"by": by, "until": until})),
             "handler_digest": self.handler_digest(),
             "attempt_digests": self.attempt_digests,
             "attempt_history": self
@@ -475,6 +487,23 @@ mod tests {
             .into_iter()
             .map(|a| (a.attempt, a.outcome))
             .collect()
+    }
+
+    #[test]
+    fn a_hold_shows_while_scheduled_only() {
+        let held = [("group", "customer-7"), ("held_by", "group"), ("held_until", "9000")];
+        let waiting = hash(&[&[("status", "SCHEDULED")][..], &held].concat());
+        let task = TaskRecord::from_fields(waiting).expect("parses");
+        assert_eq!(task.held, Some(("group".to_owned(), 9000)));
+        let json = task.to_json();
+        assert_eq!(json["held"], json!({"by": "group", "until": 9000}));
+        assert_eq!(json["group"], "customer-7");
+        // Admitted later, its worker may not have cleared the fields yet:
+        // a running task is not held.
+        let running = hash(&[&[("status", "RUNNING")][..], &held].concat());
+        let task = TaskRecord::from_fields(running).expect("parses");
+        assert_eq!(task.held, None);
+        assert_eq!(task.to_json()["held"], Value::Null);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct NewTask {
     pub run_at: u64,
     /// Expiry (ms since epoch) if not started by then.
     pub expires_at: Option<u64>,
+    /// The group it belongs to, for a group limit (`store::limits`).
+    pub group: Option<String>,
 }
 
 /// What a submission did.
@@ -285,4 +287,7 @@ pub struct QueueStats {
     /// Partitions the queue is spread over (see `store::partitions`); the
     /// counts above are their sums.
     pub partitions: u32,
+    /// Whether the queue is paused: it takes submissions, but no worker
+    /// starts its tasks (see `store::pause`).
+    pub paused: bool,
 }

@@ -1,10 +1,23 @@
 //! The fetch loop: one per worker, for all its queues.
 //!
-//! Each round takes the free execution slots, then reads the queues one
-//! after another, without blocking, each for as many messages as slots are
-//! still free, starting with a different queue each round so that busy
-//! queues share the slots evenly. Only when a whole round found nothing does
-//! the loop wait, on all the queues at once, for a new message (`wait.rs`).
+//! Each round takes the free execution slots, shares them among the
+//! queues by their weights (`--queues high:6,default:3,low:1`; 1 each
+//! unless given), then reads each queue, without blocking, for its share.
+//! The shares are dealt slot by slot by smooth weighted round-robin, whose
+//! credits carry over from round to round: with every queue busy, the
+//! slots go to the queues in proportion to their weights, even one slot a
+//! round. A queue that had fewer messages than its share gives the rest
+//! away: the slots left are dealt again among the queues that filled
+//! theirs (and those not read yet), until the slots run out or every queue
+//! came up short. Ties go to a different queue each round, so busy queues
+//! of equal weight share the slots evenly. With `--strict-priority` every
+//! slot goes to the first queue in `--queues` order that has messages.
+//! Only when a whole round found nothing does the loop wait, on all the
+//! queues at once, for a new message (`wait.rs`).
+//!
+//! A paused queue (`flow.rs`) is left out of the rounds and the wait
+//! altogether; when the paused set changes, its pending messages are read
+//! back, as after a raise of a partition count.
 //!
 //! Why not one `XREADGROUP … STREAMS q1 q2 … > > …` for the whole round:
 //! its `COUNT` applies to each stream, so it can deliver up to `COUNT` times
@@ -67,8 +80,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::flow::Flow;
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise, wait};
-use crate::store::{Conn, Delivery, GROUP, StoreError, fresh_deliveries, own_pending};
+use crate::store::{
+    Conn, Delivery, GROUP, PAUSE_POLL, StoreError, fresh_deliveries, logical_queue, own_pending,
+};
 
 /// Pending messages read back per `XREADGROUP`.
 const READ_BACK_PAGE: usize = 64;
@@ -84,6 +100,14 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         keys.refresh(&shared);
         if keys.queues.iter().any(|q| supervise::injected("fetch", q)) {
             return;
+        }
+        if keys.queues.is_empty() {
+            // Every queue is paused.
+            drop(permits);
+            tokio::select! {
+                () = tokio::time::sleep(PAUSE_POLL) => continue,
+                () = stop.cancelled() => return,
+            }
         }
         let conn = match connected(&shared, &mut conn).await {
             Ok(conn) => conn,
@@ -139,7 +163,11 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 struct Keys {
     /// Every partition of every queue of the worker ([`Shared::queues`]),
     /// as last read.
-    queues: Arc<Vec<String>>,
+    all: Arc<Vec<String>>,
+    /// The queues' flow control ([`Shared::flow`]), as last read.
+    flow: Arc<Flow>,
+    /// The partitions of `all` whose queue is not paused: those read.
+    queues: Vec<String>,
     /// The stream of each of `queues`.
     streams: Vec<String>,
     /// How the wait groups `streams`, one call each ([`wait::groups`]).
@@ -149,18 +177,44 @@ struct Keys {
     wait_conns: Vec<Option<Conn>>,
     /// Queues whose own pending messages are to be read back.
     unread: Vec<bool>,
-    /// The queue the next round reads first.
+    /// The weight of each of `queues`: its queue's, shared evenly by the
+    /// queue's partitions.
+    weights: Vec<f64>,
+    /// The smooth weighted round-robin's credit of each of `queues`.
+    credit: Vec<f64>,
+    /// Every slot to the first queue with messages (`--strict-priority`).
+    strict: bool,
+    /// The queue ties go to first in the next round.
     first: usize,
 }
 
 impl Keys {
     fn new(shared: &Shared) -> Keys {
-        let queues = shared.queues();
+        let all = shared.queues();
+        let flow = shared.flow.borrow().clone();
+        let queues: Vec<String> = all
+            .iter()
+            .filter(|q| !flow.paused.contains(logical_queue(q)))
+            .cloned()
+            .collect();
+        let weights = queues
+            .iter()
+            .map(|q| {
+                let queue = logical_queue(q);
+                let parts = queues.iter().filter(|p| logical_queue(p) == queue).count();
+                f64::from(shared.config.weight_of(queue)) / parts as f64
+            })
+            .collect();
         let (streams, waits) = wait::groups(shared, &queues);
         Keys {
             wait_conns: vec![None; waits.len()],
             unread: vec![false; queues.len()],
+            credit: vec![0.0; queues.len()],
+            weights,
+            strict: shared.config.strict_priority,
             first: 0,
+            all,
+            flow,
             queues,
             streams,
             waits,
@@ -168,18 +222,59 @@ impl Keys {
     }
 
     /// Follow a raise of a partition count (key sets added, whose pending
-    /// messages are read back), and a request to read back.
+    /// messages are read back), a pause or resume (the same: a resumed
+    /// queue's messages delivered before its pause are read back), and a
+    /// request to read back.
     fn refresh(&mut self, shared: &Shared) {
-        let current = shared.queues();
-        if !Arc::ptr_eq(&current, &self.queues) {
+        let changed = !Arc::ptr_eq(&shared.queues(), &self.all)
+            || !Arc::ptr_eq(&shared.flow.borrow(), &self.flow);
+        if changed {
             let first = self.first;
             *self = Keys::new(shared);
             self.unread.fill(true);
-            self.first = first % self.queues.len();
+            self.first = first % self.queues.len().max(1);
         }
         if shared.read_back.swap(false, Ordering::AcqRel) {
             self.unread.fill(true);
         }
+    }
+
+    /// Deal `free` slots among the queues not `short` (found with fewer
+    /// messages than asked this round): each queue with a share, and its
+    /// share, in reading order. See the module documentation.
+    fn share(&mut self, free: usize, short: &[bool]) -> Vec<(usize, usize)> {
+        let count = self.queues.len();
+        if self.strict {
+            return (0..count)
+                .find(|&at| !short[at])
+                .map(|at| vec![(at, free)])
+                .unwrap_or_default();
+        }
+        let candidates: Vec<usize> = (0..count)
+            .map(|i| (self.first + i) % count)
+            .filter(|&at| !short[at])
+            .collect();
+        let Some(&head) = candidates.first() else {
+            return Vec::new();
+        };
+        let total: f64 = candidates.iter().map(|&at| self.weights[at]).sum();
+        let mut shares = vec![0; count];
+        for _ in 0..free {
+            let mut best = head;
+            for &at in &candidates {
+                self.credit[at] += self.weights[at];
+                if self.credit[at] > self.credit[best] {
+                    best = at;
+                }
+            }
+            self.credit[best] -= total;
+            shares[best] += 1;
+        }
+        candidates
+            .into_iter()
+            .filter(|&at| shares[at] > 0)
+            .map(|at| (at, shares[at]))
+            .collect()
     }
 }
 
@@ -206,9 +301,10 @@ struct Round {
     failed: bool,
 }
 
-/// One round: each queue once, from a different one each time, reading
-/// back first where [`Keys::unread`] says so; each read asks for as many
-/// messages as `permits` has left.
+/// One round: the free slots dealt among the queues ([`Keys::share`]),
+/// each queue read for its share (reading back first where
+/// [`Keys::unread`] says so), and what is left dealt again among the
+/// queues that filled theirs.
 async fn round(
     shared: &Arc<Shared>,
     conn: &mut Conn,
@@ -219,55 +315,82 @@ async fn round(
         found: false,
         failed: false,
     };
-    let count = keys.queues.len();
-    for i in 0..count {
-        if permits.is_empty() {
+    let mut short = vec![false; keys.queues.len()];
+    while !permits.is_empty() {
+        let shares = keys.share(permits.len(), &short);
+        if shares.is_empty() {
             break;
         }
-        let at = (keys.first + i) % count;
-        let (queue, stream) = (&keys.queues[at], &keys.streams[at]);
-        if keys.unread[at] {
-            match read_back(shared, conn, queue, stream, permits).await {
-                Ok((done, dispatched)) => {
-                    keys.unread[at] = !done;
-                    round.found |= dispatched;
-                }
-                Err(e) => {
-                    round.failed = true;
-                    // After a Redis restart (the group gone with its
-                    // pending messages), made again: nothing to read back.
-                    if server_code(&e) == Some("NOGROUP") {
-                        let _ = shared.store.ensure_group(queue).await;
-                    }
-                    warn!(queue, error = %e, "reading back pending messages failed; retrying");
-                    continue;
-                }
-            }
+        for (at, share) in shares {
             if permits.is_empty() {
                 break;
             }
+            let asked = share.min(permits.len());
+            let filled = read_queue(shared, conn, keys, at, asked, permits, &mut round).await;
+            short[at] |= !filled;
         }
-        match read_now(conn, queue, stream, &shared.consumer, permits.len()).await {
-            Ok(deliveries) if deliveries.is_empty() => {}
-            Ok(deliveries) => {
+    }
+    keys.first = (keys.first + 1) % keys.queues.len().max(1);
+    round
+}
+
+/// Read the queue `at` of `keys` for up to `asked` messages (after reading
+/// back its pending ones if due) and dispatch them, one of `permits` each.
+/// Whether it gave all that was asked, so may have more.
+async fn read_queue(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    keys: &mut Keys,
+    at: usize,
+    asked: usize,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+    round: &mut Round,
+) -> bool {
+    let (queue, stream) = (&keys.queues[at], &keys.streams[at]);
+    if keys.unread[at] {
+        match read_back(shared, conn, queue, stream, permits).await {
+            Ok((done, dispatched)) => {
+                keys.unread[at] = !done;
+                round.found |= dispatched;
+            }
+            Err(e) => {
+                round.failed = true;
+                // After a Redis restart (the group gone with its pending
+                // messages), made again: nothing to read back.
+                if server_code(&e) == Some("NOGROUP") {
+                    let _ = shared.store.ensure_group(queue).await;
+                }
+                warn!(queue, error = %e, "reading back pending messages failed; retrying");
+                return false;
+            }
+        }
+        if permits.is_empty() {
+            return true;
+        }
+    }
+    let asked = asked.min(permits.len());
+    match read_now(conn, queue, stream, &shared.consumer, asked).await {
+        Ok(deliveries) => {
+            let filled = deliveries.len() >= asked;
+            if !deliveries.is_empty() {
                 round.found = true;
                 let batch = permits.split_off(permits.len() - deliveries.len());
                 let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
                 spawn_dispatch(shared, queue, deliveries, holds, batch);
             }
-            Err(e) => {
-                round.failed = true;
-                // It may have delivered with its reply lost.
-                keys.unread[at] = true;
-                if server_code(&e) == Some("NOGROUP") {
-                    let _ = shared.store.ensure_group(queue).await;
-                }
-                warn!(queue, error = %e, "read failed; retrying");
+            filled
+        }
+        Err(e) => {
+            round.failed = true;
+            // It may have delivered with its reply lost.
+            keys.unread[at] = true;
+            if server_code(&e) == Some("NOGROUP") {
+                let _ = shared.store.ensure_group(queue).await;
             }
+            warn!(queue, error = %e, "read failed; retrying");
+            false
         }
     }
-    keys.first = (keys.first + 1) % count;
-    round
 }
 
 /// The code of the error Redis answered, if `e` is one (`NOGROUP`, say).

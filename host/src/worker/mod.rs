@@ -25,6 +25,8 @@
 //!   or beyond `--dlq-max`, so the DLQ stays bounded;
 //! - `partitions.rs`: follows the partition counts of the worker's queues,
 //!   so that a raise is consumed without a restart;
+//! - `flow.rs`: follows which of the worker's queues are paused, and their
+//!   limits;
 //! - `supervise.rs`: names every loop; [`run`] stops with an error naming a
 //!   loop that ended on its own, so the process exits and is restarted
 //!   instead of staying up doing nothing.
@@ -44,6 +46,7 @@ mod delayed;
 mod executor;
 mod expiry;
 mod fetch;
+mod flow;
 mod partitions;
 mod reclaim;
 mod retention;
@@ -192,10 +195,11 @@ impl LoopSets {
             fetch::run(shared.clone(), stop.clone()),
             &shared.guests,
         );
+        loops.spawn("flow watcher", flow::watch(shared.clone(), stop.clone()));
         for name in shared.queues().iter() {
             spawn_partition_loops(&mut loops, shared, name, &stop);
         }
-        for queue in shared.config.queues.clone() {
+        for queue in shared.config.queue_names() {
             let name = format!("scheduler of queue {queue}");
             loops.spawn(name, schedule::run(shared.clone(), queue, stop.clone()));
         }

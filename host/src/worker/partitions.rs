@@ -39,7 +39,7 @@ pub(super) async fn watch(
 ) {
     let mut every = Every::new(POLL);
     while every.tick(&stop).await {
-        let names = match of_queues(&shared.store, &shared.config.queues).await {
+        let names = match of_queues(&shared.store, &shared.config.queue_names()).await {
             Ok(names) => names,
             Err(e) => {
                 warn!(error = %e, "cannot read the queues' partition counts");

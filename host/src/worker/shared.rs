@@ -9,12 +9,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, warn};
 
+use super::flow::Flow;
 use super::running::{Registration, Running};
 use super::{completion, executor};
 use crate::config::WorkerConfig;
 use crate::metrics::WorkerMetrics;
 use crate::sandbox::Sandbox;
-use crate::store::{Delivery, StartDecision, Store, StoreError};
+use crate::store::{Admission, Delivery, Limits, StartDecision, Store, StoreError, logical_queue};
 
 /// State every loop of one worker shares.
 pub(super) struct Shared {
@@ -29,6 +30,11 @@ pub(super) struct Shared {
     /// queues (a queue nobody partitioned is one), kept current by
     /// `partitions.rs`. The per-queue loops read it each round.
     pub(super) partitions: watch::Sender<Arc<Vec<String>>>,
+    /// Which of the worker's queues are paused, and their limits, kept
+    /// current by `flow.rs`: the fetch loop reads no paused queue, a batch
+    /// of one is not started, and a batch of a queue with limits is
+    /// admitted first.
+    pub(super) flow: watch::Sender<Arc<Flow>>,
     /// One permit per execution slot. The fetch and reclaim loops take
     /// permits before they read, so a worker never holds more messages than
     /// it can run.
@@ -95,15 +101,97 @@ impl Shared {
         }
     }
 
+    /// Whether the queue of partition `queue` is paused.
+    pub(super) fn is_paused(&self, queue: &str) -> bool {
+        self.flow.borrow().paused.contains(logical_queue(queue))
+    }
+
+    /// The limits of the queue of partition `queue`, if it has some, and
+    /// its partition count as this worker knows it.
+    fn limits_of(&self, queue: &str) -> Option<(Limits, u32)> {
+        let logical = logical_queue(queue);
+        let limits = *self.flow.borrow().limits.get(logical)?;
+        let partitions = self
+            .queues()
+            .iter()
+            .filter(|q| logical_queue(q) == logical)
+            .count();
+        Some((limits, partitions as u32))
+    }
+
+    /// Admit `deliveries` of `queue` under its limits, if it has some
+    /// (`store::limits`): those admitted, with their holds and permits;
+    /// the holds and permits of the others are dropped (the slots free at
+    /// once). `None` when the admission failed: nothing is started, the
+    /// messages stay pending on this consumer, as after a failed `start`.
+    async fn admitted(
+        &self,
+        queue: &str,
+        deliveries: Vec<Delivery>,
+        holds: Vec<Registration>,
+        permits: Vec<OwnedSemaphorePermit>,
+    ) -> Option<(Vec<Delivery>, Vec<Registration>, Vec<OwnedSemaphorePermit>)> {
+        let Some((limits, partitions)) = self.limits_of(queue) else {
+            return Some((deliveries, holds, permits));
+        };
+        let grace = self.config.visibility_timeout();
+        let now = crate::base::now_ms();
+        let admissions = match self
+            .feed
+            .admit(queue, &deliveries, &limits, partitions, grace, now)
+            .await
+        {
+            Ok(admissions) => admissions,
+            Err(e) => {
+                warn!(queue, error = %e, count = deliveries.len(), "admission failed");
+                if matches!(e, StoreError::Redis(_)) {
+                    self.read_back.store(true, Ordering::Release);
+                }
+                return None;
+            }
+        };
+        let mut kept = (Vec::new(), Vec::new(), Vec::new());
+        let mut permits = permits.into_iter();
+        for ((delivery, hold), admission) in deliveries.into_iter().zip(holds).zip(admissions) {
+            let permit = permits.next();
+            if admission == Admission::Admitted {
+                kept.0.push(delivery);
+                kept.1.push(hold);
+                kept.2.extend(permit);
+            } else {
+                tracing::debug!(queue, task_id = %delivery.task_id, ?admission, "held by a limit");
+            }
+        }
+        Some(kept)
+    }
+
     /// [`Shared::dispatch_unheld`] of messages held already, one guard in
     /// `holds` per delivery.
+    ///
+    /// Deliveries of a paused queue (a wait or a reclaim that returned as
+    /// the queue was paused) are not started: they stay pending on this
+    /// consumer, held no more, and the fetch loop reads them back when the
+    /// queue resumes (`pause.rs`).
     pub(super) async fn dispatch_held(
         self: &Arc<Self>,
         queue: &str,
-        mut deliveries: Vec<Delivery>,
+        deliveries: Vec<Delivery>,
         holds: Vec<Registration>,
-        mut permits: Vec<OwnedSemaphorePermit>,
+        permits: Vec<OwnedSemaphorePermit>,
     ) {
+        if self.is_paused(queue) {
+            tracing::debug!(queue, count = deliveries.len(), "paused: not started");
+            return;
+        }
+        let Some((mut deliveries, holds, mut permits)) =
+            self.admitted(queue, deliveries, holds, permits).await
+        else {
+            return;
+        };
+        if deliveries.is_empty() {
+            return;
+        }
+        // After the admission: a start is never stamped before it.
         let now = crate::base::now_ms();
         let decisions = match self
             .feed

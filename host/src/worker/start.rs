@@ -9,6 +9,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::flow::Flow;
 use super::running::Running;
 use super::{Shared, WorkerError, completion, partitions};
 use crate::config::WorkerConfig;
@@ -36,7 +37,9 @@ pub(super) async fn prepare(
     metrics: WorkerMetrics,
 ) -> Result<Started, WorkerError> {
     config.validate().map_err(WorkerError::Config)?;
-    let names = partitions::of_queues(&store, &config.queues).await?;
+    let names = partitions::of_queues(&store, &config.queue_names()).await?;
+    // Before the first fetch: a worker started during a pause obeys it.
+    let flow = Flow::read(&store, &config.queue_names()).await?;
     for name in &names {
         store.ensure_group(name).await?;
     }
@@ -56,6 +59,7 @@ pub(super) async fn prepare(
     let slots = metrics.hold_slots(config.concurrency);
     let shared = Arc::new(Shared {
         partitions: watch::Sender::new(Arc::new(names)),
+        flow: watch::Sender::new(Arc::new(flow)),
         slots: Arc::new(Semaphore::new(config.concurrency)),
         store,
         sandbox,

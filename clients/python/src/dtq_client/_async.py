@@ -36,6 +36,7 @@ class AsyncClient:
         run_at: Optional[RunAt] = None,
         timeout_ms: Optional[int] = None,
         expires_in_ms: Optional[int] = None,
+        group: Optional[str] = None,
     ) -> Dict[str, Any]:
         """See :meth:`Client.submit`."""
         return await asyncio.to_thread(
@@ -49,6 +50,7 @@ class AsyncClient:
             run_at,
             timeout_ms,
             expires_in_ms,
+            group,
         )
 
     async def submit_batch(self, queue: str, items: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -70,6 +70,7 @@ def submission(
     run_at: Optional[RunAt] = None,
     timeout_ms: Optional[int] = None,
     expires_in_ms: Optional[int] = None,
+    group: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The body of a submission (an item of a batch): the options given, by
     the API's field names."""
@@ -81,6 +82,7 @@ def submission(
         "run_at": None if run_at is None else run_at_value(run_at),
         "timeout_ms": timeout_ms,
         "expires_in_ms": expires_in_ms,
+        "group": group,
     }
     body.update({k: v for k, v in options.items() if v is not None})
     return body
@@ -301,18 +303,20 @@ class Client:
         run_at: Optional[RunAt] = None,
         timeout_ms: Optional[int] = None,
         expires_in_ms: Optional[int] = None,
+        group: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Submit ``task`` with ``payload`` (any JSON value) to ``queue``.
 
         Returns the API's answer: ``task_id``, ``queue``, ``task``,
         ``status`` and ``duplicate`` (True: the key's task had ended, and
         this is its record). ``run_at`` is ms since the epoch, an RFC 3339
-        string or an aware ``datetime``. Raises :class:`DtqError`
+        string or an aware ``datetime``. ``group`` names the task's group for
+        the queue's ``group_concurrency`` limit. Raises :class:`DtqError`
         (``UNKNOWN_TASK``, ``IDEMPOTENCY_IN_PROGRESS`` with the task's
         ``task_id`` in ``details``, ``QUEUE_FULL``, ...).
         """
         body = submission(
-            task, payload, None, max_attempts, delay_ms, run_at, timeout_ms, expires_in_ms
+            task, payload, None, max_attempts, delay_ms, run_at, timeout_ms, expires_in_ms, group
         )
         headers = {}
         if idempotency_key is not None:

@@ -1,0 +1,207 @@
+//! A queue's limits ([`Limits`]: a fleet-wide rate of starts, and running
+//! tasks per group), kept in [`LIMITS`], and the admission of a batch of
+//! fetched messages under them (`lua/admit.lua`).
+//!
+//! Workers read the limits of their queues with the pause state, every
+//! [`PAUSE_POLL`](super::PAUSE_POLL), and call [`Store::admit`] before
+//! starting a batch of a queue that has some; a queue without limits pays
+//! nothing. What the script counts lives in each partition's own slot, so
+//! under Redis Cluster a queue's partitions count apart: a queue of one
+//! partition is limited exactly, a partitioned one has its rate split
+//! evenly among its partitions (rounded down, at least one start per window
+//! each) and its group limit applied in each partition.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::scripts::{Argv, ArgvLayout};
+use super::{Delivery, GROUP, LIMITS, QueueKeys, Store, StoreError};
+
+/// The longest `group` a submission may carry, in bytes.
+pub const MAX_GROUP_BYTES: usize = 128;
+
+/// How long a task held by its group waits before it is looked at again,
+/// the first time; it doubles with each hold, up to 16 times this.
+const GROUP_RETRY: Duration = Duration::from_millis(100);
+
+/// At most `limit` task starts per window of `per_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    /// Starts per window.
+    pub limit: u32,
+    /// The window (ms).
+    pub per_ms: u64,
+}
+
+/// A queue's limits; `None` for a limit it does not have.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Task starts across the fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    /// Running tasks of one `group` across the fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_concurrency: Option<u32>,
+}
+
+impl Limits {
+    /// Whether there is any limit at all.
+    pub fn any(&self) -> bool {
+        self.rate.is_some() || self.group_concurrency.is_some()
+    }
+}
+
+/// What [`Store::admit`] decided for one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// It may start.
+    Admitted,
+    /// Held until the rate limit's next window; out of the stream.
+    HeldByRate,
+    /// Held until a slot of its group may be free; out of the stream.
+    HeldByGroup,
+}
+
+/// `admit.lua`'s ARGV by name; then, from `DELIVERIES`, a message id and a
+/// task id per delivery.
+pub(super) static ADMIT_ARGV: ArgvLayout = ArgvLayout {
+    script: "admit",
+    prefix: "ARG_",
+    first: 1,
+    names: &[
+        "GROUP",
+        "NOW",
+        "RATE_LIMIT",
+        "RATE_PER_MS",
+        "GROUP_LIMIT",
+        "GROUP_PREFIX",
+        "TASK_PREFIX",
+        "GROUP_RETRY_MS",
+        "ADMIT_GRACE_MS",
+    ],
+    rest: Some("DELIVERIES"),
+};
+
+impl Store {
+    /// Set `queue`'s limits (all of them: a limit not in `limits` is
+    /// lifted).
+    pub async fn set_limits(&self, queue: &str, limits: &Limits) -> Result<(), StoreError> {
+        let json = serde_json::to_string(limits).expect("limits serialize");
+        self.trip(
+            "limits",
+            redis::cmd("HSET")
+                .arg(LIMITS)
+                .arg(queue)
+                .arg(json)
+                .query_async::<()>(&mut self.conn.clone()),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Lift every limit of `queue`. Whether it had any.
+    pub async fn delete_limits(&self, queue: &str) -> Result<bool, StoreError> {
+        let removed: u32 = self
+            .trip(
+                "limits",
+                redis::cmd("HDEL")
+                    .arg(LIMITS)
+                    .arg(queue)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        Ok(removed > 0)
+    }
+
+    /// The limits of each of `queues` that has some, in one round trip.
+    /// A record that does not parse counts as no limits (and is logged by
+    /// the caller's next set).
+    pub async fn limits_of(
+        &self,
+        queues: &[String],
+    ) -> Result<HashMap<String, Limits>, StoreError> {
+        if queues.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let records: Vec<Option<String>> = self
+            .trip(
+                "limits",
+                redis::cmd("HMGET")
+                    .arg(LIMITS)
+                    .arg(queues)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        Ok(queues
+            .iter()
+            .zip(records)
+            .filter_map(|(queue, record)| {
+                let limits: Limits = serde_json::from_str(record.as_deref()?).ok()?;
+                limits.any().then(|| (queue.clone(), limits))
+            })
+            .collect())
+    }
+
+    /// Admit `deliveries` of partition `queue` (one of `partitions`) under
+    /// `limits` before they start; see `lua/admit.lua`. The held ones are
+    /// out of the stream already. A task admitted but never started gives
+    /// its group slot back after `grace`.
+    pub async fn admit(
+        &self,
+        queue: &str,
+        deliveries: &[Delivery],
+        limits: &Limits,
+        partitions: u32,
+        grace: Duration,
+        now: u64,
+    ) -> Result<Vec<Admission>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.admit.prepare_invoke();
+        inv.key(&keys.stream).key(&keys.delayed).key(keys.rate());
+        for d in deliveries {
+            inv.key(keys.task(&d.task_id));
+        }
+        let (rate_limit, per_ms) = limits.rate.map_or((0, 1), |rate| {
+            ((rate.limit / partitions.max(1)).max(1), rate.per_ms.max(1))
+        });
+        Argv::new(&mut inv, &ADMIT_ARGV)
+            .put("GROUP", GROUP)
+            .put("NOW", now)
+            .put("RATE_LIMIT", rate_limit)
+            .put("RATE_PER_MS", per_ms)
+            .put("GROUP_LIMIT", limits.group_concurrency.unwrap_or(0))
+            .put("GROUP_PREFIX", keys.group_prefix())
+            .put("TASK_PREFIX", keys.task_prefix())
+            .put("GROUP_RETRY_MS", GROUP_RETRY.as_millis() as u64)
+            .put("ADMIT_GRACE_MS", grace.as_millis() as u64)
+            .done();
+        for d in deliveries {
+            inv.arg(&d.msg_id).arg(&d.task_id);
+        }
+        let codes: Vec<i64> = self
+            .trip("admit", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
+        if codes.len() != deliveries.len() {
+            return Err(StoreError::Protocol(format!(
+                "admit answered {} decisions for {} messages",
+                codes.len(),
+                deliveries.len()
+            )));
+        }
+        codes
+            .into_iter()
+            .map(|code| match code {
+                1 => Ok(Admission::Admitted),
+                2 => Ok(Admission::HeldByRate),
+                3 => Ok(Admission::HeldByGroup),
+                other => Err(StoreError::Protocol(format!(
+                    "admit answered code {other}"
+                ))),
+            })
+            .collect()
+    }
+}

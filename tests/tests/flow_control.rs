@@ -1,0 +1,446 @@
+//! Flow control: queue weights (`--queues hi:6,lo:1`), strict priority,
+//! and pausing a queue across the fleet.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use dtq_tests::{Dtq, assert_error};
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The admin token of the dtq under test.
+const ADMIN: &str = "flow-control-admin-token-0b4e";
+
+/// Longest wait for a task to finish.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A worker of `dtq`'s configuration beside its own, in this process (a
+/// consumer of its own, as another host would be); stopped by `stop`.
+fn spawn_worker(dtq: &Dtq, stop: &CancellationToken) -> tokio::task::JoinHandle<()> {
+    let run = dtq_host::worker::run(
+        dtq.store.clone(),
+        dtq.sandbox.clone(),
+        dtq.config.worker(),
+        stop.clone().cancelled_owned(),
+    );
+    tokio::spawn(async move { run.await.expect("the extra worker runs") })
+}
+
+/// Submit `n` tasks of the example `sleep` handler (`ms` each) to `queue`.
+async fn submit_sleeps(dtq: &Dtq, queue: &str, n: usize, ms: u64) -> Result<Vec<String>> {
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(
+            dtq.submit_new(queue, json!({"task": "sleep", "payload": {"ms": ms}}), None)
+                .await?,
+        );
+    }
+    Ok(ids)
+}
+
+/// Wait for every task of `ids` in `queue` to succeed; their records.
+async fn succeeded(dtq: &Dtq, queue: &str, ids: &[String]) -> Result<Vec<Value>> {
+    let mut tasks = Vec::with_capacity(ids.len());
+    for id in ids {
+        tasks.push(dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?);
+    }
+    Ok(tasks)
+}
+
+/// The queue of each task of `tasks`, in the order they started.
+fn start_order(tasks: Vec<Value>) -> Result<Vec<String>> {
+    let mut started = tasks
+        .into_iter()
+        .map(|t| {
+            let at = t["started_at"].as_u64().context("started_at")?;
+            Ok((at, t["queue"].as_str().context("queue")?.to_owned()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    started.sort();
+    Ok(started.into_iter().map(|(_, q)| q).collect())
+}
+
+/// With both queues full and one slot, the first 35 tasks started are
+/// `hi`'s and `lo`'s in the ratio 6 to 1 (30 and 5, give or take the
+/// first round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weighted_queues_share_the_slots_by_weight() -> Result<()> {
+    let mut dtq = Dtq::start(false, &["--queues", "hi:6,lo:1", "--concurrency", "1"]).await?;
+    let mut ids = Vec::new();
+    for queue in ["lo", "hi"] {
+        ids.push((queue, submit_sleeps(&dtq, queue, 42, 5).await?));
+    }
+    dtq.start_worker();
+    let mut tasks = Vec::new();
+    for (queue, ids) in &ids {
+        tasks.extend(succeeded(&dtq, queue, ids).await?);
+    }
+    dtq.stop_worker().await?;
+    let order = start_order(tasks)?;
+    let hi = order[..35].iter().filter(|q| *q == "hi").count();
+    ensure!(
+        (28..=32).contains(&hi),
+        "{hi} of the first 35 started were hi's, not about 30: {order:?}"
+    );
+    Ok(())
+}
+
+/// `--strict-priority`: every task of the first queue starts before any
+/// of the second, whatever their weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strict_priority_drains_the_queues_in_order() -> Result<()> {
+    let mut dtq = Dtq::start(
+        false,
+        &[
+            "--queues",
+            "first,second:9",
+            "--strict-priority",
+            "--concurrency",
+            "2",
+        ],
+    )
+    .await?;
+    let second = submit_sleeps(&dtq, "second", 10, 5).await?;
+    let first = submit_sleeps(&dtq, "first", 10, 5).await?;
+    dtq.start_worker();
+    let mut tasks = succeeded(&dtq, "first", &first).await?;
+    tasks.extend(succeeded(&dtq, "second", &second).await?);
+    dtq.stop_worker().await?;
+    let order = start_order(tasks)?;
+    let firsts = order.iter().take_while(|q| *q == "first").count();
+    ensure!(firsts == 10, "not every task of first started first: {order:?}");
+    Ok(())
+}
+
+/// A bad weight is refused with the form it takes.
+#[tokio::test]
+async fn a_bad_weight_is_refused() -> Result<()> {
+    for bad in ["hi:0", "hi:x", "hi:1001", "hi:6,hi:2"] {
+        let err = match dtq_host::Config::from_args(["--queues", bad]) {
+            Ok(config) => match config.worker().check() {
+                Ok(()) => anyhow::bail!("--queues {bad} was accepted"),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        ensure!(
+            err.contains("weight") || err.contains("named twice"),
+            "--queues {bad}: {err}"
+        );
+    }
+    let config = dtq_host::Config::from_args(["--queues", "high:6,default,low:1"])?;
+    let worker = config.worker();
+    assert_eq!(worker.queue_names(), ["high", "default", "low"]);
+    assert_eq!(
+        [
+            worker.weight_of("high"),
+            worker.weight_of("default"),
+            worker.weight_of("low")
+        ],
+        [6, 1, 1]
+    );
+    Ok(())
+}
+
+/// `POST /v1/queues/{queue}/pause` or `/resume` as the admin.
+async fn set_paused(dtq: &Dtq, queue: &str, paused: bool) -> Result<Value> {
+    let action = if paused { "pause" } else { "resume" };
+    let auth = format!("Bearer {ADMIN}");
+    let (status, body) = dtq
+        .call(
+            Method::POST,
+            &format!("/v1/queues/{queue}/{action}"),
+            None,
+            &[("Authorization", &auth)],
+        )
+        .await?;
+    ensure!(status == 200, "{action}: {status} {body}");
+    Ok(body)
+}
+
+/// A paused queue takes submissions (and keeps their idempotency), and no
+/// worker starts its tasks: not the two running when it was paused, nor
+/// one started during the pause; the task running when it was paused
+/// finishes. Resumed, every task runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_queue_holds_its_tasks_across_the_fleet_until_resumed() -> Result<()> {
+    let q = "paused-q";
+    let dtq = Dtq::start(true, &["--queues", q, "--admin-token", ADMIN]).await?;
+    let stop = CancellationToken::new();
+    let second = spawn_worker(&dtq, &stop);
+
+    let running = submit_sleeps(&dtq, q, 1, 1_500).await?;
+    dtq.wait_for(q, &running[0], &["RUNNING"], WAIT).await?;
+    let body = set_paused(&dtq, q, true).await?;
+    assert_eq!(body, json!({"queue": q, "paused": true, "changed": true}));
+    let again = set_paused(&dtq, q, true).await?;
+    assert_eq!(again["changed"], false, "{again}");
+    // Every worker learns of it within a poll.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let held = submit_sleeps(&dtq, q, 12, 1).await?;
+    let (status, dup) = dtq
+        .submit(q, json!({"task": "echo", "payload": 1}), Some("paused-key"))
+        .await?;
+    ensure!(status == 202, "{dup}");
+    let (status, busy) = dtq
+        .submit(q, json!({"task": "echo", "payload": 1}), Some("paused-key"))
+        .await?;
+    ensure!(status == 409 && busy["error"]["details"]["task_id"] == dup["task_id"], "{busy}");
+    let third = spawn_worker(&dtq, &stop);
+
+    // The running task finishes; nothing else starts.
+    dtq.wait_for(q, &running[0], &["SUCCEEDED"], WAIT).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in &held {
+        let task = dtq.task(q, id).await?;
+        ensure!(task["status"] == "QUEUED", "a paused queue started a task: {task}");
+    }
+    let (_, stats) = dtq.call(Method::GET, &format!("/v1/queues/{q}"), None, &[]).await?;
+    ensure!(stats["paused"] == true && stats["ready"] == 13, "{stats}");
+    let (_, list) = dtq.call(Method::GET, "/v1/queues", None, &[]).await?;
+    ensure!(list["queues"][0]["paused"] == true, "{list}");
+
+    let body = set_paused(&dtq, q, false).await?;
+    assert_eq!(body, json!({"queue": q, "paused": false, "changed": true}));
+    succeeded(&dtq, q, &held).await?;
+    let (_, stats) = dtq.call(Method::GET, &format!("/v1/queues/{q}"), None, &[]).await?;
+    ensure!(stats["paused"] == false, "{stats}");
+    stop.cancel();
+    second.await?;
+    third.await?;
+    Ok(())
+}
+
+/// Pausing is the queue's admin's: refused without a token, with a bad
+/// queue name, and where no admin token is configured.
+#[tokio::test]
+async fn pausing_needs_the_admin_scope() -> Result<()> {
+    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let r = dtq.call(Method::POST, "/v1/queues/q/pause", None, &[]).await?;
+    assert_error(&r, 401, "UNAUTHORIZED");
+    let auth = format!("Bearer {ADMIN}");
+    let r = dtq
+        .call(Method::POST, "/v1/queues/bad%20name/pause", None, &[("Authorization", &auth)])
+        .await?;
+    assert_error(&r, 400, "INVALID_QUEUE_NAME");
+    let open = Dtq::start(false, &[]).await?;
+    let r = open.call(Method::POST, "/v1/queues/q/resume", None, &[]).await?;
+    assert_error(&r, 403, "ADMIN_DISABLED");
+    Ok(())
+}
+
+/// `PUT /v1/queues/{queue}/limits` as the admin: the answer's `limits`.
+async fn set_limits(dtq: &Dtq, queue: &str, limits: Value) -> Result<Value> {
+    let auth = format!("Bearer {ADMIN}");
+    let (status, body) = dtq
+        .call(
+            Method::PUT,
+            &format!("/v1/queues/{queue}/limits"),
+            Some(limits),
+            &[("Authorization", &auth)],
+        )
+        .await?;
+    ensure!(status == 200, "limits: {status} {body}");
+    // Every worker learns of them within a poll.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    Ok(body["limits"].clone())
+}
+
+/// The `started_at` of each task of `tasks`, sorted.
+fn start_times(tasks: &[Value]) -> Result<Vec<u64>> {
+    let mut times = tasks
+        .iter()
+        .map(|t| t["started_at"].as_u64().context("started_at"))
+        .collect::<Result<Vec<_>>>()?;
+    times.sort_unstable();
+    Ok(times)
+}
+
+/// 60 tasks under `{"limit": 20, "per_ms": 1000}` on two workers: no
+/// window admits more than 20 (counted over each window less its first
+/// 250 ms, since a task's start is stamped a moment after Redis admitted
+/// it), so the starts span more than one window; none is an extra attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::print_stdout, reason = "the test reports how long the tasks took")]
+async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
+    let q = "rated";
+    let dtq = Dtq::start(true, &["--queues", q, "--admin-token", ADMIN]).await?;
+    let stop = CancellationToken::new();
+    let second = spawn_worker(&dtq, &stop);
+    let limits = set_limits(&dtq, q, json!({"rate": {"limit": 20, "per_ms": 1000}})).await?;
+    assert_eq!(limits, json!({"rate": {"limit": 20, "per_ms": 1000}}));
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        ids.push(
+            dtq.submit_new(q, json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    let tasks = succeeded(&dtq, q, &ids).await?;
+    let times = start_times(&tasks)?;
+    for window in times[0] / 1000..=times[59] / 1000 {
+        let (from, to) = (window * 1000 + 250, (window + 1) * 1000);
+        let n = times.iter().filter(|&&t| (from..to).contains(&t)).count();
+        ensure!(n <= 20, "{n} starts in [{from}, {to}): {times:?}");
+    }
+    let span = times[59] - times[0];
+    println!("60 tasks at 20 per 1000 ms on two workers: starts spanned {span} ms");
+    ensure!(span > 1000, "60 starts within {span} ms at 20 per s: {times:?}");
+    ensure!(tasks.iter().all(|t| t["attempts"] == 1), "a hold counted an attempt");
+    stop.cancel();
+    second.await?;
+    Ok(())
+}
+
+/// Whether intervals `a` and `b` (start, end) overlap.
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+/// `group_concurrency: 1` on two workers: the tasks of one group run one
+/// at a time, tasks of different groups at the same time, and a task
+/// waiting for its group shows it (SCHEDULED, held by its group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_limit_runs_a_group_one_at_a_time_and_groups_side_by_side() -> Result<()> {
+    let q = "grouped";
+    let dtq = Dtq::start(true, &["--queues", q, "--admin-token", ADMIN]).await?;
+    let stop = CancellationToken::new();
+    let second = spawn_worker(&dtq, &stop);
+    set_limits(&dtq, q, json!({"group_concurrency": 1})).await?;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let group = format!("customer-{}", i % 4);
+        let body = json!({"task": "sleep", "payload": {"ms": 150}, "group": group});
+        ids.push((group, dtq.submit_new(q, body, None).await?));
+    }
+    let mut seen_held = None;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut tasks = Vec::new();
+    while tasks.len() < ids.len() {
+        tasks.clear();
+        for (_, id) in &ids {
+            let task = dtq.task(q, id).await?;
+            if task["status"] == "SCHEDULED" && task["held"]["by"] == "group" {
+                seen_held.get_or_insert(task.clone());
+            }
+            if task["status"] == "SUCCEEDED" {
+                tasks.push(task);
+            }
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "not done: {tasks:?}");
+    }
+    let held = seen_held.context("no task was ever seen held by its group")?;
+    ensure!(held["group"].as_str().is_some_and(|g| g.starts_with("customer-")), "{held}");
+    let span = |t: &Value| -> Result<(u64, u64)> {
+        Ok((
+            t["started_at"].as_u64().context("started_at")?,
+            t["finished_at"].as_u64().context("finished_at")?,
+        ))
+    };
+    let mut across = false;
+    for (i, a) in tasks.iter().enumerate() {
+        for b in &tasks[i + 1..] {
+            let (sa, sb) = (span(a)?, span(b)?);
+            if a["group"] == b["group"] {
+                ensure!(!overlap(sa, sb), "two tasks of one group overlapped: {a} {b}");
+            } else {
+                across |= overlap(sa, sb);
+            }
+        }
+    }
+    ensure!(across, "no two groups ever ran side by side");
+    ensure!(tasks.iter().all(|t| t["attempts"] == 1), "a hold counted an attempt");
+    stop.cancel();
+    second.await?;
+    Ok(())
+}
+
+/// A worker that dies while its task holds its group's only slot: the
+/// task is dead-lettered by a reclaim (it had one attempt), which gives
+/// the slot back, and the group's next task runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_workers_group_slot_comes_back_with_the_reclaim() -> Result<()> {
+    let q = "grouped-crash";
+    let dtq = Dtq::start(false, &["--queues", q, "--admin-token", ADMIN]).await?;
+    set_limits(&dtq, q, json!({"group_concurrency": 1})).await?;
+    let first = dtq
+        .submit_new(
+            q,
+            json!({"task": "sleep", "payload": {"ms": 5_000}, "group": "g", "max_attempts": 1}),
+            None,
+        )
+        .await?;
+    let stop = CancellationToken::new();
+    let doomed = spawn_worker(&dtq, &stop);
+    dtq.wait_for(q, &first, &["RUNNING"], WAIT).await?;
+    // Dropped without a shutdown: as a process killed.
+    doomed.abort();
+    let _ = doomed.await;
+    let next = dtq
+        .submit_new(
+            q,
+            json!({"task": "sleep", "payload": {"ms": 10}, "group": "g"}),
+            None,
+        )
+        .await?;
+    let survivor = spawn_worker(&dtq, &stop);
+    let dead = dtq.wait_for(q, &first, &["DEAD_LETTERED"], WAIT).await?;
+    let done = dtq.wait_for(q, &next, &["SUCCEEDED"], WAIT).await?;
+    let (dead_at, started) = (
+        dead["updated_at"].as_u64().context("updated_at")?,
+        done["started_at"].as_u64().context("started_at")?,
+    );
+    ensure!(started >= dead_at, "the next task started while the slot was held: {dead} {done}");
+    stop.cancel();
+    survivor.await?;
+    Ok(())
+}
+
+/// The limits routes: set, read, lift; bad limits and bad groups refused
+/// with their codes.
+#[tokio::test]
+async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
+    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let auth = format!("Bearer {ADMIN}");
+    let admin = [("Authorization", auth.as_str())];
+    let path = "/v1/queues/lim/limits";
+    let (_, none) = dtq.call(Method::GET, path, None, &[]).await?;
+    assert_eq!(none, json!({"queue": "lim", "limits": {}}));
+    let body = json!({"rate": {"limit": 5, "per_ms": 200}, "group_concurrency": 3});
+    let (status, set) = dtq.call(Method::PUT, path, Some(body.clone()), &admin).await?;
+    assert_eq!((status, &set["limits"]), (200, &body));
+    let (_, read) = dtq.call(Method::GET, path, None, &[]).await?;
+    assert_eq!(read["limits"], body);
+    for (bad, code) in [
+        (json!({"rate": {"limit": 0, "per_ms": 1000}}), "INVALID_LIMITS"),
+        (json!({"rate": {"limit": 5, "per_ms": 0}}), "INVALID_LIMITS"),
+        (json!({"group_concurrency": 0}), "INVALID_LIMITS"),
+        (json!({"rate": {"limit": 5}}), "INVALID_REQUEST"),
+        (json!({"burst": 1}), "INVALID_REQUEST"),
+    ] {
+        let r = dtq.call(Method::PUT, path, Some(bad.clone()), &admin).await?;
+        assert_error(&r, 400, code);
+    }
+    let r = dtq.call(Method::PUT, path, Some(json!({})), &[]).await?;
+    assert_error(&r, 401, "UNAUTHORIZED");
+    let (_, kept) = dtq.call(Method::GET, path, None, &[]).await?;
+    assert_eq!(kept["limits"], body, "a refused change changed the limits");
+    let (status, lifted) = dtq.call(Method::DELETE, path, None, &admin).await?;
+    assert_eq!((status, &lifted["limits"]), (200, &json!({})));
+    let (_, read) = dtq.call(Method::GET, path, None, &[]).await?;
+    assert_eq!(read["limits"], json!({}));
+
+    for group in [String::new(), "g".repeat(129), "a\nb".into()] {
+        let r = dtq
+            .submit("lim", json!({"task": "echo", "group": group}), None)
+            .await?;
+        assert_error(&r, 400, "INVALID_GROUP");
+    }
+    let id = dtq
+        .submit_new("lim", json!({"task": "echo", "group": "g".repeat(128)}), None)
+        .await?;
+    assert_eq!(dtq.task("lim", &id).await?["group"], "g".repeat(128));
+    Ok(())
+}
