@@ -390,7 +390,9 @@ async fn pause_and_resume(b: &Client, base: &str, api: &ApiClient) -> Result<()>
     b.find(Locator::Css("#pause-toggle")).await?.click().await?;
     wait_text(b, "#queue-state", |t| t.starts_with("Paused")).await?;
     wait_text(b, "#pause-toggle", |t| t == "Resume").await?;
-    let (status, queue) = api.call(Method::GET, "/v1/queues/default", None, &[]).await?;
+    let (status, queue) = api
+        .call(Method::GET, "/v1/queues/default", None, &[])
+        .await?;
     ensure!(status == 200 && queue["paused"] == true, "{queue}");
     // Held while paused (the worker learns of the pause within a poll).
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -399,11 +401,22 @@ async fn pause_and_resume(b: &Client, base: &str, api: &ApiClient) -> Result<()>
         .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, task) = api
-        .call(Method::GET, &format!("/v1/queues/default/tasks/{held}"), None, &[])
+        .call(
+            Method::GET,
+            &format!("/v1/queues/default/tasks/{held}"),
+            None,
+            &[],
+        )
         .await?;
-    ensure!(task["status"] == "QUEUED", "a paused queue started a task: {task}");
+    ensure!(
+        task["status"] == "QUEUED",
+        "a paused queue started a task: {task}"
+    );
     b.goto(&format!("{base}/ui")).await?;
-    wait_text(b, "#queues tr[data-queue='default'] td[data-state]", |t| t == "paused").await?;
+    wait_text(b, "#queues tr[data-queue='default'] td[data-state]", |t| {
+        t == "paused"
+    })
+    .await?;
     save_screenshot(b, "paused").await?;
     b.goto(&format!("{base}/ui/#/queues/default/tasks")).await?;
     wait_text(b, "#pause-toggle", |t| t == "Resume").await?;

@@ -21,6 +21,10 @@
 //!    submissions, each with its own Idempotency-Key, `DTQ_BENCH_IN_FLIGHT`
 //!    (default 64) at a time → submissions/s and round trips per submission.
 //! 4. **redis-benchmark** `-t set,get` plain and with `-P 16`, for scale.
+//! 5. **limits that do not bind**: `DTQ_BENCH_LIMIT_PAIRS` (default 3)
+//!    pairs of drains as in 1., the second of each under a rate limit of
+//!    1,000,000 starts per second, far above the drain rate: the ratio of
+//!    the two rates, per pair, and its median (run between 1. and 3.).
 //!
 //! **CPUs.** With two or more CPUs, Redis gets the first one to itself and
 //! this process (API, worker, clients) and redis-benchmark the others, so
@@ -449,6 +453,37 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         .iter()
         .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
 
+    // --- limits that do not bind: pairs of drains, without then with a
+    // rate limit far above the drain rate -----------------------------------
+    let pairs = env_usize("DTQ_BENCH_LIMIT_PAIRS", 3)?;
+    let limit = dtq_host::store::Limits {
+        rate: Some(dtq_host::store::Rate {
+            limit: 1_000_000,
+            per_ms: 1_000,
+        }),
+        group_concurrency: None,
+    };
+    let mut limit_ratios = Vec::with_capacity(pairs);
+    if pairs > 0 {
+        println!();
+        println!(
+            "{:>5} {:>14} {:>16} {:>8}",
+            "pair", "drain/s", "limited drain/s", "ratio"
+        );
+    }
+    for i in 1..=pairs {
+        dtq.store.delete_limits(QUEUE).await?;
+        let free = round(&mut dtq, &mut probe, tasks, false).await?.rate();
+        dtq.store.set_limits(QUEUE, &limit).await?;
+        let limited = round(&mut dtq, &mut probe, tasks, false).await?.rate();
+        println!(
+            "{i:>5} {free:>14.0} {limited:>16.0} {:>8.3}",
+            limited / free
+        );
+        limit_ratios.push(limited / free);
+    }
+    dtq.store.delete_limits(QUEUE).await?;
+
     // --- 3. submissions through the HTTP API, with keys -------------------
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(in_flight)
@@ -507,6 +542,15 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         "",
         "median",
     );
+    if !limit_ratios.is_empty() {
+        let ratio = median(&limit_ratios);
+        row(
+            &format!("drain under a 1,000,000/s rate limit ÷ without, median of {pairs}"),
+            r(ratio),
+            "≥ 0.95",
+            verdict(ratio >= 0.95),
+        );
+    }
     row(
         "redis-benchmark SET, 50 clients (ops/s)",
         n(set),

@@ -109,7 +109,10 @@ async fn strict_priority_drains_the_queues_in_order() -> Result<()> {
     dtq.stop_worker().await?;
     let order = start_order(tasks)?;
     let firsts = order.iter().take_while(|q| *q == "first").count();
-    ensure!(firsts == 10, "not every task of first started first: {order:?}");
+    ensure!(
+        firsts == 10,
+        "not every task of first started first: {order:?}"
+    );
     Ok(())
 }
 
@@ -187,7 +190,10 @@ async fn a_paused_queue_holds_its_tasks_across_the_fleet_until_resumed() -> Resu
     let (status, busy) = dtq
         .submit(q, json!({"task": "echo", "payload": 1}), Some("paused-key"))
         .await?;
-    ensure!(status == 409 && busy["error"]["details"]["task_id"] == dup["task_id"], "{busy}");
+    ensure!(
+        status == 409 && busy["error"]["details"]["task_id"] == dup["task_id"],
+        "{busy}"
+    );
     let third = spawn_worker(&dtq, &stop);
 
     // The running task finishes; nothing else starts.
@@ -195,9 +201,14 @@ async fn a_paused_queue_holds_its_tasks_across_the_fleet_until_resumed() -> Resu
     tokio::time::sleep(Duration::from_secs(2)).await;
     for id in &held {
         let task = dtq.task(q, id).await?;
-        ensure!(task["status"] == "QUEUED", "a paused queue started a task: {task}");
+        ensure!(
+            task["status"] == "QUEUED",
+            "a paused queue started a task: {task}"
+        );
     }
-    let (_, stats) = dtq.call(Method::GET, &format!("/v1/queues/{q}"), None, &[]).await?;
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{q}"), None, &[])
+        .await?;
     ensure!(stats["paused"] == true && stats["ready"] == 13, "{stats}");
     let (_, list) = dtq.call(Method::GET, "/v1/queues", None, &[]).await?;
     ensure!(list["queues"][0]["paused"] == true, "{list}");
@@ -205,7 +216,9 @@ async fn a_paused_queue_holds_its_tasks_across_the_fleet_until_resumed() -> Resu
     let body = set_paused(&dtq, q, false).await?;
     assert_eq!(body, json!({"queue": q, "paused": false, "changed": true}));
     succeeded(&dtq, q, &held).await?;
-    let (_, stats) = dtq.call(Method::GET, &format!("/v1/queues/{q}"), None, &[]).await?;
+    let (_, stats) = dtq
+        .call(Method::GET, &format!("/v1/queues/{q}"), None, &[])
+        .await?;
     ensure!(stats["paused"] == false, "{stats}");
     stop.cancel();
     second.await?;
@@ -218,15 +231,24 @@ async fn a_paused_queue_holds_its_tasks_across_the_fleet_until_resumed() -> Resu
 #[tokio::test]
 async fn pausing_needs_the_admin_scope() -> Result<()> {
     let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
-    let r = dtq.call(Method::POST, "/v1/queues/q/pause", None, &[]).await?;
+    let r = dtq
+        .call(Method::POST, "/v1/queues/q/pause", None, &[])
+        .await?;
     assert_error(&r, 401, "UNAUTHORIZED");
     let auth = format!("Bearer {ADMIN}");
     let r = dtq
-        .call(Method::POST, "/v1/queues/bad%20name/pause", None, &[("Authorization", &auth)])
+        .call(
+            Method::POST,
+            "/v1/queues/bad%20name/pause",
+            None,
+            &[("Authorization", &auth)],
+        )
         .await?;
     assert_error(&r, 400, "INVALID_QUEUE_NAME");
     let open = Dtq::start(false, &[]).await?;
-    let r = open.call(Method::POST, "/v1/queues/q/resume", None, &[]).await?;
+    let r = open
+        .call(Method::POST, "/v1/queues/q/resume", None, &[])
+        .await?;
     assert_error(&r, 403, "ADMIN_DISABLED");
     Ok(())
 }
@@ -263,7 +285,10 @@ fn start_times(tasks: &[Value]) -> Result<Vec<u64>> {
 /// 250 ms, since a task's start is stamped a moment after Redis admitted
 /// it), so the starts span more than one window; none is an extra attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[allow(clippy::print_stdout, reason = "the test reports how long the tasks took")]
+#[allow(
+    clippy::print_stdout,
+    reason = "the test reports how long the tasks took"
+)]
 async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
     let q = "rated";
     let dtq = Dtq::start(true, &["--queues", q, "--admin-token", ADMIN]).await?;
@@ -287,8 +312,14 @@ async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
     }
     let span = times[59] - times[0];
     println!("60 tasks at 20 per 1000 ms on two workers: starts spanned {span} ms");
-    ensure!(span > 1000, "60 starts within {span} ms at 20 per s: {times:?}");
-    ensure!(tasks.iter().all(|t| t["attempts"] == 1), "a hold counted an attempt");
+    ensure!(
+        span > 1000,
+        "60 starts within {span} ms at 20 per s: {times:?}"
+    );
+    ensure!(
+        tasks.iter().all(|t| t["attempts"] == 1),
+        "a hold counted an attempt"
+    );
     stop.cancel();
     second.await?;
     Ok(())
@@ -329,10 +360,18 @@ async fn a_group_limit_runs_a_group_one_at_a_time_and_groups_side_by_side() -> R
                 tasks.push(task);
             }
         }
-        ensure!(tokio::time::Instant::now() < deadline, "not done: {tasks:?}");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "not done: {tasks:?}"
+        );
     }
     let held = seen_held.context("no task was ever seen held by its group")?;
-    ensure!(held["group"].as_str().is_some_and(|g| g.starts_with("customer-")), "{held}");
+    ensure!(
+        held["group"]
+            .as_str()
+            .is_some_and(|g| g.starts_with("customer-")),
+        "{held}"
+    );
     let span = |t: &Value| -> Result<(u64, u64)> {
         Ok((
             t["started_at"].as_u64().context("started_at")?,
@@ -344,14 +383,20 @@ async fn a_group_limit_runs_a_group_one_at_a_time_and_groups_side_by_side() -> R
         for b in &tasks[i + 1..] {
             let (sa, sb) = (span(a)?, span(b)?);
             if a["group"] == b["group"] {
-                ensure!(!overlap(sa, sb), "two tasks of one group overlapped: {a} {b}");
+                ensure!(
+                    !overlap(sa, sb),
+                    "two tasks of one group overlapped: {a} {b}"
+                );
             } else {
                 across |= overlap(sa, sb);
             }
         }
     }
     ensure!(across, "no two groups ever ran side by side");
-    ensure!(tasks.iter().all(|t| t["attempts"] == 1), "a hold counted an attempt");
+    ensure!(
+        tasks.iter().all(|t| t["attempts"] == 1),
+        "a hold counted an attempt"
+    );
     stop.cancel();
     second.await?;
     Ok(())
@@ -392,7 +437,10 @@ async fn a_dead_workers_group_slot_comes_back_with_the_reclaim() -> Result<()> {
         dead["updated_at"].as_u64().context("updated_at")?,
         done["started_at"].as_u64().context("started_at")?,
     );
-    ensure!(started >= dead_at, "the next task started while the slot was held: {dead} {done}");
+    ensure!(
+        started >= dead_at,
+        "the next task started while the slot was held: {dead} {done}"
+    );
     stop.cancel();
     survivor.await?;
     Ok(())
@@ -409,18 +457,25 @@ async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
     let (_, none) = dtq.call(Method::GET, path, None, &[]).await?;
     assert_eq!(none, json!({"queue": "lim", "limits": {}}));
     let body = json!({"rate": {"limit": 5, "per_ms": 200}, "group_concurrency": 3});
-    let (status, set) = dtq.call(Method::PUT, path, Some(body.clone()), &admin).await?;
+    let (status, set) = dtq
+        .call(Method::PUT, path, Some(body.clone()), &admin)
+        .await?;
     assert_eq!((status, &set["limits"]), (200, &body));
     let (_, read) = dtq.call(Method::GET, path, None, &[]).await?;
     assert_eq!(read["limits"], body);
     for (bad, code) in [
-        (json!({"rate": {"limit": 0, "per_ms": 1000}}), "INVALID_LIMITS"),
+        (
+            json!({"rate": {"limit": 0, "per_ms": 1000}}),
+            "INVALID_LIMITS",
+        ),
         (json!({"rate": {"limit": 5, "per_ms": 0}}), "INVALID_LIMITS"),
         (json!({"group_concurrency": 0}), "INVALID_LIMITS"),
         (json!({"rate": {"limit": 5}}), "INVALID_REQUEST"),
         (json!({"burst": 1}), "INVALID_REQUEST"),
     ] {
-        let r = dtq.call(Method::PUT, path, Some(bad.clone()), &admin).await?;
+        let r = dtq
+            .call(Method::PUT, path, Some(bad.clone()), &admin)
+            .await?;
         assert_error(&r, 400, code);
     }
     let r = dtq.call(Method::PUT, path, Some(json!({})), &[]).await?;
@@ -439,7 +494,11 @@ async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
         assert_error(&r, 400, "INVALID_GROUP");
     }
     let id = dtq
-        .submit_new("lim", json!({"task": "echo", "group": "g".repeat(128)}), None)
+        .submit_new(
+            "lim",
+            json!({"task": "echo", "group": "g".repeat(128)}),
+            None,
+        )
         .await?;
     assert_eq!(dtq.task("lim", &id).await?["group"], "g".repeat(128));
     Ok(())

@@ -132,8 +132,10 @@ pub(super) async fn delete(
 /// field.
 fn check(limits: &Limits) -> Result<(), ApiError> {
     let bad = |field: &str, why: String| {
-        Err(ApiError::new(ErrorCode::InvalidLimits, format!("{field} {why}"))
-            .with_details(json!({"field": field})))
+        Err(
+            ApiError::new(ErrorCode::InvalidLimits, format!("{field} {why}"))
+                .with_details(json!({"field": field})),
+        )
     };
     if let Some(rate) = limits.rate {
         if !(1..=MAX_RATE_LIMIT).contains(&rate.limit) {

@@ -75,7 +75,10 @@ async fn set(
         }
     })
     .await?;
-    Ok(Json(serde_json::json!({"queue": queue, "paused": paused, "changed": changed})).into_response())
+    Ok(
+        Json(serde_json::json!({"queue": queue, "paused": paused, "changed": changed}))
+            .into_response(),
+    )
 }
 
 /// The body of these routes, as a type that documents its fields. None is

@@ -89,7 +89,7 @@ pub struct WeightedQueue {
 }
 
 /// The largest weight `--queues` takes.
-pub const MAX_QUEUE_WEIGHT: u32 = 1_000;
+pub(crate) const MAX_QUEUE_WEIGHT: u32 = 1_000;
 
 impl std::str::FromStr for WeightedQueue {
     type Err = String;
@@ -174,7 +174,10 @@ impl WorkerConfig {
                 queue: q.name.clone(),
                 reason: e.to_string(),
             })?;
-            if self.queues[..i].iter().any(|earlier| earlier.name == q.name) {
+            if self.queues[..i]
+                .iter()
+                .any(|earlier| earlier.name == q.name)
+            {
                 return Err(ConfigError::Queue {
                     queue: q.name.clone(),
                     reason: "named twice".into(),

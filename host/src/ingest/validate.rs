@@ -75,7 +75,10 @@ pub fn validate_group(group: &str) -> Result<(), IngestError> {
         ));
     }
     if group.chars().any(char::is_control) {
-        return Err(invalid(ErrorCode::InvalidGroup, "group has control characters"));
+        return Err(invalid(
+            ErrorCode::InvalidGroup,
+            "group has control characters",
+        ));
     }
     Ok(())
 }

@@ -198,9 +198,7 @@ impl Store {
                 1 => Ok(Admission::Admitted),
                 2 => Ok(Admission::HeldByRate),
                 3 => Ok(Admission::HeldByGroup),
-                other => Err(StoreError::Protocol(format!(
-                    "admit answered code {other}"
-                ))),
+                other => Err(StoreError::Protocol(format!("admit answered code {other}"))),
             })
             .collect()
     }

@@ -71,12 +71,13 @@ pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
 pub use keys::{
-    GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue, partitioned_id,
+    GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue,
+    partitioned_id,
 };
+pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
-pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate};
 pub use pause::PAUSE_POLL;
 pub use reclaim::Reclaimed;
 pub use schedules::{

@@ -491,7 +491,11 @@ mod tests {
 
     #[test]
     fn a_hold_shows_while_scheduled_only() {
-        let held = [("group", "customer-7"), ("held_by", "group"), ("held_until", "9000")];
+        let held = [
+            ("group", "customer-7"),
+            ("held_by", "group"),
+            ("held_until", "9000"),
+        ];
         let waiting = hash(&[&[("status", "SCHEDULED")][..], &held].concat());
         let task = TaskRecord::from_fields(waiting).expect("parses");
         assert_eq!(task.held, Some(("group".to_owned(), 9000)));
