@@ -390,6 +390,10 @@ pub(crate) struct SubmitArgs {
     /// Expire if not started within this many ms.
     #[arg(long)]
     pub(crate) expires_in_ms: Option<u64>,
+    /// The task's group, for the queue's group limit (`dtq limits QUEUE
+    /// --group-concurrency K`): at most K tasks of one group run at once.
+    #[arg(long)]
+    pub(crate) group: Option<String>,
     /// Run no earlier than this time: RFC 3339 (`2026-12-03T14:00:00Z`) or
     /// ms since the Unix epoch. Not with --delay-ms.
     #[arg(long, conflicts_with = "delay_ms")]

@@ -78,6 +78,7 @@ fn request(args: &SubmitArgs) -> Result<SubmitRequest, Failure> {
         delay_ms: args.delay_ms,
         expires_in_ms: args.expires_in_ms,
         run_at,
+        group: args.group.clone(),
     })
 }
 

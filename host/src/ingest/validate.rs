@@ -298,6 +298,7 @@ pub(super) mod tests {
             delay_ms,
             expires_in_ms,
             run_at: None,
+            group: None,
         }
     }
 

@@ -303,6 +303,7 @@ mod tests {
     /// The scripts whose replies are not codes of [`Code`] (counts, XCLAIM
     /// entries, reads).
     const UNCODED: &[&str] = &[
+        "admit",
         "promote",
         "reclaim",
         "dlq_purge",
