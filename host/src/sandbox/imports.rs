@@ -57,7 +57,15 @@ pub(super) static KV_WRITE_ARGV: ArgvLayout = ArgvLayout {
     script: "kv_write",
     prefix: "ARG_",
     first: 1,
-    names: &["KV_PREFIX", "CLAIM_PREFIX", "BUDGET", "OP", "VALUE", "NX", "EX"],
+    names: &[
+        "KV_PREFIX",
+        "CLAIM_PREFIX",
+        "BUDGET",
+        "OP",
+        "VALUE",
+        "NX",
+        "EX",
+    ],
     rest: None,
 };
 

@@ -30,8 +30,8 @@ use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimSta
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, guest_try};
 use super::quota;
-use crate::store::scripts::{self, ArgSink, Argv, ArgvLayout};
 use crate::store::Conn;
+use crate::store::scripts::{self, ArgSink, Argv, ArgvLayout};
 
 static BEGIN: LazyLock<Script> =
     LazyLock::new(|| quota::script(include_str!("lua/claim_begin.lua")));
@@ -460,7 +460,8 @@ mod tests {
     impl ArgSink for Args {
         fn push_arg<T: redis::ToRedisArgs>(&mut self, value: T) {
             let text = value.to_redis_args().into_iter();
-            self.0.extend(text.map(|b| String::from_utf8(b).expect("text")));
+            self.0
+                .extend(text.map(|b| String::from_utf8(b).expect("text")));
         }
     }
 

@@ -140,7 +140,10 @@ fn check_layout(layout: &ArgvLayout, text: &str) {
         let declared = expected
             .iter()
             .any(|(name, _)| used == format!("{}{name}", layout.prefix));
-        assert!(declared, "{script}.lua uses {used}, which it does not declare");
+        assert!(
+            declared,
+            "{script}.lua uses {used}, which it does not declare"
+        );
     }
 }
 

@@ -398,9 +398,7 @@ impl Store {
         let idem = self.idempotency_keys(keys, ids).await?;
         let taken = self.forward_keys(keys, ids, &idem, now).await?;
         let mut inv = self.scripts.requeue.prepare_invoke();
-        inv.key(&keys.dlq)
-            .key(&keys.stream)
-            .key(&keys.events);
+        inv.key(&keys.dlq).key(&keys.stream).key(&keys.events);
         Argv::new(&mut inv, &REQUEUE_ARGV)
             .put("NOW", now)
             .put("IDEM_TTL", self.settings.idem_ttl_s)
@@ -502,8 +500,7 @@ impl Store {
         let idem = self.idempotency_keys(keys, ids).await?;
         let text = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
         let mut inv = self.scripts.dlq_purge.prepare_invoke();
-        inv.key(&keys.dlq)
-            .key(&keys.events);
+        inv.key(&keys.dlq).key(&keys.events);
         Argv::new(&mut inv, &DLQ_PURGE_ARGV)
             .put("NOW", now)
             .put("EVENTS_MAX_LEN", self.settings.events_max_len)

@@ -155,8 +155,7 @@ impl Store {
         for i in (0..count).rev() {
             let keys = QueueKeys::new(&partition_queue(queue, i));
             let mut inv = self.scripts.partitions_raise.prepare_invoke();
-            inv.key(&keys.partitions)
-                .key(&keys.partition_history);
+            inv.key(&keys.partitions).key(&keys.partition_history);
             Argv::new(&mut inv, &PARTITIONS_RAISE_ARGV)
                 .put("COUNT", count)
                 .put("KEEPS_HISTORY", if i == 0 { "1" } else { "0" })

@@ -238,8 +238,7 @@ impl Store {
         let keys = QueueKeys::new(queue);
         let text = serde_json::to_string(def).map_err(|e| corrupt("definition", name, e))?;
         let mut inv = self.scripts.schedule_put.prepare_invoke();
-        inv.key(&keys.schedules)
-            .key(&keys.schedule_due);
+        inv.key(&keys.schedules).key(&keys.schedule_due);
         Argv::new(&mut inv, &SCHEDULE_PUT_ARGV)
             .put("NAME", name)
             .put("DEFINITION", text)
@@ -362,8 +361,7 @@ impl Store {
             .map_err(|e| corrupt("last tick", name, e))?
             .unwrap_or_default();
         let mut inv = self.scripts.schedule_advance.prepare_invoke();
-        inv.key(&keys.schedule_due)
-            .key(&keys.schedule_fired);
+        inv.key(&keys.schedule_due).key(&keys.schedule_fired);
         Argv::new(&mut inv, &SCHEDULE_ADVANCE_ARGV)
             .put("NAME", name)
             .put("READ", read)
