@@ -37,6 +37,7 @@ const MAX_GROUP_CONCURRENCY: u32 = 100_000;
 #[utoipa::path(
     put,
     path = "/v1/queues/{queue}/limits",
+    operation_id = "set_limits",
     tag = "queues",
     params(QueuePath),
     request_body = schemas::QueueLimits,
@@ -82,6 +83,7 @@ pub(super) async fn put(
 #[utoipa::path(
     get,
     path = "/v1/queues/{queue}/limits",
+    operation_id = "get_limits",
     tag = "queues",
     params(QueuePath),
     responses(
@@ -109,6 +111,7 @@ pub(super) async fn get(
 #[utoipa::path(
     delete,
     path = "/v1/queues/{queue}/limits",
+    operation_id = "delete_limits",
     tag = "queues",
     params(QueuePath),
     responses(

@@ -399,6 +399,11 @@ pub(super) mod schemas {
         expires_at: Option<u64>,
         /// A cancel was requested while it ran.
         cancel_requested: bool,
+        /// Its group, for the queue's `group_concurrency` limit.
+        group: Option<String>,
+        /// What holds it back while it waits SCHEDULED under a queue
+        /// limit; null when nothing does.
+        held: Option<Held>,
         /// SHA-256 of the module its last attempt ran.
         handler_digest: Option<String>,
         /// SHA-256 of the module each attempt ran, in order; `-` for an
@@ -406,6 +411,16 @@ pub(super) mod schemas {
         attempt_digests: Vec<String>,
         /// The attempts it keeps (at most 20, the newest), oldest first.
         attempt_history: Vec<Attempt>,
+    }
+
+    /// Why and until when a queue limit holds a task back.
+    #[derive(ToSchema)]
+    pub(in crate::api) struct Held {
+        /// `rate` (the queue's rate limit) or `group` (its group is at
+        /// the queue's `group_concurrency`).
+        by: String,
+        /// When it is looked at again, ms since the Unix epoch.
+        until: u64,
     }
 
     /// One attempt of a task.
@@ -454,6 +469,8 @@ pub(super) mod schemas {
         run_at: Option<u64>,
         expires_at: Option<u64>,
         cancel_requested: Option<bool>,
+        group: Option<String>,
+        held: Option<Held>,
         handler_digest: Option<String>,
         attempt_digests: Option<Vec<String>>,
         attempt_history: Option<Vec<Attempt>>,

@@ -21,6 +21,7 @@ use crate::base::now_ms;
 #[utoipa::path(
     post,
     path = "/v1/queues/{queue}/pause",
+    operation_id = "pause_queue",
     tag = "queues",
     params(QueuePath),
     responses(
@@ -41,6 +42,7 @@ pub(super) async fn pause(
 #[utoipa::path(
     post,
     path = "/v1/queues/{queue}/resume",
+    operation_id = "resume_queue",
     tag = "queues",
     params(QueuePath),
     responses(
