@@ -21,7 +21,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// ended with, failing if it ran on for [`WAIT`].
 async fn run_until_it_ends(dtq: &Dtq, queue: &str) -> Result<Result<(), WorkerError>> {
     let mut config = dtq.config.worker();
-    config.queues = vec![queue.to_owned()];
+    config.queues = vec![queue.into()];
     let never = CancellationToken::new();
     let run = worker::run(
         dtq.store.clone(),
