@@ -391,6 +391,40 @@ async fn submit_wait_follows_a_key_in_flight_and_warns_of_a_queue_without_worker
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_report_that_cannot_be_read_does_not_fail_the_submit() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("cli")?;
+    // No worker at all, and a token that may submit but not read (`GET
+    // /v1/handlers` needs `read`): the fleet report is refused.
+    let server = start(
+        &dir,
+        "api",
+        "api",
+        &redis,
+        &[
+            "--tokens",
+            "submit-only-token-0123456789abcdef submit solo",
+        ],
+    )
+    .await?;
+    let out = run(&[
+        "submit",
+        "solo",
+        "echo",
+        "{}",
+        "--token",
+        "submit-only-token-0123456789abcdef",
+        "--api",
+        &server.api,
+    ])
+    .await?;
+    expect_code(&out, 0, "submit with a token that cannot read the fleet")?;
+    assert_eq!(stdout_json(&out)?["status"], "QUEUED");
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_refused_redis_is_said_to_refuse_and_a_stalled_one_to_be_late() -> Result<()> {
     // At start: a worker pointed at a closed port.
     let closed = free_port()?;

@@ -90,11 +90,15 @@ async fn in_flight_task(api: &Client, queue: &str, id: &str) -> Result<Submitted
     })
 }
 
+/// How long the fleet report may take before the warning is given up.
+const FLEET_CHECK: Duration = Duration::from_secs(2);
+
 /// A warning on stderr when no live worker consumes `queue`. The fleet
-/// report is a courtesy: when it cannot be read (a token without access
-/// to it, an older server), nothing is said.
+/// report is a courtesy: when it cannot be read in [`FLEET_CHECK`] (a
+/// token without access to it, an older server, a slow one), nothing is
+/// said and the submission stands.
 async fn warn_if_unconsumed(api: &Client, queue: &str) {
-    if let Ok(workers) = api.consumers(queue).await
+    if let Ok(Ok(workers)) = tokio::time::timeout(FLEET_CHECK, api.consumers(queue)).await
         && workers.is_empty()
     {
         eprintln!(

@@ -114,7 +114,8 @@ fn new_table(header: &[&str]) -> Table {
 }
 
 /// The fields of `fields` as `NAME  value` rows: those in `first` first,
-/// in that order, then the others, but none in `skip`.
+/// in that order, then the others, but none in `skip` and none null (the
+/// JSON has them).
 fn record(fields: &Map<String, Value>, first: &[&str], skip: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_preset(presets::NOTHING);
@@ -126,15 +127,17 @@ fn record(fields: &Map<String, Value>, first: &[&str], skip: &[&str]) -> Table {
         if skip.contains(&key) {
             continue;
         }
-        if let Some(value) = fields.get(key) {
+        if let Some(value) = fields.get(key).filter(|v| !v.is_null()) {
             table.add_row(vec![heading(key), cell(key, value)]);
         }
     }
     table
 }
 
-/// A field's name as a heading: `max_attempts` is `MAX ATTEMPTS`.
+/// A field's name as a heading: `max_attempts` is `MAX ATTEMPTS`, and a
+/// duration's says no unit (`timeout_ms` is `TIMEOUT`: its cell does).
 fn heading(key: &str) -> String {
+    let key = key.strip_suffix("_ms").unwrap_or(key);
     key.replace('_', " ").to_uppercase()
 }
 
