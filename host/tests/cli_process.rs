@@ -283,7 +283,7 @@ async fn tasks_lists_one_task_name_on_the_server_side() -> Result<()> {
     let out = run(&["tasks", "default", "--task", "sleep", "--api", api]).await?;
     expect_code(&out, 0, "tasks --task sleep")?;
     let page = stdout_json(&out)?;
-    assert_eq!(ids(&page), [sleep.clone()], "{page:#}");
+    assert_eq!(ids(&page), [sleep], "{page:#}");
     assert_eq!(page["task"], "sleep", "{page:#}");
     assert_eq!(page["next_cursor"], Value::Null, "{page:#}");
 
@@ -401,10 +401,7 @@ async fn a_fleet_report_that_cannot_be_read_does_not_fail_the_submit() -> Result
         "api",
         "api",
         &redis,
-        &[
-            "--tokens",
-            "submit-only-token-0123456789abcdef submit solo",
-        ],
+        &["--tokens", "submit-only-token-0123456789abcdef submit solo"],
     )
     .await?;
     let out = run(&[

@@ -3,15 +3,16 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use dtq_host::base::ErrorCode;
 use dtq_host::client::{Client, ClientError, Submitted};
 use dtq_host::ingest::{MAX_BATCH_ITEMS, SubmitRequest, parse_run_at};
 use dtq_host::store::TaskStatus;
 use serde_json::{Value, json};
 
 use super::args::SubmitArgs;
-use super::print::{Format, format};
+use super::print::{Format, format, show};
 use super::table::View;
-use super::{Failure, client, fail, print::show};
+use super::{Failure, client, fail};
 
 /// `dtq submit`: print the answer, or with `--wait` the task's record
 /// once it ends (exit 4 if it ended otherwise than SUCCEEDED, 5 if it had
@@ -75,7 +76,9 @@ pub(crate) async fn submit(args: SubmitArgs) -> Result<(), Failure> {
 /// carries its id in `details.task_id`.
 fn in_flight(e: &ClientError) -> Option<&str> {
     match e {
-        ClientError::Api { code, details, .. } if code == "IDEMPOTENCY_IN_PROGRESS" => {
+        ClientError::Api { code, details, .. }
+            if code == ErrorCode::IdempotencyInProgress.as_str() =>
+        {
             details["task_id"].as_str()
         }
         _ => None,
