@@ -464,6 +464,18 @@ async fn a_refused_redis_is_said_to_refuse_and_a_stalled_one_to_be_late() -> Res
         refused.contains(&format!("127.0.0.1:{port}")) && refused.contains("--redis"),
         "{refused}"
     );
+    // And so does every request after it: each waits for a reconnection,
+    // whose tries end within the API's deadline (1 s), so none is answered
+    // as a Redis that did not answer.
+    for _ in 0..3 {
+        let out = run(&["queues", "--api", &api]).await?;
+        expect_code(&out, 3, "queues with Redis gone, again")?;
+        assert!(
+            stderr(&out).contains("refused the connection"),
+            "{}",
+            stderr(&out)
+        );
+    }
 
     // A Redis that is there but does not answer keeps its message.
     let redis = RedisServer::start()?;
