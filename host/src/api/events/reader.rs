@@ -10,7 +10,7 @@
 //! ([`MAX_CACHED_NAMES`]; a task's name never changes), so the usual
 //! QUEUED, then SUCCEEDED costs one read per task.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use axum::response::sse::Event;
@@ -29,8 +29,9 @@ const BLOCK: Duration = Duration::from_secs(10);
 /// to a batch of events).
 const READ_COUNT: usize = 64;
 
-/// Task names a subscriber keeps, by task id: past it the cache starts
-/// afresh, so a subscriber holds at most this many.
+/// Task names a subscriber keeps, by task id: a batch that would pass it
+/// starts the cache afresh, so a subscriber holds at most this many (or
+/// one batch's, if more).
 const MAX_CACHED_NAMES: usize = 4_096;
 
 /// Longest pause between reads while Redis fails.
@@ -228,10 +229,16 @@ impl Reader {
     /// round trip. A failure leaves them unknown (the events go out with a
     /// null name rather than wait for Redis).
     async fn read_names(&mut self, events: &[(usize, QueueEvent, String)]) {
+        // Cleared before the batch, not during it, so that every name the
+        // batch needs is kept or read.
+        if self.names.len() + events.len() > MAX_CACHED_NAMES {
+            self.names.clear();
+        }
         let mut asked: Vec<(&str, &str)> = Vec::new();
+        let mut seen = HashSet::new();
         for (i, event, _) in events {
             let id = event.task_id.as_str();
-            if !self.names.contains_key(id) && !asked.iter().any(|(_, a)| *a == id) {
+            if !self.names.contains_key(id) && seen.insert(id) {
                 asked.push((self.streams[*i].as_str(), id));
             }
         }
@@ -240,9 +247,6 @@ impl Reader {
         }
         match self.store.task_names(&asked).await {
             Ok(found) => {
-                if self.names.len() + asked.len() > MAX_CACHED_NAMES {
-                    self.names.clear();
-                }
                 for ((_, id), name) in asked.into_iter().zip(found) {
                     if let Some(name) = name {
                         self.names.insert(id.to_owned(), name);
