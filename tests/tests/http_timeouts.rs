@@ -58,8 +58,7 @@ fn log_of(task: &Value) -> &str {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_guest_first_byte_timeout_under_the_operators_lets_the_handler_fall_back() -> Result<()>
-{
+async fn a_guest_first_byte_timeout_under_the_operators_lets_the_handler_fall_back() -> Result<()> {
     let service = Service::start()?;
     let dtq = dtq(&["--http-timeout-ms", "30000"]).await?;
 

@@ -25,7 +25,9 @@
 //! no other handler can compute it. A guest that sets the header itself
 //! keeps its own, unless it starts with the host's `dtq-`: that request is
 //! denied, so no handler can send a key the host made for another
-//! namespace. Each request is one line of the
+//! namespace. Traced (see [`crate::telemetry`]), each request is a span,
+//! a child of the attempt's, and carries its `traceparent` downstream
+//! unless the handler set one. Each request is one line of the
 //! task log: method, scheme, host and port, status or error, duration; never
 //! a path, a header or a body. Cancelling or interrupting the call drops the
 //! requests in flight with its store.
@@ -46,6 +48,8 @@ use super::call::LoadedHandler;
 use super::fleet_secret::{self, FleetSecret};
 use super::log::TaskLog;
 use super::timeouts::{self, ConnectTimedOut, GuestConnect, GuestTimeouts};
+use crate::telemetry;
+use tracing::{Instrument as _, Span};
 
 /// The header a request inside an idempotent operation carries.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -211,6 +215,7 @@ impl OutboundHttp {
         } else {
             &handler.http.public
         };
+        let span = request_span(&parts.method, &scheme, &host, port, &mut headers);
         let url = parts.uri.to_string();
         let builder = client
             .request(parts.method, url)
@@ -222,8 +227,32 @@ impl OutboundHttp {
             body,
             operation,
             timeouts: guest_timeouts,
+            span,
         })
     }
+}
+
+/// The span of one outbound request, traced (see [`crate::telemetry`]): a
+/// child of the attempt's, its `traceparent` added to `headers` unless the
+/// handler set one. `Span::none()` when tracing is off.
+fn request_span(
+    method: &http::Method,
+    scheme: &str,
+    host: &str,
+    port: u16,
+    headers: &mut http::HeaderMap,
+) -> Span {
+    if !telemetry::enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(target: telemetry::TARGET, "http_request",
+        otel.name = %method, otel.kind = "client", http.request.method = %method,
+        url.scheme = %scheme, server.address = %host, server.port = port,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty, trace_id = tracing::field::Empty);
+    telemetry::adopt(&span, None);
+    telemetry::inject(&span, headers);
+    span
 }
 
 /// A request checked and ready to send.
@@ -236,6 +265,8 @@ struct Prepared {
     operation: Option<String>,
     /// The handler's own timeouts, those under the operator's.
     timeouts: GuestTimeouts,
+    /// Its span, when traced.
+    span: Span,
 }
 
 /// Add the `Idempotency-Key` of `operation` of `handler`'s namespace; the
@@ -321,15 +352,36 @@ impl WasiHttpHooks for OutboundHttp {
     > {
         let started = Instant::now();
         let prepared = self.prepare(request, options.as_ref());
+        let span = match &prepared {
+            Ok(prepared) => prepared.span.clone(),
+            Err(_) => Span::none(),
+        };
+        let traced = span.clone();
         let log = self.log.clone();
         let handler = self.handler.clone();
-        Box::new(async move {
-            let response = send(prepared?, &handler, &log, started).await?;
-            let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
-                Box::new(async { Ok(()) });
-            Ok((response, io))
-        })
+        // wasmtime-wasi-http runs it on a task of its own: the span goes
+        // with it.
+        Box::new(
+            async move {
+                let response = send(prepared?, &handler, &log, started).await;
+                if !traced.is_none() {
+                    record_result(&traced, &response);
+                }
+                let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
+                    Box::new(async { Ok(()) });
+                Ok((response?, io))
+            }
+            .instrument(span),
+        )
     }
+}
+
+/// Record how a traced request ended in its `span`.
+fn record_result(span: &Span, response: &Result<http::Response<WasiBody>, HttpError>) {
+    match response {
+        Ok(response) => span.record("http.response.status_code", response.status().as_u16()),
+        Err(_) => span.record("otel.status_code", "ERROR"),
+    };
 }
 
 /// Send `prepared` for `handler` (with its operation's `Idempotency-Key`,
@@ -347,6 +399,7 @@ async fn send(
         body,
         operation,
         timeouts,
+        span: _,
     } = prepared;
     if let Some(operation) = operation {
         builder = with_key(builder, handler, &operation, log, &target).await?;
