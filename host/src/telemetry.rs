@@ -5,7 +5,8 @@
 //! Off unless an endpoint is configured (`--otlp-endpoint`,
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`): then [`start`] makes the exporter (OTLP
 //! over HTTP, protobuf, batched on Tokio) and the `tracing` layer that
-//! feeds it, and [`enabled`] turns true. Off, no layer is installed and the
+//! feeds it, and once the layer is installed [`activate`] makes
+//! [`enabled`] true. Off, no layer is installed and the
 //! rooms create none of the spans below: what they pay is one atomic load
 //! per request or attempt.
 //!
@@ -70,19 +71,23 @@ pub enum TelemetryError {
     /// The exporter could not be made.
     #[error("cannot make the OTLP exporter: {0}")]
     Exporter(String),
-    /// This process traces already.
-    #[error("tracing was started already")]
+    /// This process traces already, or has a subscriber of its own.
+    #[error("tracing was started already, or the process has a subscriber")]
     Started,
 }
 
 /// How long the exporter waits for the receiver per batch.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Start exporting to `settings`: the `tracing` layer that turns this
-/// module's spans ([`TARGET`]) into OpenTelemetry spans, and warnings and
-/// errors inside them into span events. Must run inside a Tokio runtime
-/// (the batches are sent from a task of it).
-pub fn start<S>(settings: &Settings) -> Result<impl Layer<S>, TelemetryError>
+/// An exporter made by [`start`], not yet [`activate`]d.
+pub struct Exporter(SdkTracerProvider);
+
+/// Make the exporter to `settings`, and the `tracing` layer that turns
+/// this module's spans ([`TARGET`]) into OpenTelemetry spans, and warnings
+/// and errors inside them into span events. Nothing is traced until the
+/// layer is installed and the exporter [`activate`]d. Must run inside a
+/// Tokio runtime (the batches are sent from a task of it).
+pub fn start<S>(settings: &Settings) -> Result<(impl Layer<S>, Exporter), TelemetryError>
 where
     S: tracing::Subscriber + for<'span> LookupSpan<'span>,
 {
@@ -113,9 +118,6 @@ where
         .with_resource(resource)
         .build();
     let tracer = provider.tracer("dtq");
-    PROVIDER
-        .set(provider)
-        .map_err(|_| TelemetryError::Started)?;
     // Nothing below INFO: the hint keeps the debug and trace callsites
     // off unless the logs' filter wants them.
     let ours = tracing_subscriber::filter::filter_fn(|meta| {
@@ -126,9 +128,19 @@ where
         }
     })
     .with_max_level_hint(tracing::Level::INFO);
-    Ok(tracing_opentelemetry::layer()
+    let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
-        .with_filter(ours))
+        .with_filter(ours);
+    Ok((layer, Exporter(provider)))
+}
+
+/// Trace from now on, exporting with `exporter`: once its layer is the
+/// process's (a layer that could not be installed would make spans that
+/// carry no context).
+pub fn activate(exporter: Exporter) -> Result<(), TelemetryError> {
+    PROVIDER
+        .set(exporter.0)
+        .map_err(|_| TelemetryError::Started)
 }
 
 /// Send the spans not sent yet and stop the exporter (at shutdown); does

@@ -451,15 +451,22 @@ fn init_subscriber(format: &str, traces: Option<&crate::telemetry::Settings>) {
             .with_filter(filter)
             .boxed(),
     };
-    let (traces, failed) = match traces.map(crate::telemetry::start) {
-        Some(Ok(layer)) => (Some(layer), None),
-        Some(Err(e)) => (None, Some(e)),
-        None => (None, None),
+    let (layer, exporter, mut failed) = match traces.map(crate::telemetry::start) {
+        Some(Ok((layer, exporter))) => (Some(layer), Some(exporter), None),
+        Some(Err(e)) => (None, None, Some(e)),
+        None => (None, None, None),
     };
-    let _ = tracing_subscriber::registry()
+    let installed = tracing_subscriber::registry()
         .with(logs)
-        .with(traces)
-        .try_init();
+        .with(layer)
+        .try_init()
+        .is_ok();
+    if let Some(exporter) = exporter {
+        match installed {
+            true => failed = crate::telemetry::activate(exporter).err(),
+            false => failed = Some(crate::telemetry::TelemetryError::Started),
+        }
+    }
     if let Some(e) = failed {
         warn!(error = %e, "tracing is off");
     }
