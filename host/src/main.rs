@@ -160,7 +160,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
 /// Run the server's `roles` until SIGINT or SIGTERM; a server error with
 /// its exit code and its causes on one line.
 async fn serve(config: Config, roles: Roles) -> Result<(), Failure> {
-    server::init_tracing(&config.log_format);
+    server::init_tracing_with(&config);
     let shutdown = async {
         cli::shutdown_signal().await;
         info!("signal received: shutting down");
