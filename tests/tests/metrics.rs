@@ -342,6 +342,7 @@ fn raw_task(queue: &str, task: &str) -> NewTask {
         run_at: now,
         expires_at: None,
         group: None,
+        traceparent: None,
     }
 }
 
