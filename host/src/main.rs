@@ -131,6 +131,21 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             queues::tasks(client(c)?, &queue, &query).await
         }
         Command::Queues { queue, client: c } => queues::queues(client(c)?, queue.as_deref()).await,
+        Command::Pause { queue, client: c } => queues::set_paused(client(c)?, &queue, true).await,
+        Command::Resume { queue, client: c } => queues::set_paused(client(c)?, &queue, false).await,
+        Command::Limits {
+            queue,
+            rate,
+            group_concurrency,
+            clear,
+            client: c,
+        } => {
+            let limits = dtq_host::store::Limits {
+                rate,
+                group_concurrency,
+            };
+            queues::limits(client(c)?, &queue, limits, clear).await
+        }
         Command::Partitions {
             queue,
             count,

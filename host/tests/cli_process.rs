@@ -496,3 +496,66 @@ async fn a_refused_redis_is_said_to_refuse_and_a_stalled_one_to_be_late() -> Res
     );
     Ok(())
 }
+
+/// `dtq pause`, `dtq resume` and `dtq limits` with the admin token: each
+/// prints the answer, the queue's counts show the pause, and a rate that
+/// is not N/MS is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_resume_and_limits_from_the_command_line() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("cli")?;
+    let admin = "cli-flow-admin-token-7c21";
+    let server = start(&dir, "api", "api", &redis, &["--admin-token", admin]).await?;
+    let api = server.api.as_str();
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend([
+            "--api".into(),
+            api.into(),
+            "--admin-token".into(),
+            admin.into(),
+        ]);
+        all
+    };
+    let run_with = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&refs).await
+    };
+
+    let paused = run_with(with(&["pause", "flowq"])).await?;
+    expect_code(&paused, 0, "pause")?;
+    assert_eq!(
+        stdout_json(&paused)?,
+        json!({"queue": "flowq", "paused": true, "changed": true})
+    );
+    let counts = run_with(with(&["queues", "flowq"])).await?;
+    assert_eq!(stdout_json(&counts)?["paused"], true);
+    let resumed = run_with(with(&["resume", "flowq"])).await?;
+    expect_code(&resumed, 0, "resume")?;
+    assert_eq!(stdout_json(&resumed)?["paused"], false);
+
+    let set = run_with(with(&[
+        "limits",
+        "flowq",
+        "--rate",
+        "20/1000",
+        "--group-concurrency",
+        "2",
+    ]))
+    .await?;
+    expect_code(&set, 0, "limits --rate --group-concurrency")?;
+    let want = json!({"rate": {"limit": 20, "per_ms": 1000}, "group_concurrency": 2});
+    assert_eq!(stdout_json(&set)?["limits"], want);
+    let shown = run_with(with(&["limits", "flowq"])).await?;
+    assert_eq!(stdout_json(&shown)?["limits"], want);
+    let cleared = run_with(with(&["limits", "flowq", "--clear"])).await?;
+    expect_code(&cleared, 0, "limits --clear")?;
+    assert_eq!(stdout_json(&cleared)?["limits"], json!({}));
+
+    let bad = run_with(with(&["limits", "flowq", "--rate", "20"])).await?;
+    expect_code(&bad, 2, "limits --rate 20")?;
+    ensure!(stderr(&bad).contains("N/MS"), "{}", stderr(&bad));
+    let shown = run_with(with(&["limits", "flowq"])).await?;
+    assert_eq!(stdout_json(&shown)?["limits"], json!({}));
+    Ok(())
+}

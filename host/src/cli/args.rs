@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use dtq_host::Config;
+use dtq_host::store::Rate;
 
 pub(crate) const EXIT_CODES: &str = "\
 Exit codes:
@@ -150,6 +151,43 @@ pub(crate) enum Command {
     Queues {
         /// Only this queue.
         queue: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Pause a queue across the fleet (needs `admin` on it): it keeps
+    /// taking submissions, its running tasks finish, but no worker starts
+    /// its tasks until `dtq resume`. Every worker stops starting them
+    /// within about 250 ms.
+    Pause {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a paused queue (needs `admin` on it).
+    Resume {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a queue's limits, or set them (needs `admin` on it): with
+    /// --rate and/or --group-concurrency, those become its limits (a limit
+    /// not given is lifted); --clear lifts them all.
+    Limits {
+        /// The queue.
+        queue: String,
+        /// At most N task starts per window of MS milliseconds, across the
+        /// fleet: `N/MS`, as `20/1000`.
+        #[arg(long, value_name = "N/MS", value_parser = parse_rate)]
+        rate: Option<Rate>,
+        /// At most K running tasks of one `group` (a submission field, `dtq
+        /// submit --group`) at once, across the fleet.
+        #[arg(long, value_name = "K")]
+        group_concurrency: Option<u32>,
+        /// Lift every limit of the queue.
+        #[arg(long, conflicts_with_all = ["rate", "group_concurrency"])]
+        clear: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -483,4 +521,17 @@ mod tests {
         assert_eq!(duration_ms("1d12h"), Ok(129_600_000));
         assert_eq!(duration_ms("1.5h"), Ok(5_400_000));
     }
+}
+
+/// `--rate N/MS`: N starts per MS milliseconds, both whole numbers over 0.
+fn parse_rate(text: &str) -> Result<Rate, String> {
+    let parsed = text.split_once('/').and_then(|(limit, per_ms)| {
+        Some(Rate {
+            limit: limit.trim().parse().ok().filter(|&n| n > 0)?,
+            per_ms: per_ms.trim().parse().ok().filter(|&n| n > 0)?,
+        })
+    });
+    parsed.ok_or_else(|| {
+        format!("{text:?}: a rate is N/MS, N starts per MS milliseconds, as 20/1000")
+    })
 }

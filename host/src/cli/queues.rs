@@ -1,7 +1,9 @@
 //! The commands on a queue and its tasks: `status`, `tasks`, `cancel`,
-//! `queues`, `partitions`, `dlq`, `schedule`. Each prints the answer.
+//! `queues`, `pause`, `resume`, `limits`, `partitions`, `dlq`, `schedule`.
+//! Each prints the answer.
 
 use dtq_host::client::{Client, DlqSelection, ScheduleRequest, TaskQuery};
+use dtq_host::store::Limits;
 use serde_json::Value;
 
 use super::args::{DlqCommand, ScheduleCommand};
@@ -29,6 +31,26 @@ pub(crate) async fn queues(api: Client, queue: Option<&str>) -> Result<(), Failu
     match queue {
         Some(queue) => show(View::Queues, &api.queue(queue).await?),
         None => show(View::Queues, &api.queues().await?),
+    }
+}
+
+/// `dtq pause` (`paused`) and `dtq resume`.
+pub(crate) async fn set_paused(api: Client, queue: &str, paused: bool) -> Result<(), Failure> {
+    show(View::Record, &api.set_paused(queue, paused).await?)
+}
+
+/// `dtq limits QUEUE [--rate N/MS] [--group-concurrency K] [--clear]`:
+/// set the limits given (or lift them all), else show them.
+pub(crate) async fn limits(
+    api: Client,
+    queue: &str,
+    limits: Limits,
+    clear: bool,
+) -> Result<(), Failure> {
+    if clear || limits.any() {
+        show(View::Record, &api.set_limits(queue, &limits).await?)
+    } else {
+        show(View::Record, &api.limits(queue).await?)
     }
 }
 

@@ -266,6 +266,7 @@ fn queues_text(answer: &Map<String, Value>) -> String {
     }
     let columns = [
         "queue",
+        "paused",
         "ready",
         "running",
         "delayed",

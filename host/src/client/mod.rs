@@ -33,7 +33,7 @@ use serde_json::Value;
 
 use crate::deploy::{DeploySettings, FleetReport};
 use crate::ingest::SubmitRequest;
-use crate::store::BulkRequeue;
+use crate::store::{BulkRequeue, Limits};
 pub use events::Watch;
 pub use types::*;
 
@@ -293,6 +293,31 @@ impl Client {
         let body = PartitionsRequest { count };
         self.call(Method::PUT, &["queues", queue, "partitions"], Some(&body))
             .await
+    }
+
+    /// `POST /v1/queues/{queue}/pause` (`paused`) or `.../resume`: the
+    /// queue's pause state, `{"queue", "paused", "changed"}`.
+    pub async fn set_paused(&self, queue: &str, paused: bool) -> Result<Value, ClientError> {
+        let action = if paused { "pause" } else { "resume" };
+        self.call(Method::POST, &["queues", queue, action], None::<&()>)
+            .await
+    }
+
+    /// `GET /v1/queues/{queue}/limits`: the queue's limits.
+    pub async fn limits(&self, queue: &str) -> Result<Value, ClientError> {
+        self.call(Method::GET, &["queues", queue, "limits"], None::<&()>)
+            .await
+    }
+
+    /// `PUT /v1/queues/{queue}/limits`: set the queue's limits (a limit
+    /// `limits` leaves out is lifted); `DELETE` when it has none.
+    pub async fn set_limits(&self, queue: &str, limits: &Limits) -> Result<Value, ClientError> {
+        let path = ["queues", queue, "limits"];
+        if limits.any() {
+            self.call(Method::PUT, &path, Some(limits)).await
+        } else {
+            self.call(Method::DELETE, &path, None::<&()>).await
+        }
     }
 
     /// `GET /v1/queues/{queue}/dlq`: the dead-lettered tasks.
