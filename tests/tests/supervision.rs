@@ -21,7 +21,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// ended with, failing if it ran on for [`WAIT`].
 async fn run_until_it_ends(dtq: &Dtq, queue: &str) -> Result<Result<(), WorkerError>> {
     let mut config = dtq.config.worker();
-    config.queues = vec![queue.into()];
+    config.queues = vec![queue.parse().expect("a queue name")];
     let never = CancellationToken::new();
     let run = worker::run(
         dtq.store.clone(),
@@ -77,7 +77,7 @@ async fn a_dead_loop_lets_running_tasks_finish_before_the_worker_ends() -> Resul
         )
         .await?;
     let mut config = dtq.config.worker();
-    config.queues = vec!["sup-grace".into()];
+    config.queues = vec!["sup-grace".parse().expect("a queue name")];
     let never = CancellationToken::new();
     let run = tokio::spawn(worker::run(
         dtq.store.clone(),

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/queues/{queue}/tasks` | `submit` | submit (idempotency: `Idempotency-Key` header or `idempotency_key`) |
 //! | `POST /v1/queues/{queue}/tasks/batch` | `submit` | submit up to [`crate::ingest::MAX_BATCH_ITEMS`] tasks: one result each, one Redis round trip (`api::batch`) |
-//! | `GET /v1/queues/{queue}/tasks` | `read` | tasks newest first, by status, paginated ([`Store::list_tasks`]) |
+//! | `GET /v1/queues/{queue}/tasks` | `read` | tasks newest first, by status and task name, paginated ([`Store::list_tasks`]) |
 //! | `GET /v1/queues/{queue}/tasks/{id}` | `read` | a task: status, attempts, result, error, log, timestamps |
 //! | `GET /v1/queues/{queue}/idempotency/{key}` | `read` | the task an idempotency key names (`api::lookup`) |
 //! | `GET /v1/queues/{queue}/events` | `read` | lifecycle events, live, as Server-Sent Events ([`Store::read_events`]) |

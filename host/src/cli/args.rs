@@ -487,6 +487,19 @@ pub(crate) fn duration_ms(text: &str) -> Result<u64, String> {
     u64::try_from(duration.as_millis()).map_err(|_| format!("{text:?} is too long a duration"))
 }
 
+/// `--rate N/MS`: N starts per MS milliseconds, both whole numbers over 0.
+fn parse_rate(text: &str) -> Result<Rate, String> {
+    let parsed = text.split_once('/').and_then(|(limit, per_ms)| {
+        Some(Rate {
+            limit: limit.trim().parse().ok().filter(|&n| n > 0)?,
+            per_ms: per_ms.trim().parse().ok().filter(|&n| n > 0)?,
+        })
+    });
+    parsed.ok_or_else(|| {
+        format!("{text:?}: a rate is N/MS, N starts per MS milliseconds, as 20/1000")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::duration_ms;
@@ -521,17 +534,19 @@ mod tests {
         assert_eq!(duration_ms("1d12h"), Ok(129_600_000));
         assert_eq!(duration_ms("1.5h"), Ok(5_400_000));
     }
-}
 
-/// `--rate N/MS`: N starts per MS milliseconds, both whole numbers over 0.
-fn parse_rate(text: &str) -> Result<Rate, String> {
-    let parsed = text.split_once('/').and_then(|(limit, per_ms)| {
-        Some(Rate {
-            limit: limit.trim().parse().ok().filter(|&n| n > 0)?,
-            per_ms: per_ms.trim().parse().ok().filter(|&n| n > 0)?,
-        })
-    });
-    parsed.ok_or_else(|| {
-        format!("{text:?}: a rate is N/MS, N starts per MS milliseconds, as 20/1000")
-    })
+    #[test]
+    fn a_rate_is_n_per_ms() {
+        use super::{Rate, parse_rate};
+        assert_eq!(
+            parse_rate("20/1000"),
+            Ok(Rate {
+                limit: 20,
+                per_ms: 1000
+            })
+        );
+        for bad in ["20", "0/1000", "20/0", "a/b", "/", "-1/5"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -117,16 +117,6 @@ impl std::str::FromStr for WeightedQueue {
     }
 }
 
-impl From<&str> for WeightedQueue {
-    /// `name` with weight 1.
-    fn from(name: &str) -> Self {
-        WeightedQueue {
-            name: name.to_owned(),
-            weight: 1,
-        }
-    }
-}
-
 impl std::fmt::Display for WeightedQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.weight {
