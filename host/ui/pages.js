@@ -204,7 +204,7 @@ export async function tasksPage(ctx) {
       h('td', {}, h('a', { href: taskHash(queue, t.task_id), 'data-task-id': t.task_id },
         h('code', {}, t.task_id))),
       h('td', {}, t.task),
-      h('td', {}, status(t.status)),
+      h('td', {}, status(t.status), t.held_by ? ` (held: ${t.held_by === 'rate' ? 'rate limit' : 'group busy'})` : null),
       h('td', {}, `${t.attempts}/${t.max_attempts}`),
       h('td', {}, when(t.created_at)),
       h('td', {}, when(t.updated_at)))));

@@ -494,6 +494,9 @@ pub(super) mod schemas {
         finished_at: Option<u64>,
         run_at: Option<u64>,
         expires_at: Option<u64>,
+        /// What holds it back while it waits SCHEDULED under a queue
+        /// limit: `rate` or `group`; null when nothing does.
+        held_by: Option<String>,
     }
 
     /// One page of a queue's tasks, newest first.

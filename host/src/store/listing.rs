@@ -53,7 +53,7 @@ pub const LIST_SCAN_BUDGET: usize = 2_000;
 const FILTERED_CHUNK: usize = 250;
 
 /// The fields of a task hash a listing shows, in [`TaskSummary`]'s order.
-const SUMMARY_FIELDS: [&str; 11] = [
+const SUMMARY_FIELDS: [&str; 12] = [
     "status",
     "task",
     "attempts",
@@ -65,6 +65,7 @@ const SUMMARY_FIELDS: [&str; 11] = [
     "finished_at",
     "run_at",
     "expires_at",
+    "held_by",
 ];
 
 /// A task as a listing shows it: what it is and where it is, without its
@@ -98,6 +99,9 @@ pub struct TaskSummary {
     pub run_at: Option<u64>,
     /// It expires if not started by then.
     pub expires_at: Option<u64>,
+    /// What holds it back while it waits SCHEDULED under a queue limit:
+    /// `rate` or `group` (see `store::limits`).
+    pub held_by: Option<String>,
 }
 
 /// One page of a listing.
@@ -466,6 +470,7 @@ fn summary(values: Vec<Option<String>>) -> Result<Option<TaskSummary>, StoreErro
         finished_at: number(take("finished_at"), "finished_at")?,
         run_at: number(take("run_at"), "run_at")?,
         expires_at: number(take("expires_at"), "expires_at")?,
+        held_by: take("held_by").filter(|_| status == "SCHEDULED"),
     }))
 }
 
@@ -492,6 +497,12 @@ mod tests {
             (got.status, got.task.as_str(), got.attempts),
             (TaskStatus::Running, "echo", 2)
         );
+        // A hold shows while the task waits SCHEDULED only.
+        values[11] = Some("rate".into());
+        assert_eq!(summary(values.clone()).expect("parses").expect("a task").held_by, None);
+        values[0] = Some("SCHEDULED".into());
+        let held = summary(values.clone()).expect("parses").expect("a task");
+        assert_eq!(held.held_by.as_deref(), Some("rate"));
         values[0] = Some("NAPPING".into());
         assert!(summary(values).is_err());
     }
