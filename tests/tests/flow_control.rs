@@ -347,10 +347,22 @@ async fn a_group_limit_runs_a_group_one_at_a_time_and_groups_side_by_side() -> R
         ids.push((group, dtq.submit_new(q, body, None).await?));
     }
     let mut seen_held = None;
+    let mut seen_listed = false;
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut tasks = Vec::new();
     while tasks.len() < ids.len() {
         tasks.clear();
+        let (_, page) = dtq
+            .call(
+                Method::GET,
+                &format!("/v1/queues/{q}/tasks?status=SCHEDULED"),
+                None,
+                &[],
+            )
+            .await?;
+        seen_listed |= page["tasks"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["held_by"] == "group"));
         for (_, id) in &ids {
             let task = dtq.task(q, id).await?;
             if task["status"] == "SCHEDULED" && task["held"]["by"] == "group" {
@@ -366,6 +378,10 @@ async fn a_group_limit_runs_a_group_one_at_a_time_and_groups_side_by_side() -> R
         );
     }
     let held = seen_held.context("no task was ever seen held by its group")?;
+    ensure!(
+        seen_listed,
+        "the listing never said a task was held by its group"
+    );
     ensure!(
         held["group"]
             .as_str()

@@ -499,7 +499,13 @@ mod tests {
         );
         // A hold shows while the task waits SCHEDULED only.
         values[11] = Some("rate".into());
-        assert_eq!(summary(values.clone()).expect("parses").expect("a task").held_by, None);
+        assert_eq!(
+            summary(values.clone())
+                .expect("parses")
+                .expect("a task")
+                .held_by,
+            None
+        );
         values[0] = Some("SCHEDULED".into());
         let held = summary(values.clone()).expect("parses").expect("a task");
         assert_eq!(held.held_by.as_deref(), Some("rate"));
