@@ -597,3 +597,84 @@ async fn real_responses_validate_against_their_schemas() -> Result<()> {
     );
     Ok(())
 }
+
+/// The operations of `doc` whose `security` names the bearer token.
+fn with_bearer(doc: &Value) -> BTreeSet<(String, String)> {
+    operations(doc)
+        .into_iter()
+        .filter(|(method, path)| {
+            doc["paths"][path][method]["security"]
+                .to_string()
+                .contains("\"bearer\"")
+        })
+        .collect()
+}
+
+/// The document says what the server it comes from does with tokens: a
+/// server without any serves every operation openly, and its document
+/// declares no bearer token and no 401; with only an admin token, the
+/// admin and fleet operations take it and no other; with scoped tokens,
+/// every operation but the document and the health check. The document
+/// with tokens names each operation's scope.
+#[tokio::test]
+async fn the_document_declares_the_tokens_the_server_takes() -> Result<()> {
+    let open = Dtq::start(false, &[]).await?;
+    let doc = document(&open).await?;
+    let declared = with_bearer(&doc);
+    ensure!(
+        declared.is_empty(),
+        "an open API declares tokens on {declared:?}"
+    );
+    ensure!(
+        doc["components"]["securitySchemes"].get("bearer").is_none(),
+        "{}",
+        doc["components"]["securitySchemes"]
+    );
+    for (method, path) in operations(&doc) {
+        let responses = &doc["paths"][&path][&method]["responses"];
+        ensure!(
+            responses.get("401").is_none(),
+            "{method} {path}: {responses}"
+        );
+    }
+    // And the server does serve them without a token.
+    let resp = reqwest::get(format!("{}/v1/queues/{QUEUE}/tasks", open.api)).await?;
+    ensure!(resp.status() == 200, "{}", resp.status());
+    drop(open);
+
+    let admin_only = Dtq::start(false, &["--admin-token", TOKEN]).await?;
+    let doc = document(&admin_only).await?;
+    let admin_ops: BTreeSet<(String, String)> = [
+        ("put", "/v1/queues/{queue}/partitions"),
+        ("post", "/v1/queues/{queue}/dlq/{id}/requeue"),
+        ("post", "/v1/queues/{queue}/dlq/requeue"),
+        ("delete", "/v1/queues/{queue}/dlq"),
+        ("put", "/v1/queues/{queue}/schedules/{name}"),
+        ("delete", "/v1/queues/{queue}/schedules/{name}"),
+        ("put", "/v1/handlers/{task}"),
+        ("post", "/v1/handlers/{task}/rollback"),
+        ("delete", "/v1/handlers/{task}"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    ensure!(
+        with_bearer(&doc) == admin_ops,
+        "with only an admin token: {:?}",
+        with_bearer(&doc)
+    );
+    drop(admin_only);
+
+    let scoped = start().await?;
+    let doc = document(&scoped).await?;
+    let submit = &doc["paths"]["/v1/queues/{queue}/tasks"]["post"]["security"];
+    ensure!(submit == &json!([{"bearer": ["submit"]}]), "{submit}");
+    let purge = &doc["paths"]["/v1/queues/{queue}/dlq"]["delete"]["security"];
+    ensure!(purge == &json!([{"bearer": ["admin"]}]), "{purge}");
+    ensure!(
+        with_bearer(&doc).len() + 2 == operations(&doc).len(),
+        "{:?}",
+        with_bearer(&doc)
+    );
+    Ok(())
+}
