@@ -44,10 +44,10 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
-    ContentBuilder, KnownFormat, Object, ObjectBuilder, OpenApi as Document, Ref, RefOr,
+    ContentBuilder, KnownFormat, Object, ObjectBuilder, OpenApi as Document, Ref, RefOr, Required,
     ResponseBuilder, Schema, SchemaFormat, Type,
 };
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
@@ -220,6 +220,13 @@ pub fn document_for(mode: TokenMode) -> Document {
             &mut item.trace,
         ];
         for operation in operations.into_iter().flatten() {
+            // A path parameter is required (OpenAPI says so); one whose
+            // schema comes from `schema_with` is not marked by the derive.
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if parameter.parameter_in == ParameterIn::Path {
+                    parameter.required = Required::True;
+                }
+            }
             let scopes = bearer_scopes(operation);
             if !mode.takes_token(&scopes) {
                 operation.security = None;
