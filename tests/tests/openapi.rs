@@ -704,7 +704,13 @@ async fn null_bodies_id_lengths_and_the_first_cursor_are_answered_as_documented(
     let requeue = format!("/v1/queues/{QUEUE}/dlq/requeue");
     let (status, body) = call(&dtq, "post", &requeue, Some(json!({"ids": [id]}))).await?;
     ensure!(status == 200 && body["requeued"] == 0, "{status} {body}");
-    let (status, body) = call(&dtq, "post", &requeue, Some(json!({"ids": ["x".repeat(201)]}))).await?;
+    let (status, body) = call(
+        &dtq,
+        "post",
+        &requeue,
+        Some(json!({"ids": ["x".repeat(201)]})),
+    )
+    .await?;
     ensure!(
         status == 400 && body["error"]["code"] == "INVALID_REQUEST",
         "{status} {body}"
@@ -742,7 +748,9 @@ async fn names_are_documented_with_the_rule_the_server_checks() -> Result<()> {
             .into_iter()
             .flatten()
         {
-            if param["in"] == "path" && ["queue", "task", "name"].contains(&param["name"].as_str().unwrap_or_default()) {
+            if param["in"] == "path"
+                && ["queue", "task", "name"].contains(&param["name"].as_str().unwrap_or_default())
+            {
                 ensure!(param["schema"] == name, "{method} {path}: {param}");
                 ensure!(param["required"] == true, "{method} {path}: {param}");
             }
