@@ -597,3 +597,185 @@ async fn real_responses_validate_against_their_schemas() -> Result<()> {
     );
     Ok(())
 }
+
+/// The operations of `doc` whose `security` names the bearer token.
+fn with_bearer(doc: &Value) -> BTreeSet<(String, String)> {
+    operations(doc)
+        .into_iter()
+        .filter(|(method, path)| {
+            doc["paths"][path][method]["security"]
+                .to_string()
+                .contains("\"bearer\"")
+        })
+        .collect()
+}
+
+/// The document says what the server it comes from does with tokens: a
+/// server without any serves every operation openly, and its document
+/// declares no bearer token and no 401; with only an admin token, the
+/// admin and fleet operations take it and no other; with scoped tokens,
+/// every operation but the document and the health check. The document
+/// with tokens names each operation's scope.
+#[tokio::test]
+async fn the_document_declares_the_tokens_the_server_takes() -> Result<()> {
+    let open = Dtq::start(false, &[]).await?;
+    let doc = document(&open).await?;
+    let declared = with_bearer(&doc);
+    ensure!(
+        declared.is_empty(),
+        "an open API declares tokens on {declared:?}"
+    );
+    ensure!(
+        doc["components"]["securitySchemes"].get("bearer").is_none(),
+        "{}",
+        doc["components"]["securitySchemes"]
+    );
+    for (method, path) in operations(&doc) {
+        let responses = &doc["paths"][&path][&method]["responses"];
+        ensure!(
+            responses.get("401").is_none(),
+            "{method} {path}: {responses}"
+        );
+    }
+    // And the server does serve them without a token.
+    let resp = reqwest::get(format!("{}/v1/queues/{QUEUE}/tasks", open.api)).await?;
+    ensure!(resp.status() == 200, "{}", resp.status());
+    drop(open);
+
+    let admin_only = Dtq::start(false, &["--admin-token", TOKEN]).await?;
+    let doc = document(&admin_only).await?;
+    let admin_ops: BTreeSet<(String, String)> = [
+        ("put", "/v1/queues/{queue}/partitions"),
+        ("post", "/v1/queues/{queue}/dlq/{id}/requeue"),
+        ("post", "/v1/queues/{queue}/dlq/requeue"),
+        ("delete", "/v1/queues/{queue}/dlq"),
+        ("put", "/v1/queues/{queue}/schedules/{name}"),
+        ("delete", "/v1/queues/{queue}/schedules/{name}"),
+        ("put", "/v1/handlers/{task}"),
+        ("post", "/v1/handlers/{task}/rollback"),
+        ("delete", "/v1/handlers/{task}"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    ensure!(
+        with_bearer(&doc) == admin_ops,
+        "with only an admin token: {:?}",
+        with_bearer(&doc)
+    );
+    drop(admin_only);
+
+    let scoped = start().await?;
+    let doc = document(&scoped).await?;
+    let submit = &doc["paths"]["/v1/queues/{queue}/tasks"]["post"]["security"];
+    ensure!(submit == &json!([{"bearer": ["submit"]}]), "{submit}");
+    let purge = &doc["paths"]["/v1/queues/{queue}/dlq"]["delete"]["security"];
+    ensure!(purge == &json!([{"bearer": ["admin"]}]), "{purge}");
+    ensure!(
+        with_bearer(&doc).len() + 2 == operations(&doc).len(),
+        "{:?}",
+        with_bearer(&doc)
+    );
+    Ok(())
+}
+
+/// What schemathesis found where the server, not the document, was wrong
+/// (`tests/tests/openapi_tools.rs` runs it): a JSON `null` body on the DLQ
+/// purge and the rollback is no body, as the document's nullable bodies
+/// say; a task id of a bulk DLQ route is bounded in characters, as its
+/// schema's `maxLength`; a listing cursor of `0-0`, which no page gives,
+/// is `INVALID_CURSOR` rather than a Redis error answered 503.
+#[tokio::test]
+async fn null_bodies_id_lengths_and_the_first_cursor_are_answered_as_documented() -> Result<()> {
+    let dtq = start().await?;
+    let purge = format!("/v1/queues/{QUEUE}/dlq?older_than_ms=0");
+    let (status, body) = call(&dtq, "delete", &purge, Some(Value::Null)).await?;
+    ensure!(status == 200 && body["purged"] == 0, "{status} {body}");
+
+    let rollback = "/v1/handlers/never-deployed/rollback";
+    let (status, body) = call(&dtq, "post", rollback, Some(Value::Null)).await?;
+    ensure!(
+        status == 400 && body["error"]["code"] == "UNKNOWN_TASK",
+        "{status} {body}"
+    );
+
+    // 200 characters of two bytes each: within the schema's 200.
+    let id = "é".repeat(200);
+    let requeue = format!("/v1/queues/{QUEUE}/dlq/requeue");
+    let (status, body) = call(&dtq, "post", &requeue, Some(json!({"ids": [id]}))).await?;
+    ensure!(status == 200 && body["requeued"] == 0, "{status} {body}");
+    let (status, body) = call(
+        &dtq,
+        "post",
+        &requeue,
+        Some(json!({"ids": ["x".repeat(201)]})),
+    )
+    .await?;
+    ensure!(
+        status == 400 && body["error"]["code"] == "INVALID_REQUEST",
+        "{status} {body}"
+    );
+
+    for cursor in ["0", "0-0", "0-0.1"] {
+        let page = format!("/v1/queues/{QUEUE}/tasks?cursor={cursor}");
+        let (status, body) = call(&dtq, "get", &page, None).await?;
+        ensure!(
+            status == 400 && body["error"]["code"] == "INVALID_CURSOR",
+            "{cursor}: {status} {body}"
+        );
+    }
+    let doc = document(&dtq).await?;
+    let cursor = doc["paths"]["/v1/queues/{queue}/tasks"]["get"]["parameters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "cursor")
+        .context("no cursor parameter")?;
+    ensure!(cursor["schema"]["pattern"].is_string(), "{cursor}");
+    Ok(())
+}
+
+/// Names carry the pattern and length the server holds them to: queue,
+/// task and schedule names in paths and in the submission's body.
+#[tokio::test]
+async fn names_are_documented_with_the_rule_the_server_checks() -> Result<()> {
+    let dtq = start().await?;
+    let doc = document(&dtq).await?;
+    let name = json!({"type": "string", "maxLength": 64, "minLength": 1, "pattern": "^[A-Za-z0-9_.-]{1,64}$"});
+    for (method, path) in operations(&doc) {
+        for param in doc["paths"][&path][&method]["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if param["in"] == "path"
+                && ["queue", "task", "name"].contains(&param["name"].as_str().unwrap_or_default())
+            {
+                ensure!(param["schema"] == name, "{method} {path}: {param}");
+                ensure!(param["required"] == true, "{method} {path}: {param}");
+            }
+        }
+    }
+    let task = &doc["components"]["schemas"]["SubmitRequest"]["properties"]["task"];
+    ensure!(task == &name, "{task}");
+    // And the server holds them to it: 65 characters, or a `:`, are refused.
+    for queue in ["q".repeat(65), "a:b".to_owned()] {
+        let (status, body) = call(&dtq, "get", &format!("/v1/queues/{queue}"), None).await?;
+        ensure!(
+            status == 400 && body["error"]["code"] == "INVALID_QUEUE_NAME",
+            "{queue}: {status} {body}"
+        );
+    }
+    let (status, body) = call(
+        &dtq,
+        "delete",
+        &format!("/v1/queues/{QUEUE}/schedules/a:b"),
+        None,
+    )
+    .await?;
+    ensure!(
+        status == 400 && body["error"]["code"] == "INVALID_SCHEDULE_NAME",
+        "{status} {body}"
+    );
+    Ok(())
+}

@@ -36,10 +36,10 @@ use super::auth::Scope;
 use super::error::ApiError;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
-use super::openapi::schemas::QueuePath;
+use super::openapi::schemas::{BatchRequest, QueuePath};
 use super::routes::{read_limited, require_json, store_call, submitted, submitter};
 use crate::base::ErrorCode;
-use crate::ingest::{self, BatchRequest, IngestError, MAX_BATCH_BODY_BYTES};
+use crate::ingest::{self, IngestError, MAX_BATCH_BODY_BYTES};
 use crate::telemetry;
 use tracing::Instrument as _;
 
@@ -77,7 +77,7 @@ pub(super) struct BatchResult {
         (status = 413, description = "`PAYLOAD_TOO_LARGE` (the body), `BATCH_TOO_LARGE` (the items)", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`: not sent as `application/json`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["submit"])),
 )]
 pub(super) async fn submit(
     State(shared): State<Shared>,

@@ -23,7 +23,13 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
-use utoipa::{IntoParams, ToSchema};
+use std::borrow::Cow;
+
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayBuilder, ObjectBuilder, SchemaType, Type,
+};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use super::Shared;
 use super::auth::Scope;
@@ -41,14 +47,15 @@ type ApiResult = Result<Response, ApiError>;
 /// Largest body of a bulk route: room for [`DLQ_MAX_IDS`] ids.
 const MAX_BODY_BYTES: usize = 256 << 10;
 
-/// Longest task id a bulk route takes.
-const MAX_ID_BYTES: usize = 200;
+/// Longest task id a bulk route takes, characters.
+const MAX_ID_CHARS: usize = 200;
 
 /// A bulk DLQ route's body: which dead-lettered tasks, exactly one of
-/// `ids`, `all: true` or (purge only) `older_than_ms`.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+/// `ids`, `all: true` or (purge only) `older_than_ms`. The document gives
+/// each route's as [`RequeueSelection`] and [`PurgeSelection`].
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct DlqSelection {
+struct DlqSelection {
     /// These tasks (at most 1000; duplicates count once).
     ids: Option<Vec<String>>,
     /// Every task the DLQ holds when the request begins.
@@ -56,6 +63,75 @@ pub(super) struct DlqSelection {
     all: bool,
     /// Purge only: the tasks dead-lettered more than this many ms ago.
     older_than_ms: Option<u64>,
+}
+
+/// The body of a bulk requeue, as the document gives it: exactly one of
+/// `ids` or `all: true`.
+pub(super) struct RequeueSelection;
+
+/// The body of a purge, as the document gives it: exactly one of `ids`,
+/// `all: true` or `older_than_ms`.
+pub(super) struct PurgeSelection;
+
+impl PartialSchema for RequeueSelection {
+    fn schema() -> RefOr<Schema> {
+        selection_schema(false)
+    }
+}
+
+impl ToSchema for RequeueSelection {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RequeueSelection")
+    }
+}
+
+impl PartialSchema for PurgeSelection {
+    fn schema() -> RefOr<Schema> {
+        selection_schema(true)
+    }
+}
+
+impl ToSchema for PurgeSelection {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("PurgeSelection")
+    }
+}
+
+/// [`DlqSelection`] as [`selection`] reads it: `ids` (absent or null when
+/// not used), `all` (absent or false when not used), and for a purge
+/// `older_than_ms` (absent or null when not used); nothing else. That
+/// exactly one of them selects is the route's rule, told in the
+/// description: 400 `INVALID_REQUEST` otherwise.
+fn selection_schema(older_than: bool) -> RefOr<Schema> {
+    let id = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(MAX_ID_CHARS));
+    let ids = ArrayBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+        .items(id)
+        .max_items(Some(DLQ_MAX_IDS))
+        .description(Some("These tasks (duplicates count once)."));
+    let all = ObjectBuilder::new()
+        .schema_type(Type::Boolean)
+        .description(Some("Every task the DLQ holds when the request begins."));
+    let mut object = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .property("ids", ids)
+        .property("all", all);
+    let mut description = "Exactly one of `ids` or `all: true`.";
+    if older_than {
+        let ms = ObjectBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+            .minimum(Some(0))
+            .maximum(Some(u64::MAX))
+            .description(Some("The tasks dead-lettered more than this many ms ago."));
+        object = object.property("older_than_ms", ms);
+        description =
+            "Exactly one of `ids`, `all: true` or `older_than_ms` (here or in the query).";
+    }
+    object.description(Some(description)).into()
 }
 
 /// The answer to a bulk requeue.
@@ -107,7 +183,7 @@ pub(super) struct PurgeQuery {
     /// Purge the tasks dead-lettered more than this many ms ago (instead
     /// of a body). (Taken as text so that every bad value gets
     /// `INVALID_QUERY`.)
-    #[param(value_type = Option<u64>)]
+    #[param(schema_with = super::openapi::whole_number)]
     older_than_ms: Option<String>,
 }
 
@@ -129,18 +205,20 @@ async fn selection(
             .with_details(json!({"limit": MAX_BODY_BYTES}))
     };
     let bytes = read_limited(shared, headers, body, MAX_BODY_BYTES, too_large).await?;
-    let mut sel: DlqSelection = if bytes.iter().all(u8::is_ascii_whitespace) {
-        DlqSelection::default()
-    } else {
-        serde_json::from_slice(&bytes).map_err(|e| {
-            let code = if e.is_data() {
-                ErrorCode::InvalidRequest
-            } else {
-                ErrorCode::InvalidJson
-            };
-            ApiError::new(code, format!("request body: {e}"))
-        })?
-    };
+    // `null`, as a client serializing "no selection" may send, is no body.
+    let mut sel: DlqSelection =
+        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
+            DlqSelection::default()
+        } else {
+            serde_json::from_slice(&bytes).map_err(|e| {
+                let code = if e.is_data() {
+                    ErrorCode::InvalidRequest
+                } else {
+                    ErrorCode::InvalidJson
+                };
+                ApiError::new(code, format!("request body: {e}"))
+            })?
+        };
     if let Some(ms) = query_older_than {
         if sel.older_than_ms.is_some_and(|b| b != ms) {
             return Err(invalid(
@@ -168,7 +246,7 @@ async fn selection(
 }
 
 /// `ids` without duplicates (first occurrence kept), at most
-/// [`DLQ_MAX_IDS`], each non-empty and at most [`MAX_ID_BYTES`].
+/// [`DLQ_MAX_IDS`], each non-empty and at most [`MAX_ID_CHARS`].
 fn checked_ids(ids: Vec<String>) -> Result<Vec<String>, ApiError> {
     if ids.len() > DLQ_MAX_IDS {
         return Err(ApiError::new(
@@ -182,11 +260,11 @@ fn checked_ids(ids: Vec<String>) -> Result<Vec<String>, ApiError> {
     }
     if let Some(bad) = ids
         .iter()
-        .find(|id| id.is_empty() || id.len() > MAX_ID_BYTES)
+        .find(|id| id.is_empty() || id.chars().count() > MAX_ID_CHARS)
     {
         let shown: String = bad.chars().take(64).collect();
         return Err(invalid(format!(
-            "task id {shown:?} is empty or longer than {MAX_ID_BYTES} bytes"
+            "task id {shown:?} is empty or longer than {MAX_ID_CHARS} characters"
         )));
     }
     let mut seen = std::collections::HashSet::new();
@@ -203,14 +281,14 @@ fn checked_ids(ids: Vec<String>) -> Result<Vec<String>, ApiError> {
     path = "/v1/queues/{queue}/dlq/requeue",
     tag = "queues",
     params(QueuePath),
-    request_body(content = DlqSelection, description = "`{\"ids\": [...]}` (at most 1000) or `{\"all\": true}`"),
+    request_body(content = RequeueSelection, description = "`{\"ids\": [...]}` (at most 1000) or `{\"all\": true}`"),
     responses(
         (status = 200, description = "Requeued; the named ids that were not dead-lettered", body = BulkRequeued),
         (status = 400, description = "`INVALID_JSON`, `INVALID_REQUEST`, `TOO_MANY_IDS`, `INVALID_QUEUE_NAME`", body = ErrorBody),
         (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
         (status = 413, description = "`PAYLOAD_TOO_LARGE`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn requeue(
     State(shared): State<Shared>,
@@ -274,14 +352,14 @@ async fn requeue_all(shared: &Shared, queue: &str) -> Result<BulkRequeue, ApiErr
     path = "/v1/queues/{queue}/dlq",
     tag = "queues",
     params(QueuePath, PurgeQuery),
-    request_body(content = Option<DlqSelection>, description = "`{\"ids\": [...]}` (at most 1000), `{\"all\": true}` or `{\"older_than_ms\": N}`; or no body and `?older_than_ms=N`"),
+    request_body(content = Option<PurgeSelection>, description = "`{\"ids\": [...]}` (at most 1000), `{\"all\": true}` or `{\"older_than_ms\": N}`; or no body and `?older_than_ms=N`"),
     responses(
         (status = 200, description = "Purged", body = Purged),
         (status = 400, description = "`INVALID_JSON`, `INVALID_REQUEST`, `INVALID_QUERY`, `TOO_MANY_IDS`, `INVALID_QUEUE_NAME`", body = ErrorBody),
         (status = 408, description = "`REQUEST_TIMEOUT`", body = ErrorBody),
         (status = 413, description = "`PAYLOAD_TOO_LARGE`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn purge(
     State(shared): State<Shared>,

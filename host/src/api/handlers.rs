@@ -100,7 +100,7 @@ impl From<RegistryError> for ApiError {
     path = "/v1/handlers",
     tag = "handlers",
     responses((status = 200, description = "Every deployed task's active version; what each live worker runs", body = HandlerList)),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
     shared.auth.authorize(&headers, Scope::Read, None)?;
@@ -129,7 +129,7 @@ pub(super) async fn list(State(shared): State<Shared>, headers: HeaderMap) -> Ap
         (status = 200, description = "The active version and the history, newest first", body = HandlerHistory),
         (status = 400, description = "`INVALID_TASK_NAME`; `UNKNOWN_TASK`: never deployed", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn history(
     State(shared): State<Shared>,
@@ -170,7 +170,7 @@ pub(super) async fn history(
         DeployQuery,
         ("force" = Option<bool>, Query, description = "Deploy even when no live worker can honour the settings (its tasks wait for one that can)"),
     ),
-    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component (`wasm32-wasip2`, the handler world)"),
+    request_body(content = super::openapi::Module, content_type = "application/wasm", description = "The component (`wasm32-wasip2`, the handler world)"),
     responses(
         (status = 201, description = "Deployed", body = Deployed),
         (status = 200, description = "The same module and settings were active already (`unchanged: true`)", body = Deployed),
@@ -181,7 +181,7 @@ pub(super) async fn history(
         (status = 413, description = "`MODULE_TOO_LARGE`", body = ErrorBody),
         (status = 422, description = "`INVALID_MODULE`: it cannot run as a handler (the reason in the message)", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["deploy"])),
 )]
 pub(super) async fn deploy(
     State(shared): State<Shared>,
@@ -431,7 +431,7 @@ struct RollbackRequest {
         (status = 404, description = "`UNKNOWN_VERSION`", body = ErrorBody),
         (status = 409, description = "`NO_EARLIER_VERSION`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["deploy"])),
 )]
 pub(super) async fn rollback(
     State(shared): State<Shared>,
@@ -442,7 +442,10 @@ pub(super) async fn rollback(
     let fleet = shared.auth.fleet(&headers)?;
     validate_task_name(&task)?;
     fleet.may_touch(&task)?;
-    let request: RollbackRequest = if body.iter().all(u8::is_ascii_whitespace) {
+    // `null`, as a client serializing "no body" may send, is no body.
+    let request: RollbackRequest = if body.iter().all(u8::is_ascii_whitespace)
+        || body.trim_ascii() == b"null"
+    {
         RollbackRequest::default()
     } else {
         serde_json::from_slice(&body)
@@ -499,7 +502,7 @@ async fn rollback_target(
         (status = 200, description = "Undeployed (`undeployed: false` when no version was active)", body = Undeployed),
         (status = 400, description = "`INVALID_TASK_NAME`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["deploy"])),
 )]
 pub(super) async fn undeploy(
     State(shared): State<Shared>,

@@ -48,6 +48,7 @@ pub(super) struct TaskListParams {
     /// task's record like the status, within the same scan budget.
     task: Option<String>,
     /// A previous page's `next_cursor`, as it is.
+    #[param(pattern = r"^(?!0*(-0*)?(\.|$))[0-9]{1,19}(-[0-9]{1,19})?(\.[1-9][0-9]{0,8})?$")]
     cursor: Option<String>,
 }
 
@@ -62,7 +63,7 @@ pub(super) struct TaskListParams {
         (status = 200, description = "A page of tasks, newest first", body = TaskPage),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_STATUS`, `INVALID_TASK_NAME`, `INVALID_LIMIT`, `INVALID_CURSOR`, `INVALID_QUERY`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn list(
     State(shared): State<Shared>,
@@ -111,7 +112,7 @@ fn parse_status(text: &str) -> Result<TaskStatus, ApiError> {
 
 /// A cursor a previous page gave; 400 `INVALID_CURSOR` otherwise.
 fn parse_cursor(text: &str) -> Result<ListCursor, ApiError> {
-    text.parse().map_err(|_| {
+    let invalid = || {
         ApiError::new(
             ErrorCode::InvalidCursor,
             format!(
@@ -119,7 +120,14 @@ fn parse_cursor(text: &str) -> Result<ListCursor, ApiError> {
                 truncated(text)
             ),
         )
-    })
+    };
+    let cursor: ListCursor = text.parse().map_err(|_| invalid())?;
+    // No page ends at the first id a stream can hold (`0-0`), and Redis
+    // refuses a range that ends before it.
+    if cursor.entry.ms == 0 && cursor.entry.seq == 0 {
+        return Err(invalid());
+    }
+    Ok(cursor)
 }
 
 /// At most 64 characters of a client's text, for a message.

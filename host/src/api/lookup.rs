@@ -49,15 +49,15 @@ pub(super) struct KeyLookup {
     path = "/v1/queues/{queue}/idempotency/{key}",
     tag = "tasks",
     params(
-        ("queue" = String, Path, description = "The queue."),
-        ("key" = String, Path, description = "The idempotency key, percent-encoded as a path segment."),
+        ("queue" = String, Path, min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.-]{1,64}$", description = "The queue: 1 to 64 letters, digits, `_`, `.` or `-`."),
+        ("key" = String, Path, min_length = 1, max_length = 255, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$", description = "The idempotency key, percent-encoded as a path segment: 1 to 255 bytes, no control characters."),
     ),
     responses(
         (status = 200, description = "The key's task and the state of its submission", body = KeyLookup),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`, `INVALID_IDEMPOTENCY_KEY`", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_KEY`: never used in this queue, or its record expired", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn by_key(
     State(shared): State<Shared>,

@@ -39,7 +39,7 @@ use crate::metrics::{CONTENT_TYPE, Metrics, read_depths};
         (status = 200, description = "Prometheus metrics, OpenMetrics text (`application/openmetrics-text; version=1.0.0; charset=utf-8`)", content_type = "application/openmetrics-text", body = String),
         (status = 404, description = "`NOT_FOUND`: the server runs without metrics", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn scrape(
     State(shared): State<Shared>,

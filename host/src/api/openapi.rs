@@ -40,13 +40,15 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
-    ContentBuilder, ObjectBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder, Schema, Type,
+    ContentBuilder, KnownFormat, Object, ObjectBuilder, OpenApi as Document, Ref, RefOr, Required,
+    ResponseBuilder, Schema, SchemaFormat, Type,
 };
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
@@ -92,8 +94,10 @@ impl Modify for BearerScheme {
             .scheme(HttpAuthScheme::Bearer)
             .description(Some(
                 "An API token, `Authorization: Bearer <token>`. Each token has scopes \
-                 (`submit`, `read`, `cancel`, `admin`) and queues; without any token \
-                 configured the API is open, but for the admin routes.",
+                 (`submit`, `read`, `cancel`, `admin`, `deploy`) and queues; each \
+                 operation names the scope it needs (a `deploy` operation also takes \
+                 `admin` on every queue). An operation without `security` takes no \
+                 token on this server.",
             ))
             .build();
         doc.components
@@ -149,50 +153,61 @@ impl ApiRouter {
         }
     }
 
-    /// The router, the document (with the common responses), and the
-    /// paths of undocumented routes.
+    /// The router, the document (as annotated: see [`document_for`]), and
+    /// the paths of undocumented routes.
     pub(super) fn split(self) -> (Router<Shared>, Document, Vec<String>) {
-        let (router, mut doc) = self.router.split_for_parts();
-        add_common_responses(&mut doc);
+        let (router, doc) = self.router.split_for_parts();
         (router, doc, self.undocumented)
     }
 }
 
-/// The OpenAPI document the API serves at [`OPENAPI_PATH`].
+/// Who must show a token, as the tokens a server is given decide: the
+/// document it serves gives each operation the `security` it has there, so
+/// that a client (and a generator) knows whether to send one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenMode {
+    /// Scoped tokens are configured: every operation but the document and
+    /// the health check needs one.
+    Scoped,
+    /// No scoped token, an admin token (`--admin-token`): the API is open
+    /// but for the admin and fleet operations, which need it.
+    AdminOnly,
+    /// No token at all: no operation takes one (the admin and fleet
+    /// operations are disabled, 403 `ADMIN_DISABLED` to everyone).
+    Open,
+}
+
+impl TokenMode {
+    const ALL: [TokenMode; 3] = [TokenMode::Scoped, TokenMode::AdminOnly, TokenMode::Open];
+
+    /// Whether an operation whose token needs `scopes` takes one in this
+    /// mode.
+    fn takes_token(self, scopes: &[String]) -> bool {
+        match self {
+            TokenMode::Scoped => !scopes.is_empty(),
+            TokenMode::AdminOnly => is_admin(scopes),
+            TokenMode::Open => false,
+        }
+    }
+}
+
+/// Whether an operation needing `scopes` is an admin or fleet operation:
+/// disabled (403 `ADMIN_DISABLED`) while no token has either scope.
+fn is_admin(scopes: &[String]) -> bool {
+    scopes.iter().any(|s| s == "admin" || s == "deploy")
+}
+
+/// The OpenAPI document a server with scoped tokens serves at
+/// [`OPENAPI_PATH`].
 pub fn document() -> Document {
-    super::route_table().split().1
+    document_for(TokenMode::Scoped)
 }
 
-/// The paths of routes the API serves that are not in the document
-/// (registered with a plain `.route(...)`), for the API's tests.
-pub fn undocumented_paths() -> Vec<String> {
-    super::route_table().split().2
-}
-
-/// The document as served: built once, as it depends on the code only.
-static DOCUMENT_JSON: LazyLock<Result<String, String>> =
-    LazyLock::new(|| document().to_pretty_json().map_err(|e| e.to_string()));
-
-/// `GET /v1/openapi.json`.
-#[utoipa::path(
-    get,
-    path = "/v1/openapi.json",
-    tag = "service",
-    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)),
-    security(()),
-)]
-pub(super) async fn serve_document() -> Result<Response, ApiError> {
-    let json = DOCUMENT_JSON
-        .as_ref()
-        .map_err(|e| ApiError::internal(format!("the OpenAPI document does not serialize: {e}")))?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json.as_str()).into_response())
-}
-
-/// Adds to every operation the errors any route may answer, unless its
-/// annotation says more of them: 500 `INTERNAL_ERROR` everywhere; 401 and
-/// 403 where a token is taken; 503 `STORE_UNAVAILABLE` where a failing
-/// Redis fails the request.
-fn add_common_responses(doc: &mut Document) {
+/// The document a server in `mode` serves: the route table's, with each
+/// operation's `security` as `mode` has it and the errors it may answer
+/// there.
+pub fn document_for(mode: TokenMode) -> Document {
+    let mut doc = super::route_table().split().1;
     for (path, item) in doc.paths.paths.iter_mut() {
         let operations = [
             &mut item.get,
@@ -205,40 +220,116 @@ fn add_common_responses(doc: &mut Document) {
             &mut item.trace,
         ];
         for operation in operations.into_iter().flatten() {
-            let has_token = operation.security.as_ref().is_none_or(|requirements| {
-                // `security(())` is one empty requirement: no token.
-                serde_json::to_value(requirements)
-                    .is_ok_and(|v| v.to_string().contains(&format!("\"{BEARER}\"")))
-            });
-            if has_token {
-                add_error(
-                    operation,
-                    "401",
-                    "`UNAUTHORIZED`: a token is configured and none, or an unknown one, was shown",
-                );
-                add_error(
-                    operation,
-                    "403",
-                    "`FORBIDDEN`: the token lacks the scope or the queue; `ADMIN_DISABLED`: \
-                     an admin route and no admin token configured",
-                );
+            // A path parameter is required (OpenAPI says so); one whose
+            // schema comes from `schema_with` is not marked by the derive.
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if parameter.parameter_in == ParameterIn::Path {
+                    parameter.required = Required::True;
+                }
             }
-            // The document reads nothing; a scrape whose Redis read fails
-            // still answers, with `dtq_redis_up 0`.
-            if path != OPENAPI_PATH && path != "/metrics" {
-                add_error(
-                    operation,
-                    "503",
-                    "`STORE_UNAVAILABLE`: Redis failed or did not answer within the API's deadline",
-                );
+            let scopes = bearer_scopes(operation);
+            if !mode.takes_token(&scopes) {
+                operation.security = None;
             }
-            add_error(
-                operation,
-                "500",
-                "`INTERNAL_ERROR`: a bug (a handler panicked)",
-            );
+            add_common_responses(path, operation, mode, &scopes);
         }
     }
+    if mode == TokenMode::Open
+        && let Some(components) = doc.components.as_mut()
+    {
+        components.security_schemes.remove(BEARER);
+    }
+    doc
+}
+
+/// The paths of routes the API serves that are not in the document
+/// (registered with a plain `.route(...)`), for the API's tests.
+pub fn undocumented_paths() -> Vec<String> {
+    super::route_table().split().2
+}
+
+/// The scopes an operation's annotation names for its bearer token
+/// (`security(("bearer" = ["read"]))`); none for an operation that takes
+/// no token.
+fn bearer_scopes(operation: &Operation) -> Vec<String> {
+    let requirements = serde_json::to_value(&operation.security).unwrap_or_default();
+    requirements
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|requirement| requirement[BEARER].as_array())
+        .flatten()
+        .filter_map(|scope| scope.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The document as each mode serves it: built once, as it depends on the
+/// code and the mode only.
+static DOCUMENTS: LazyLock<Vec<(TokenMode, Result<String, String>)>> = LazyLock::new(|| {
+    TokenMode::ALL
+        .into_iter()
+        .map(|mode| {
+            let json = document_for(mode).to_pretty_json();
+            (mode, json.map_err(|e| e.to_string()))
+        })
+        .collect()
+});
+
+/// `GET /v1/openapi.json`.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "service",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json", body = Object)),
+    security(()),
+)]
+pub(super) async fn serve_document(State(shared): State<Shared>) -> Result<Response, ApiError> {
+    let mode = shared.auth.token_mode();
+    let json = DOCUMENTS
+        .iter()
+        .find(|(m, _)| *m == mode)
+        .map(|(_, json)| json)
+        .ok_or_else(|| ApiError::internal(format!("no OpenAPI document for {mode:?}")))?
+        .as_ref()
+        .map_err(|e| ApiError::internal(format!("the OpenAPI document does not serialize: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json.as_str()).into_response())
+}
+
+/// Adds to `operation` the errors any route may answer, unless its
+/// annotation says more of them: 500 `INTERNAL_ERROR` everywhere; 401
+/// where a token is taken, 403 where a scope is checked or the route may
+/// be disabled; 503 `STORE_UNAVAILABLE` where a failing Redis fails the
+/// request.
+fn add_common_responses(path: &str, operation: &mut Operation, mode: TokenMode, scopes: &[String]) {
+    if mode.takes_token(scopes) {
+        add_error(
+            operation,
+            "401",
+            "`UNAUTHORIZED`: no token, or an unknown one, was shown",
+        );
+    }
+    if (mode == TokenMode::Scoped && !scopes.is_empty()) || is_admin(scopes) {
+        add_error(
+            operation,
+            "403",
+            "`FORBIDDEN`: the token lacks the scope or the queue; `ADMIN_DISABLED`: \
+             an admin route and no admin token configured",
+        );
+    }
+    // The document reads nothing; a scrape whose Redis read fails still
+    // answers, with `dtq_redis_up 0`.
+    if path != OPENAPI_PATH && path != "/metrics" {
+        add_error(
+            operation,
+            "503",
+            "`STORE_UNAVAILABLE`: Redis failed or did not answer within the API's deadline",
+        );
+    }
+    add_error(
+        operation,
+        "500",
+        "`INTERNAL_ERROR`: a bug (a handler panicked)",
+    );
 }
 
 /// Adds the error response `status` to `operation` unless it has one.
@@ -324,6 +415,49 @@ impl ToSchema for TaskStatus {
     }
 }
 
+/// A deploy's body: the module's bytes.
+pub(super) struct Module;
+
+impl PartialSchema for Module {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some("A WebAssembly component's bytes"))
+            .into()
+    }
+}
+
+impl ToSchema for Module {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Module")
+    }
+}
+
+/// A whole number, 0 to `u64::MAX`, as a query parameter the server reads
+/// as `u64` (with no `int64` format, which would cap it at `i64::MAX`).
+pub(super) fn whole_number() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(0))
+        .maximum(Some(u64::MAX))
+        .build()
+}
+
+/// What a queue, task or schedule name may be, as `ingest`'s and the
+/// store's checks have it: 1 to 64 ASCII letters, digits, `_`, `.` or `-`.
+pub(super) const NAME_PATTERN: &str = "^[A-Za-z0-9_.-]{1,64}$";
+
+/// The schema of a name ([`NAME_PATTERN`]).
+pub(super) fn name_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(NAME_PATTERN))
+        .min_length(Some(1))
+        .max_length(Some(crate::ingest::MAX_NAME_BYTES))
+        .build()
+}
+
 /// The bodies the handlers build with `json!`, each as a type that
 /// documents its fields. None is ever built: they exist for their schemas.
 #[allow(dead_code)]
@@ -337,7 +471,8 @@ pub(super) mod schemas {
     #[derive(IntoParams)]
     #[into_params(parameter_in = Path)]
     pub(in crate::api) struct QueuePath {
-        /// The queue: 1 to 128 characters of letters, digits, `-`, `_`, `.`, `:`.
+        /// The queue: 1 to 64 letters, digits, `_`, `.` or `-`.
+        #[param(schema_with = super::name_schema, required = true)]
         queue: String,
     }
 
@@ -345,7 +480,8 @@ pub(super) mod schemas {
     #[derive(IntoParams)]
     #[into_params(parameter_in = Path)]
     pub(in crate::api) struct TaskPath {
-        /// The queue.
+        /// The queue: 1 to 64 letters, digits, `_`, `.` or `-`.
+        #[param(schema_with = super::name_schema, required = true)]
         queue: String,
         /// The task id, as the submission answered it.
         id: String,
@@ -355,7 +491,9 @@ pub(super) mod schemas {
     #[derive(IntoParams)]
     #[into_params(parameter_in = Path)]
     pub(in crate::api) struct HandlerPath {
-        /// The task name (the handler's).
+        /// The task name (the handler's): 1 to 64 letters, digits, `_`,
+        /// `.` or `-`.
+        #[param(schema_with = super::name_schema, required = true)]
         task: String,
     }
 
@@ -439,6 +577,58 @@ pub(super) mod schemas {
         duration_ms: Option<u64>,
         /// SHA-256 of the module it ran.
         digest: Option<String>,
+    }
+
+    /// The body of `POST /v1/queues/{queue}/tasks` (`ingest::SubmitRequest`,
+    /// with the bounds `ingest` holds each field to that do not depend on
+    /// the server: `timeout_ms` is also held to the server's
+    /// `--task-timeout-ms`, `expires_in_ms` must pass `delay_ms`, `run_at`
+    /// may be at most 30 days ahead, and `task` must be deployed). Unknown
+    /// fields are refused.
+    #[derive(ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub(in crate::api) struct SubmitRequest {
+        /// The task name, which selects the handler: a deployed one.
+        #[schema(schema_with = super::name_schema)]
+        task: String,
+        /// Any JSON value; `null` when absent.
+        payload: Option<Value>,
+        /// The idempotency key: 1 to 255 bytes, no control characters (the
+        /// `Idempotency-Key` header wins over it).
+        #[schema(
+            min_length = 1,
+            max_length = 255,
+            pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+        )]
+        idempotency_key: Option<String>,
+        /// Attempts before dead-lettering (the handler's default, then the
+        /// server's, when absent).
+        #[schema(minimum = 1, maximum = 100)]
+        max_attempts: Option<u32>,
+        /// Deadline of one attempt, ms, at most the server's
+        /// `--task-timeout-ms`.
+        #[schema(minimum = 1)]
+        timeout_ms: Option<u64>,
+        /// Run no earlier than this many ms from now (at most 30 days).
+        #[schema(minimum = 0, maximum = 2_592_000_000_u64)]
+        delay_ms: Option<u64>,
+        /// Expire if not started within this many ms (at most 60 days, and
+        /// more than `delay_ms`).
+        #[schema(minimum = 1, maximum = 5_184_000_000_u64)]
+        expires_in_ms: Option<u64>,
+        /// Run no earlier than this time. Not with `delay_ms`.
+        #[schema(value_type = Option<crate::ingest::RunAt>)]
+        run_at: Option<Value>,
+    }
+
+    /// The body of `POST /v1/queues/{queue}/tasks/batch`.
+    #[derive(ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub(in crate::api) struct BatchRequest {
+        /// 1 to 1000 submissions, each as `POST /v1/queues/{queue}/tasks`
+        /// takes it (its key in `idempotency_key`).
+        #[schema(min_items = 1, max_items = 1000)]
+        tasks: Vec<SubmitRequest>,
     }
 
     /// The answer to a submission: the task (all of [`Task`]'s fields when

@@ -46,7 +46,7 @@ struct RaiseBody {
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`", body = ErrorBody),
         (status = 422, description = "`INVALID_PARTITIONS`: 0, over the maximum, or below the present count", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn raise(
     State(shared): State<Shared>,
@@ -108,8 +108,10 @@ pub(super) mod schemas {
 
     /// The partition count to raise a queue to.
     #[derive(ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub(in crate::api) struct PartitionsRequest {
         /// 1 to 256, at least the present count.
+        #[schema(minimum = 1, maximum = 256)]
         count: u32,
     }
 

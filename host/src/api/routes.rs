@@ -152,9 +152,9 @@ fn body_timeout(timeout: Duration) -> ApiError {
     tag = "tasks",
     params(
         QueuePath,
-        ("Idempotency-Key" = Option<String>, Header, description = "The idempotency key; wins over the body's `idempotency_key`"),
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255, pattern = r"^[!-~]([ -~]*[!-~])?$", description = "The idempotency key, visible ASCII (spaces inside); wins over the body's `idempotency_key`"),
     ),
-    request_body = crate::ingest::SubmitRequest,
+    request_body = super::openapi::schemas::SubmitRequest,
     responses(
         (status = 202, description = "A new task", body = Submitted),
         (status = 200, description = "A replay of a terminal key: the stored task, `duplicate: true`", body = Submitted),
@@ -166,7 +166,7 @@ fn body_timeout(timeout: Duration) -> ApiError {
         (status = 422, description = "`IDEMPOTENCY_KEY_MISMATCH`: the key was used with another task or payload", body = ErrorBody),
         (status = 429, description = "`QUEUE_FULL`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["submit"])),
 )]
 pub(super) async fn submit(
     State(shared): State<Shared>,
@@ -285,7 +285,7 @@ pub(super) fn authorized(
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
         (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn get_task(
     State(shared): State<Shared>,
@@ -312,7 +312,7 @@ pub(super) async fn get_task(
         (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
         (status = 409, description = "`TASK_TERMINAL`: it already ended", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["cancel"])),
 )]
 pub(super) async fn cancel(
     State(shared): State<Shared>,
@@ -345,7 +345,7 @@ pub(super) async fn cancel(
     path = "/v1/queues",
     tag = "queues",
     responses((status = 200, description = "Every queue's counts (those the token may read)", body = QueueList)),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn list_queues(State(shared): State<Shared>, headers: HeaderMap) -> ApiResult {
     let access = shared.auth.authorize(&headers, Scope::Read, None)?;
@@ -372,7 +372,7 @@ pub(super) async fn list_queues(State(shared): State<Shared>, headers: HeaderMap
         (status = 200, description = "The queue's counts", body = QueueStats),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn queue_stats(
     State(shared): State<Shared>,
@@ -429,7 +429,7 @@ pub(super) fn list_limit(text: Option<&str>) -> Result<usize, ApiError> {
         (status = 200, description = "Dead-lettered tasks", body = DeadLetters),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_LIMIT`, `INVALID_QUERY`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn list_dlq(
     State(shared): State<Shared>,
@@ -459,7 +459,7 @@ pub(super) async fn list_dlq(
         (status = 404, description = "`TASK_NOT_FOUND`", body = ErrorBody),
         (status = 409, description = "`NOT_DEAD_LETTERED`; `IDEMPOTENCY_KEY_TAKEN`: its key names another task now (its `task_id` in `details`)", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn requeue(
     State(shared): State<Shared>,

@@ -114,7 +114,7 @@ fn check_task(shared: &Shared, body: &PutBody) -> Result<(), ApiError> {
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`", body = ErrorBody),
         (status = 422, description = "`INVALID_CRON`: not 5 fields (6 with seconds), or never fires", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn put(
     State(shared): State<Shared>,
@@ -201,7 +201,7 @@ pub(super) async fn put(
         (status = 200, description = "The queue's schedules, by name", body = schemas::ScheduleList),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn list(
     State(shared): State<Shared>,
@@ -229,7 +229,7 @@ pub(super) async fn list(
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_SCHEDULE_NAME`, `INVALID_PATH`", body = ErrorBody),
         (status = 404, description = "`UNKNOWN_SCHEDULE`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn delete(
     State(shared): State<Shared>,
@@ -266,9 +266,11 @@ pub(super) async fn delete(
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)] // Describes the path.
 pub(super) struct SchedulePath {
-    /// The queue.
+    /// The queue: 1 to 64 letters, digits, `_`, `.` or `-`.
+    #[param(schema_with = super::openapi::name_schema, required = true)]
     queue: String,
-    /// The schedule: 1 to 64 characters of letters, digits, `-`, `_`, `.`.
+    /// The schedule: 1 to 64 letters, digits, `_`, `.` or `-`.
+    #[param(schema_with = super::openapi::name_schema, required = true)]
     name: String,
 }
 

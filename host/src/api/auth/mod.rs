@@ -59,6 +59,7 @@ use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
 use super::fleet::{Limits, Uncovered};
+use super::openapi::TokenMode;
 use crate::base::ErrorCode;
 use crate::deploy::DeploySettings;
 use tokens::{Grant, digest_of};
@@ -113,6 +114,15 @@ impl Auth {
             grants,
             open,
             admin_enabled,
+        }
+    }
+
+    /// Who must show a token, for the document the API serves.
+    pub(super) fn token_mode(&self) -> TokenMode {
+        match (self.open, self.admin_enabled) {
+            (false, _) => TokenMode::Scoped,
+            (true, true) => TokenMode::AdminOnly,
+            (true, false) => TokenMode::Open,
         }
     }
 

@@ -133,9 +133,12 @@ pub(super) struct StreamsStop(pub(super) CancellationToken);
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EventParams {
-    /// Continue after this event id (the `Last-Event-ID` header wins).
+    /// Continue after this event id (the `Last-Event-ID` header wins):
+    /// `<ms>-<seq>`, `<ms>-<seq>.<k>` or `<ms>`, decimal.
+    #[param(pattern = r"^[0-9]{1,19}(-[0-9]{1,19})?(\.[0-9]{1,9})?$")]
     since: Option<String>,
     /// Only this task's events (read from the task's partition).
+    #[param(min_length = 1, max_length = 256)]
     task_id: Option<String>,
     /// The partition whose events to follow, on a partitioned queue: each
     /// partition has a stream of its own. Default: the task's with
@@ -152,7 +155,7 @@ pub(super) struct EventParams {
     params(
         QueuePath,
         EventParams,
-        ("Last-Event-ID" = Option<String>, Header, description = "Continue after this event id (wins over `since`)"),
+        ("Last-Event-ID" = Option<String>, Header, pattern = r"^[0-9]{1,19}(-[0-9]{1,19})?(\.[0-9]{1,9})?$", description = "Continue after this event id (wins over `since`)"),
     ),
     responses(
         (status = 200, description = "Server-Sent Events, without end: `event:` a task's new status with `data:` a `QueueEvent`; `event: gap` with `data:` an `EventGap` when events were missed", content_type = "text/event-stream", body = String),
@@ -160,7 +163,7 @@ pub(super) struct EventParams {
         (status = 409, description = "`EVENTS_OFF`: the server runs with `--events none`", body = ErrorBody),
         (status = 503, description = "`TOO_MANY_EVENT_STREAMS`, `STORE_UNAVAILABLE`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn subscribe(
     State(shared): State<Shared>,
