@@ -15,6 +15,8 @@
 //!   messages of dead workers (`reclaim.rs`), promoting delayed tasks
 //!   (`promote.rs`), expiring waiting tasks on time (`expiry.rs`), a
 //!   queue's periodic tasks (`schedules.rs`);
+//! - a handler's progress, which the sandbox reports on its own connection
+//!   (`progress.rs`);
 //! - outside the worker: reading tasks by id (`task_read.rs`), cancelling
 //!   (`cancel.rs`), the DLQ (`dlq.rs`), counts and queue names
 //!   (`stats.rs`), the events stream (`events.rs`; entry ids in
@@ -39,6 +41,7 @@ mod latency;
 mod listing;
 mod lookup;
 mod partitions;
+mod progress;
 mod promote;
 mod reclaim;
 mod schedules;
@@ -73,6 +76,7 @@ pub use keys::{
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
+pub use progress::{ProgressReport, ReportingAttempt, TaskProgress, write_progress};
 pub use reclaim::Reclaimed;
 pub use schedules::{
     CronExpr, FiredTick, InvalidCron, MAX_SCHEDULE_NAME_BYTES, Schedule, ScheduleDef, TIMEZONE,

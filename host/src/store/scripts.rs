@@ -1,7 +1,9 @@
 //! The store's Lua scripts, the codes they return, and the way every room
 //! composes a script from shared fragments.
 //!
-//! One file per operation under `lua/`, loaded here ([`Scripts`]); the
+//! One file per operation under `lua/`, loaded here ([`Scripts`]) but for
+//! `progress.lua`, which the sandbox runs on its own connection, loaded in
+//! `progress.rs`; the
 //! sandbox's scripts live in `sandbox/lua/` and the handler registry's in
 //! `deploy/lua/`, each loaded by the code that calls it. A fragment under
 //! a room's `lua/include/` is text prepended to the scripts that use it,
@@ -310,6 +312,7 @@ mod tests {
         "schedule_advance",
         "partitions_raise",
         "queue_register",
+        "progress",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -482,13 +485,14 @@ mod tests {
     }
 
     /// Every named ARGV layout, with its script's text.
-    fn layouts() -> [(&'static ArgvLayout, &'static str); 4] {
-        use super::super::{complete, reclaim, start};
+    fn layouts() -> [(&'static ArgvLayout, &'static str); 5] {
+        use super::super::{complete, progress, reclaim, start};
         [
             (&start::START_ARGV, include_str!("lua/start.lua")),
             (&reclaim::RECLAIM_ARGV, include_str!("lua/reclaim.lua")),
             (&complete::COMPLETE_ARGV, include_str!("lua/complete.lua")),
             (&complete::COMPLETION_ARGV, include_str!("lua/complete.lua")),
+            (&progress::PROGRESS_ARGV, include_str!("lua/progress.lua")),
         ]
     }
 
