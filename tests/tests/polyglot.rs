@@ -582,11 +582,19 @@ async fn a_handler_asks_for_a_namespace_in_every_language() -> Result<()> {
 async fn progress_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
     let dtq = Dtq::start(true, &[]).await?;
     let task = format!("progress-{lang}");
-    dtq.sandbox.load(&task, &test_guest_wasm(lang, "progress")?)?;
+    dtq.sandbox
+        .load(&task, &test_guest_wasm(lang, "progress")?)?;
     let reports = json!([[0.25, "a quarter"], ["nan", "not a number"], [7, "é", 600]]);
     let body = json!({"task": task, "payload": {"reports": reports}});
     let id = dtq.submit_new("default", body, None).await?;
-    let t = dtq.wait_for("default", &id, &["SUCCEEDED", "FAILED", "DEAD_LETTERED"], WAIT).await?;
+    let t = dtq
+        .wait_for(
+            "default",
+            &id,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
     assert_eq!(t["status"], "SUCCEEDED", "{lang}: {t}");
     let progress = &t["progress"];
     assert_eq!(progress["fraction"].as_f64(), Some(1.0), "{lang}: {t}");
@@ -595,7 +603,11 @@ async fn progress_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
         Some(dtq_host::sandbox::MAX_PROGRESS_MESSAGE_BYTES),
         "{lang}: {t}"
     );
-    Ok(vec![t["result"].clone(), progress["fraction"].clone(), progress["message"].clone()])
+    Ok(vec![
+        t["result"].clone(),
+        progress["fraction"].clone(),
+        progress["message"].clone(),
+    ])
 }
 
 #[tokio::test(flavor = "multi_thread")]

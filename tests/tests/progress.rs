@@ -27,8 +27,12 @@ const TERMINAL: [&str; 3] = ["SUCCEEDED", "FAILED", "DEAD_LETTERED"];
 
 /// Submit a `progress` task with `payload`; its id.
 async fn submit(dtq: &Dtq, payload: Value) -> Result<String> {
-    dtq.submit_new("default", json!({"task": "progress", "payload": payload}), None)
-        .await
+    dtq.submit_new(
+        "default",
+        json!({"task": "progress", "payload": payload}),
+        None,
+    )
+    .await
 }
 
 /// Poll task `id` until its progress is `(fraction, message)`; the task
@@ -69,11 +73,11 @@ async fn events_of(dtq: &Dtq, id: &str) -> Result<Vec<QueueEvent>> {
 /// The (fraction, message) of task `id`'s `PROGRESS` events, oldest first.
 async fn progress_events(dtq: &Dtq, id: &str) -> Result<Vec<(f64, String)>> {
     let events = events_of(dtq, id).await?;
-    Ok(events
+    events
         .into_iter()
         .filter(|e| e.status == "PROGRESS")
         .map(|e| e.progress.context("a PROGRESS event without its report"))
-        .collect::<Result<_>>()?)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -193,7 +197,11 @@ async fn a_hundred_thousand_reports_in_a_loop_cost_a_few_writes() -> Result<()> 
 async fn bad_fractions_and_long_messages_are_made_safe_not_failures() -> Result<()> {
     let dtq = Dtq::start(true, &["--events", "all"]).await?;
     // The last report of each is written when the call ends.
-    let nan = submit(&dtq, json!({"reports": [[0.5, "x"], ["nan", "not a number"]]})).await?;
+    let nan = submit(
+        &dtq,
+        json!({"reports": [[0.5, "x"], ["nan", "not a number"]]}),
+    )
+    .await?;
     let over = submit(&dtq, json!({"reports": [[5.0, "é", 4000]]})).await?;
     let under = submit(&dtq, json!({"reports": [["-inf", "below"]]})).await?;
     for id in [&nan, &over, &under] {

@@ -100,10 +100,7 @@ impl Reporter {
             writer,
         } = self;
         drop((latest, ended));
-        if tokio::time::timeout(LAST_WRITE_WAIT, writer)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(LAST_WRITE_WAIT, writer).await.is_err() {
             tracing::debug!("the last progress report is not written yet; the call ends anyway");
         }
     }

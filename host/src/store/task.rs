@@ -578,11 +578,16 @@ mod tests {
         assert_eq!(with("RUNNING", "3").to_json()["progress"], Value::Null);
         assert!(with("RUNNING", "3").reported_progress.is_some());
         // None reported, or a field that does not read: none shown.
-        assert_eq!(record("RUNNING", 1, &[], "").to_json()["progress"], Value::Null);
+        assert_eq!(
+            record("RUNNING", 1, &[], "").to_json()["progress"],
+            Value::Null
+        );
         let mut bad = hash(&[("status", "RUNNING"), ("attempts", "1"), ("progress", "{")]);
         bad.insert("attempts".into(), "1".into());
         assert_eq!(
-            TaskRecord::from_fields(bad).map(|t| t.progress().cloned()).ok(),
+            TaskRecord::from_fields(bad)
+                .map(|t| t.progress().cloned())
+                .ok(),
             Some(None)
         );
     }
