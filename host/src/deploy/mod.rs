@@ -23,6 +23,7 @@
 //! fails only once it has waited past the defer limit.
 
 mod registry;
+mod scripts;
 mod settings;
 mod signing;
 mod watch;

@@ -19,14 +19,18 @@
 //! message costs one poll interval, nothing more.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
-use redis::{Script, Value};
+use redis::Value;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::scripts::{
+    DEPLOY, DEPLOY_ARGV, GC, GC_ARGV, REPORT, REPORT_ARGV, ROLLBACK, ROLLBACK_ARGV, UNDEPLOY,
+    UNDEPLOY_ARGV,
+};
 use super::settings::{Capacity, DeploySettings};
-use crate::store::{Conn, scripts};
+use crate::store::Conn;
+use crate::store::scripts::Argv;
 
 /// Entries kept in each task's history; the modules of older ones are
 /// deleted unless another entry references them.
@@ -49,24 +53,6 @@ fn history_key(task: &str) -> String {
 fn module_key(digest: &str) -> String {
     format!("dtq:module:{{registry}}:{digest}")
 }
-
-macro_rules! registry_script {
-    ($name:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("lua/include/registry.lua"),
-                include_str!(concat!("lua/", $name, ".lua"))
-            ))
-        })
-    };
-}
-
-static DEPLOY: LazyLock<Script> = registry_script!("handler_deploy");
-static ROLLBACK: LazyLock<Script> = registry_script!("handler_rollback");
-static UNDEPLOY: LazyLock<Script> = registry_script!("handler_undeploy");
-static GC: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/handler_gc.lua")));
-static REPORT: LazyLock<Script> =
-    LazyLock::new(|| scripts::clocked(include_str!("lua/fleet_report.lua")));
 
 /// What made a version active, or took it away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,19 +297,18 @@ impl Registry {
                 .key(history_key(task))
                 .key(&module)
                 .key(REFS)
-                .key(REVISION)
-                .arg(task)
-                .arg(&version.digest)
-                .arg(&version.fingerprint)
-                .arg(entry.encode());
-            if send_module {
-                inv.arg(wasm);
-            } else {
-                inv.arg("");
-            }
-            inv.arg(HISTORY_LIMIT)
-                .arg(CHANNEL)
-                .arg(conn.publish_command());
+                .key(REVISION);
+            let module_arg: &[u8] = if send_module { wasm } else { b"" };
+            Argv::new(&mut inv, &DEPLOY_ARGV)
+                .put("TASK", task)
+                .put("DIGEST", &version.digest)
+                .put("FINGERPRINT", &version.fingerprint)
+                .put("ENTRY", entry.encode())
+                .put("MODULE", module_arg)
+                .put("BOUND", HISTORY_LIMIT)
+                .put("CHANNEL", CHANNEL)
+                .put("PUBLISH", conn.publish_command())
+                .done();
             let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
             let mut reply = reply.into_iter();
             match int(reply.next())? {
@@ -365,13 +350,15 @@ impl Registry {
         inv.key(ACTIVE)
             .key(history_key(task))
             .key(REFS)
-            .key(REVISION)
-            .arg(task)
-            .arg(to.unwrap_or(""))
-            .arg(now)
-            .arg(HISTORY_LIMIT)
-            .arg(CHANNEL)
-            .arg(self.conn.publish_command());
+            .key(REVISION);
+        Argv::new(&mut inv, &ROLLBACK_ARGV)
+            .put("TASK", task)
+            .put("TO", to.unwrap_or(""))
+            .put("NOW", now)
+            .put("BOUND", HISTORY_LIMIT)
+            .put("CHANNEL", CHANNEL)
+            .put("PUBLISH", self.conn.publish_command())
+            .done();
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
         match int(reply.next())? {
@@ -396,12 +383,14 @@ impl Registry {
         inv.key(ACTIVE)
             .key(history_key(task))
             .key(REFS)
-            .key(REVISION)
-            .arg(task)
-            .arg(now)
-            .arg(HISTORY_LIMIT)
-            .arg(CHANNEL)
-            .arg(self.conn.publish_command());
+            .key(REVISION);
+        Argv::new(&mut inv, &UNDEPLOY_ARGV)
+            .put("TASK", task)
+            .put("NOW", now)
+            .put("BOUND", HISTORY_LIMIT)
+            .put("CHANNEL", CHANNEL)
+            .put("PUBLISH", self.conn.publish_command())
+            .done();
         let reply: Vec<Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut reply = reply.into_iter();
         match int(reply.next())? {
@@ -423,6 +412,7 @@ impl Registry {
         }
         let mut inv = GC.prepare_invoke();
         inv.key(REFS);
+        Argv::new(&mut inv, &GC_ARGV).done();
         for digest in &digests {
             inv.key(module_key(digest)).arg(digest);
         }
@@ -514,13 +504,14 @@ impl Registry {
             Some(r) => serde_json::to_string(r).unwrap_or_default(),
             None => String::new(),
         };
-        let _: u64 = REPORT
-            .key(FLEET)
-            .arg(id)
-            .arg(json)
-            .arg(forget_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let mut inv = REPORT.prepare_invoke();
+        inv.key(FLEET);
+        Argv::new(&mut inv, &REPORT_ARGV)
+            .put("ID", id)
+            .put("REPORT", json)
+            .put("FORGET_MS", forget_ms)
+            .done();
+        let _: u64 = inv.invoke_async(&mut self.conn.clone()).await?;
         Ok(())
     }
 

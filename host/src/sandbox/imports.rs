@@ -28,6 +28,7 @@ use super::operation::{Operation, Staged};
 use super::progress::Reporter;
 use super::quota;
 use crate::store::Conn;
+use crate::store::scripts::ArgvLayout;
 
 /// Bindings generated from the WIT contract in `wit/`.
 #[allow(
@@ -52,6 +53,23 @@ use bindings::dtq::handler::types::HostError;
 /// `kv_write.lua`, with the quota bookkeeping it shares with the claims.
 static KV_WRITE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| quota::script(include_str!("lua/kv_write.lua")));
+
+/// `kv_write.lua`'s ARGV by name, the budget's first (`quota::argv`).
+pub(super) static KV_WRITE_ARGV: ArgvLayout = ArgvLayout {
+    script: "kv_write",
+    prefix: "ARG_",
+    first: 1,
+    names: &[
+        "KV_PREFIX",
+        "CLAIM_PREFIX",
+        "BUDGET",
+        "OP",
+        "VALUE",
+        "NX",
+        "EX",
+    ],
+    rest: None,
+};
 
 /// One kv write outside an operation, as `kv_write.lua` takes it.
 enum KvWrite<'a> {
@@ -180,7 +198,7 @@ impl HostCtx {
     /// Make one kv write, counted against the namespace's budget, once.
     async fn write(&mut self, key: &str, write: KvWrite<'_>) -> Result<i64, HostError> {
         let mut invocation = quota::invocation(&KV_WRITE, key, &self.handler);
-        let (op, arg, nx, ex) = match write {
+        let (op, value, nx, ex) = match write {
             KvWrite::Set {
                 value,
                 only_if_absent,
@@ -195,7 +213,12 @@ impl HostCtx {
             KvWrite::Del => ("del", String::new(), "", String::new()),
             KvWrite::Expire(seconds) => ("expire", seconds.to_string(), "", String::new()),
         };
-        invocation.arg(op).arg(arg).arg(nx).arg(ex);
+        quota::argv(&mut invocation, &KV_WRITE_ARGV, &self.handler)
+            .put("OP", op)
+            .put("VALUE", value)
+            .put("NX", nx)
+            .put("EX", ex)
+            .done();
         let (state, value): (String, i64) = invocation
             .invoke_async(self.redis())
             .await

@@ -30,7 +30,8 @@ use super::imports::bindings::dtq::handler::idempotency::{BeginOptions, ClaimSta
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, guest_try};
 use super::quota;
-use crate::store::{Conn, scripts};
+use crate::store::Conn;
+use crate::store::scripts::{self, ArgSink, Argv, ArgvLayout};
 
 static BEGIN: LazyLock<Script> =
     LazyLock::new(|| quota::script(include_str!("lua/claim_begin.lua")));
@@ -40,6 +41,64 @@ static ABORT: LazyLock<Script> =
     LazyLock::new(|| quota::script(include_str!("lua/claim_abort.lua")));
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| scripts::clocked(include_str!("lua/claim_renew.lua")));
+
+/// `claim_begin.lua`'s ARGV by name, the budget's first (`quota::argv`).
+pub(super) static BEGIN_ARGV: ArgvLayout = ArgvLayout {
+    script: "claim_begin",
+    prefix: "ARG_",
+    first: 1,
+    names: &[
+        "KV_PREFIX",
+        "CLAIM_PREFIX",
+        "BUDGET",
+        "TOKEN",
+        "TASK_ID",
+        "ATTEMPT",
+        "TTL",
+        "LEASE",
+        "EXTERNAL",
+        "MAX_CLAIMS",
+    ],
+    rest: None,
+};
+
+/// `claim_commit.lua`'s ARGV by name, the budget's first; then, from
+/// `WRITES`, each staged write's values ([`WRITE_ARGV`]).
+pub(super) static COMMIT_ARGV: ArgvLayout = ArgvLayout {
+    script: "claim_commit",
+    prefix: "ARG_",
+    first: 1,
+    names: &["KV_PREFIX", "CLAIM_PREFIX", "BUDGET", "TOKEN", "RESULT"],
+    rest: Some("WRITES"),
+};
+
+/// One staged write's values in `claim_commit.lua`'s ARGV, by their
+/// offsets from where it starts.
+pub(super) static WRITE_ARGV: ArgvLayout = ArgvLayout {
+    script: "claim_commit",
+    prefix: "W_",
+    first: 0,
+    names: &["OP", "VALUE", "NX", "EX"],
+    rest: None,
+};
+
+/// `claim_abort.lua`'s ARGV by name, the budget's first.
+pub(super) static ABORT_ARGV: ArgvLayout = ArgvLayout {
+    script: "claim_abort",
+    prefix: "ARG_",
+    first: 1,
+    names: &["KV_PREFIX", "CLAIM_PREFIX", "BUDGET", "TOKEN"],
+    rest: None,
+};
+
+/// `claim_renew.lua`'s ARGV by name.
+pub(super) static RENEW_ARGV: ArgvLayout = ArgvLayout {
+    script: "claim_renew",
+    prefix: "ARG_",
+    first: 1,
+    names: &["TOKEN", "LEASE"],
+    rest: None,
+};
 
 /// A kv write staged by an open operation; the Redis key is already
 /// namespaced.
@@ -78,27 +137,32 @@ impl Staged {
         }
     }
 
-    /// The four values `claim_commit.lua` takes per write.
-    fn args(&self) -> [String; 4] {
+    /// The values `claim_commit.lua` takes per write ([`WRITE_ARGV`]),
+    /// into `call`.
+    fn put_args<S: ArgSink>(&self, call: &mut S) {
         let none = String::new;
-        match self {
+        let (op, value, nx, ex) = match self {
             Staged::Set {
                 value,
                 only_if_absent,
                 expire_seconds,
                 ..
-            } => [
-                "set".into(),
+            } => (
+                "set",
                 value.clone(),
-                if *only_if_absent { "nx".into() } else { none() },
+                if *only_if_absent { "nx" } else { "" },
                 expire_seconds.map_or_else(none, |s| s.to_string()),
-            ],
-            Staged::IncrBy { delta, .. } => ["incrby".into(), delta.to_string(), none(), none()],
-            Staged::Del { .. } => ["del".into(), none(), none(), none()],
-            Staged::Expire { seconds, .. } => {
-                ["expire".into(), seconds.to_string(), none(), none()]
-            }
-        }
+            ),
+            Staged::IncrBy { delta, .. } => ("incrby", delta.to_string(), "", none()),
+            Staged::Del { .. } => ("del", none(), "", none()),
+            Staged::Expire { seconds, .. } => ("expire", seconds.to_string(), "", none()),
+        };
+        Argv::new(call, &WRITE_ARGV)
+            .put("OP", op)
+            .put("VALUE", value)
+            .put("NX", nx)
+            .put("EX", ex)
+            .done();
     }
 }
 
@@ -136,12 +200,13 @@ async fn renew(mut redis: Conn, claim: String, token: String, lease: Duration) {
     ticks.tick().await;
     loop {
         ticks.tick().await;
-        let renewed: Result<i64, _> = RENEW
-            .key(&claim)
-            .arg(&token)
-            .arg(lease.as_millis() as u64)
-            .invoke_async(&mut redis)
-            .await;
+        let mut invocation = RENEW.prepare_invoke();
+        invocation.key(&claim);
+        Argv::new(&mut invocation, &RENEW_ARGV)
+            .put("TOKEN", &token)
+            .put("LEASE", lease.as_millis() as u64)
+            .done();
+        let renewed: Result<i64, _> = invocation.invoke_async(&mut redis).await;
         match renewed {
             Ok(0) => return,
             Ok(_) => {}
@@ -239,14 +304,15 @@ impl Host for HostCtx {
         let token = self.token();
         let limits = &self.handler.limits;
         let mut invocation = quota::invocation(&BEGIN, &claim, &self.handler);
-        invocation
-            .arg(&token)
-            .arg(&self.caller.task_id)
-            .arg(self.caller.attempt)
-            .arg(options.ttl_seconds)
-            .arg(limits.claim_lease.as_millis() as u64)
-            .arg(if options.external_effects { "1" } else { "0" })
-            .arg(limits.max_live_claims);
+        quota::argv(&mut invocation, &BEGIN_ARGV, &self.handler)
+            .put("TOKEN", &token)
+            .put("TASK_ID", &self.caller.task_id)
+            .put("ATTEMPT", self.caller.attempt)
+            .put("TTL", options.ttl_seconds)
+            .put("LEASE", limits.claim_lease.as_millis() as u64)
+            .put("EXTERNAL", if options.external_effects { "1" } else { "0" })
+            .put("MAX_CLAIMS", limits.max_live_claims)
+            .done();
         let (state, value): (String, Option<String>) =
             guest_try!(self.repeatable(&invocation).await);
         Ok(Ok(match state.as_str() {
@@ -285,12 +351,13 @@ impl Host for HostCtx {
         let op = guest_try!(self.take_operation(&key));
         let token = self.token();
         let mut invocation = quota::invocation(&COMMIT, &op.claim, &self.handler);
-        invocation.arg(token).arg(result);
+        quota::argv(&mut invocation, &COMMIT_ARGV, &self.handler)
+            .put("TOKEN", token)
+            .put("RESULT", result)
+            .done();
         for write in &op.writes {
             invocation.key(write.key());
-            for arg in write.args() {
-                invocation.arg(arg);
-            }
+            write.put_args(&mut invocation);
         }
         let (state, detail): (String, String) = guest_try!(self.repeatable(&invocation).await);
         Ok(match state.as_str() {
@@ -311,7 +378,9 @@ impl Host for HostCtx {
         let op = guest_try!(self.take_operation(&key));
         let token = self.token();
         let mut invocation = quota::invocation(&ABORT, &op.claim, &self.handler);
-        invocation.arg(token);
+        quota::argv(&mut invocation, &ABORT_ARGV, &self.handler)
+            .put("TOKEN", token)
+            .done();
         // 0 (not this call's running claim any more) is fine too: the
         // staged writes are dropped either way.
         let _released: i64 = guest_try!(self.repeatable(&invocation).await);
@@ -384,6 +453,24 @@ mod tests {
         assert_eq!(op.value("b"), None, "a refused write is not staged");
     }
 
+    /// The arguments a call was given, as text.
+    #[derive(Default)]
+    struct Args(Vec<String>);
+
+    impl ArgSink for Args {
+        fn push_arg<T: redis::ToRedisArgs>(&mut self, value: T) {
+            let text = value.to_redis_args().into_iter();
+            self.0
+                .extend(text.map(|b| String::from_utf8(b).expect("text")));
+        }
+    }
+
+    fn args_of(write: &Staged) -> Vec<String> {
+        let mut args = Args::default();
+        write.put_args(&mut args);
+        args.0
+    }
+
     #[test]
     fn each_write_gives_the_script_four_values() {
         let ex = Staged::Set {
@@ -392,12 +479,12 @@ mod tests {
             only_if_absent: true,
             expire_seconds: Some(9),
         };
-        assert_eq!(ex.args(), ["set", "v", "nx", "9"].map(String::from));
+        assert_eq!(args_of(&ex), ["set", "v", "nx", "9"].map(String::from));
         let incr = Staged::IncrBy {
             key: "k".into(),
             delta: -2,
             value: 0,
         };
-        assert_eq!(incr.args(), ["incrby", "-2", "", ""].map(String::from));
+        assert_eq!(args_of(&incr), ["incrby", "-2", "", ""].map(String::from));
     }
 }

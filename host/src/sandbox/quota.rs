@@ -35,7 +35,7 @@
 use redis::{Script, ScriptInvocation};
 
 use super::call::LoadedHandler;
-use crate::store::scripts;
+use crate::store::scripts::{self, Argv, ArgvLayout};
 
 /// Bytes a kv key is charged beyond its name and value: the key object, its
 /// TTL, its encoding, and the budget's own count field and index entry.
@@ -73,8 +73,8 @@ pub(crate) fn script(body: &str) -> Script {
 }
 
 /// An invocation of a budget script on `subject` (KEYS[1]) for `handler`'s
-/// namespace, with the inputs every such script takes first (KEYS[2..4],
-/// ARGV[1..3]); the script's own follow.
+/// namespace, with the keys every such script takes first (KEYS[2..4]);
+/// its arguments go through [`argv`].
 pub(crate) fn invocation<'a>(
     script: &'a Script,
     subject: &str,
@@ -86,15 +86,45 @@ pub(crate) fn invocation<'a>(
         invocation.key(key);
     }
     invocation
-        .arg(&handler.kv_prefix)
-        .arg(&handler.claim_prefix)
-        .arg(handler.kv_quota_bytes);
-    invocation
+}
+
+/// The arguments of a budget script of `layout` on `invocation`, the
+/// budget's own put: `lua/include/quota.lua`'s `ARG_` locals, the first
+/// three names of every such layout. The script's own follow.
+pub(crate) fn argv<'c, 'a>(
+    invocation: &'c mut ScriptInvocation<'a>,
+    layout: &'static ArgvLayout,
+    handler: &LoadedHandler,
+) -> Argv<'c, ScriptInvocation<'a>> {
+    Argv::new(invocation, layout)
+        .put("KV_PREFIX", &handler.kv_prefix)
+        .put("CLAIM_PREFIX", &handler.claim_prefix)
+        .put("BUDGET", handler.kv_quota_bytes)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::imports::KV_WRITE_ARGV;
+    use super::super::operation::{ABORT_ARGV, BEGIN_ARGV, COMMIT_ARGV, RENEW_ARGV, WRITE_ARGV};
     use super::*;
+    use crate::store::argv_check;
+
+    /// Every sandbox script reads its ARGV by name, as its layout says;
+    /// a budget script's layout starts with the budget's names, which its
+    /// fragment declares.
+    #[test]
+    fn every_argv_layout_is_its_scripts_locals() {
+        let budget = |file: &str| argv_check::text("sandbox", &["include/quota", file]);
+        let layouts = [
+            (&BEGIN_ARGV, budget("claim_begin")),
+            (&COMMIT_ARGV, budget("claim_commit")),
+            (&WRITE_ARGV, budget("claim_commit")),
+            (&ABORT_ARGV, budget("claim_abort")),
+            (&KV_WRITE_ARGV, budget("kv_write")),
+            (&RENEW_ARGV, argv_check::text("sandbox", &["claim_renew"])),
+        ];
+        argv_check::check_room("sandbox", &layouts, &[]);
+    }
 
     #[test]
     fn the_budget_keys_share_the_namespaces_slot() {

@@ -3,8 +3,28 @@
 
 use redis::Value;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{
     CancelOutcome, Code, GROUP, QueueKeys, Store, StoreError, code_of, flag, from_value, unexpected,
+};
+
+/// `cancel.lua`'s ARGV by name.
+pub(super) static CANCEL_ARGV: ArgvLayout = ArgvLayout {
+    script: "cancel",
+    prefix: "ARG_",
+    first: 1,
+    names: &[
+        "TASK_ID",
+        "NOW",
+        "HAS_KEY",
+        "RETENTION",
+        "EVENTS_MAX_LEN",
+        "CHANNEL",
+        "MESSAGE",
+        "PUBLISH",
+        "GROUP",
+    ],
+    rest: None,
 };
 
 impl Store {
@@ -40,16 +60,18 @@ impl Store {
             .key(&keys.delayed)
             .key(&keys.events)
             .key(keys.idempotency(idem_key.as_deref()))
-            .key(&keys.stream)
-            .arg(id)
-            .arg(now)
-            .arg(flag(idem_key.is_some()))
-            .arg(self.settings.task_retention_s)
-            .arg(self.settings.events_max_len)
-            .arg(keys.cancel_channel())
-            .arg(format!("{}\n{id}", keys.queue()))
-            .arg(self.conn.publish_command())
-            .arg(GROUP);
+            .key(&keys.stream);
+        Argv::new(&mut inv, &CANCEL_ARGV)
+            .put("TASK_ID", id)
+            .put("NOW", now)
+            .put("HAS_KEY", flag(idem_key.is_some()))
+            .put("RETENTION", self.settings.task_retention_s)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .put("CHANNEL", keys.cancel_channel())
+            .put("MESSAGE", format!("{}\n{id}", keys.queue()))
+            .put("PUBLISH", self.conn.publish_command())
+            .put("GROUP", GROUP)
+            .done();
         let reply: Vec<Value> = self
             .trip("cancel", inv.invoke_async(&mut self.conn.clone()))
             .await?;

@@ -45,9 +45,39 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{
     Code, QueueKeys, RequeueOutcome, Store, StoreError, TaskRecord, code_of, flag, from_value,
     logical_queue, partition_of_id, partition_queue,
+};
+
+/// `requeue.lua`'s ARGV by name; then, from `TASKS`, an id and a key
+/// flag per task.
+pub(super) static REQUEUE_ARGV: ArgvLayout = ArgvLayout {
+    script: "requeue",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NOW", "IDEM_TTL", "EVENTS_MAX_LEN", "TASK_PREFIX"],
+    rest: Some("TASKS"),
+};
+
+/// `idem_forward.lua`'s ARGV by name.
+pub(super) static IDEM_FORWARD_ARGV: ArgvLayout = ArgvLayout {
+    script: "idem_forward",
+    prefix: "ARG_",
+    first: 1,
+    names: &["TASK_ID", "PARTITION", "TASK_PREFIX", "NOW", "TTL"],
+    rest: None,
+};
+
+/// `dlq_purge.lua`'s ARGV by name; then, from `TASKS`, an id and a key
+/// flag per task.
+pub(super) static DLQ_PURGE_ARGV: ArgvLayout = ArgvLayout {
+    script: "dlq_purge",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NOW", "EVENTS_MAX_LEN", "FLOOR", "LATEST"],
+    rest: Some("TASKS"),
 };
 
 /// Most ids one requeue or purge script call takes.
@@ -368,13 +398,13 @@ impl Store {
         let idem = self.idempotency_keys(keys, ids).await?;
         let taken = self.forward_keys(keys, ids, &idem, now).await?;
         let mut inv = self.scripts.requeue.prepare_invoke();
-        inv.key(&keys.dlq)
-            .key(&keys.stream)
-            .key(&keys.events)
-            .arg(now)
-            .arg(self.settings.idem_ttl_s)
-            .arg(self.settings.events_max_len)
-            .arg(keys.task_prefix());
+        inv.key(&keys.dlq).key(&keys.stream).key(&keys.events);
+        Argv::new(&mut inv, &REQUEUE_ARGV)
+            .put("NOW", now)
+            .put("IDEM_TTL", self.settings.idem_ttl_s)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .put("TASK_PREFIX", keys.task_prefix())
+            .done();
         let mut sent = 0;
         for ((id, key), taken) in ids.iter().zip(&idem).zip(&taken) {
             if taken.is_none() {
@@ -436,12 +466,14 @@ impl Store {
             }
             let home = QueueKeys::new(&partition_queue(queue, home));
             let mut inv = self.scripts.idem_forward.prepare_invoke();
-            inv.key(home.idempotency(Some(key)))
-                .arg(id)
-                .arg(partition)
-                .arg(home.task_prefix())
-                .arg(now)
-                .arg(ttl);
+            inv.key(home.idempotency(Some(key)));
+            Argv::new(&mut inv, &IDEM_FORWARD_ARGV)
+                .put("TASK_ID", id)
+                .put("PARTITION", partition)
+                .put("TASK_PREFIX", home.task_prefix())
+                .put("NOW", now)
+                .put("TTL", ttl)
+                .done();
             let reply: Vec<Value> = self
                 .trip("idem_forward", inv.invoke_async(&mut self.conn.clone()))
                 .await?;
@@ -468,12 +500,13 @@ impl Store {
         let idem = self.idempotency_keys(keys, ids).await?;
         let text = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
         let mut inv = self.scripts.dlq_purge.prepare_invoke();
-        inv.key(&keys.dlq)
-            .key(&keys.events)
-            .arg(now)
-            .arg(self.settings.events_max_len)
-            .arg(text(bound.keep))
-            .arg(text(bound.latest));
+        inv.key(&keys.dlq).key(&keys.events);
+        Argv::new(&mut inv, &DLQ_PURGE_ARGV)
+            .put("NOW", now)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .put("FLOOR", text(bound.keep))
+            .put("LATEST", text(bound.latest))
+            .done();
         for (id, key) in ids.iter().zip(&idem) {
             inv.key(keys.task(id))
                 .key(keys.idempotency(key.as_deref()))

@@ -20,7 +20,18 @@
 
 use std::collections::HashMap;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{QueueKeys, Store, StoreError, flag};
+
+/// `expire.lua`'s ARGV by name; then, from `TASKS`, an id and a key flag
+/// per task.
+pub(super) static EXPIRE_ARGV: ArgvLayout = ArgvLayout {
+    script: "expire",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NOW", "RETENTION", "EVENTS_MAX_LEN", "DETAIL"],
+    rest: Some("TASKS"),
+};
 
 /// The error of a task that expired before it started: the text of the
 /// expiry `start` finds (`worker/executor.rs`).
@@ -65,10 +76,12 @@ impl Store {
             .key(&keys.delayed)
             .key(&keys.stream)
             .key(&keys.events);
-        inv.arg(now)
-            .arg(self.settings.task_retention_s)
-            .arg(self.settings.events_max_len)
-            .arg(EXPIRED_ERROR);
+        Argv::new(&mut inv, &EXPIRE_ARGV)
+            .put("NOW", now)
+            .put("RETENTION", self.settings.task_retention_s)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .put("DETAIL", EXPIRED_ERROR)
+            .done();
         for id in &ready {
             let key = idem.get(id.as_str()).cloned().flatten();
             inv.key(keys.task(id))

@@ -28,6 +28,8 @@
 //! ([`Store::round_trips`]), which the benchmarks report per task, and times
 //! each by operation ([`Store::round_trip_latency`], for `/metrics`).
 
+#[cfg(test)]
+pub(crate) mod argv_check;
 mod cancel;
 mod carried;
 mod complete;
@@ -93,7 +95,16 @@ pub use types::{
 };
 
 pub use latency::RedisLatency;
-use scripts::Scripts;
+use scripts::{Argv, ArgvLayout, Scripts};
+
+/// `queue_register.lua`'s ARGV by name.
+static QUEUE_REGISTER_ARGV: ArgvLayout = ArgvLayout {
+    script: "queue_register",
+    prefix: "ARG_",
+    first: 1,
+    names: &["QUEUE", "MAX"],
+    rest: None,
+};
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -294,7 +305,11 @@ impl Store {
             return Ok(());
         }
         let mut inv = self.scripts.queue_register.prepare_invoke();
-        inv.key(QUEUES).arg(queue).arg(self.settings.max_queues);
+        inv.key(QUEUES);
+        Argv::new(&mut inv, &QUEUE_REGISTER_ARGV)
+            .put("QUEUE", queue)
+            .put("MAX", self.settings.max_queues)
+            .done();
         let added: Result<bool, _> = self
             .trip("register_queue", inv.invoke_async(&mut self.conn.clone()))
             .await;

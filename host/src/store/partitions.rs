@@ -30,8 +30,18 @@
 //! count is never lowered: a lower count would strand the tasks and records
 //! of the partitions it drops.
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{QueueKeys, Store, StoreError};
 use crate::store::keys::{logical_queue, partition_queue};
+
+/// `partitions_raise.lua`'s ARGV by name.
+pub(super) static PARTITIONS_RAISE_ARGV: ArgvLayout = ArgvLayout {
+    script: "partitions_raise",
+    prefix: "ARG_",
+    first: 1,
+    names: &["COUNT", "KEEPS_HISTORY", "LIVE_UNTIL", "NOW"],
+    rest: None,
+};
 
 /// The most partitions a queue may have.
 pub const MAX_PARTITIONS: u32 = 256;
@@ -145,12 +155,13 @@ impl Store {
         for i in (0..count).rev() {
             let keys = QueueKeys::new(&partition_queue(queue, i));
             let mut inv = self.scripts.partitions_raise.prepare_invoke();
-            inv.key(&keys.partitions)
-                .key(&keys.partition_history)
-                .arg(count)
-                .arg(if i == 0 { "1" } else { "0" })
-                .arg(until)
-                .arg(now);
+            inv.key(&keys.partitions).key(&keys.partition_history);
+            Argv::new(&mut inv, &PARTITIONS_RAISE_ARGV)
+                .put("COUNT", count)
+                .put("KEEPS_HISTORY", if i == 0 { "1" } else { "0" })
+                .put("LIVE_UNTIL", until)
+                .put("NOW", now)
+                .done();
             in_force = self
                 .trip("raise_partitions", inv.invoke_async(&mut self.conn.clone()))
                 .await?;

@@ -1,7 +1,17 @@
 //! Promoting delayed tasks whose time has come to the stream
 //! (`lua/promote.lua`).
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{QueueKeys, Store, StoreError};
+
+/// `promote.lua`'s ARGV by name; then, from `TASK_IDS`, the ids to move.
+pub(super) static PROMOTE_ARGV: ArgvLayout = ArgvLayout {
+    script: "promote",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NOW", "EVENTS_MAX_LEN"],
+    rest: Some("TASK_IDS"),
+};
 
 impl Store {
     /// Move up to `limit` due tasks of `queue` from the delayed set to the
@@ -26,7 +36,10 @@ impl Store {
         for id in &ready {
             inv.key(keys.task(id));
         }
-        inv.arg(now).arg(self.settings.events_max_len).arg("");
+        Argv::new(&mut inv, &PROMOTE_ARGV)
+            .put("NOW", now)
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .done();
         for id in &ready {
             inv.arg(id.as_str());
         }

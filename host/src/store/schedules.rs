@@ -33,7 +33,35 @@ use croner::parser::{CronParser, Seconds, Year};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{QueueKeys, Store, StoreError};
+
+/// `schedule_put.lua`'s ARGV by name.
+pub(super) static SCHEDULE_PUT_ARGV: ArgvLayout = ArgvLayout {
+    script: "schedule_put",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NAME", "DEFINITION", "NEXT_TICK"],
+    rest: None,
+};
+
+/// `schedule_delete.lua`'s ARGV by name.
+pub(super) static SCHEDULE_DELETE_ARGV: ArgvLayout = ArgvLayout {
+    script: "schedule_delete",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NAME"],
+    rest: None,
+};
+
+/// `schedule_advance.lua`'s ARGV by name.
+pub(super) static SCHEDULE_ADVANCE_ARGV: ArgvLayout = ArgvLayout {
+    script: "schedule_advance",
+    prefix: "ARG_",
+    first: 1,
+    names: &["NAME", "READ", "NEXT_TICK", "FIRED"],
+    rest: None,
+};
 
 /// The time zone every schedule ticks in.
 pub const TIMEZONE: &str = "UTC";
@@ -210,11 +238,12 @@ impl Store {
         let keys = QueueKeys::new(queue);
         let text = serde_json::to_string(def).map_err(|e| corrupt("definition", name, e))?;
         let mut inv = self.scripts.schedule_put.prepare_invoke();
-        inv.key(&keys.schedules)
-            .key(&keys.schedule_due)
-            .arg(name)
-            .arg(text)
-            .arg(next);
+        inv.key(&keys.schedules).key(&keys.schedule_due);
+        Argv::new(&mut inv, &SCHEDULE_PUT_ARGV)
+            .put("NAME", name)
+            .put("DEFINITION", text)
+            .put("NEXT_TICK", next)
+            .done();
         let created: i64 = self
             .trip("schedule_put", inv.invoke_async(&mut self.conn.clone()))
             .await?;
@@ -227,8 +256,10 @@ impl Store {
         let mut inv = self.scripts.schedule_delete.prepare_invoke();
         inv.key(&keys.schedules)
             .key(&keys.schedule_due)
-            .key(&keys.schedule_fired)
-            .arg(name);
+            .key(&keys.schedule_fired);
+        Argv::new(&mut inv, &SCHEDULE_DELETE_ARGV)
+            .put("NAME", name)
+            .done();
         let deleted: i64 = self
             .trip("schedule_delete", inv.invoke_async(&mut self.conn.clone()))
             .await?;
@@ -330,12 +361,13 @@ impl Store {
             .map_err(|e| corrupt("last tick", name, e))?
             .unwrap_or_default();
         let mut inv = self.scripts.schedule_advance.prepare_invoke();
-        inv.key(&keys.schedule_due)
-            .key(&keys.schedule_fired)
-            .arg(name)
-            .arg(read)
-            .arg(next.map(|n| n.to_string()).unwrap_or_default())
-            .arg(fired);
+        inv.key(&keys.schedule_due).key(&keys.schedule_fired);
+        Argv::new(&mut inv, &SCHEDULE_ADVANCE_ARGV)
+            .put("NAME", name)
+            .put("READ", read)
+            .put("NEXT_TICK", next.map(|n| n.to_string()).unwrap_or_default())
+            .put("FIRED", fired)
+            .done();
         let moved: i64 = self
             .trip("schedule_advance", inv.invoke_async(&mut self.conn.clone()))
             .await?;

@@ -15,6 +15,16 @@ use super::{
     fresh_deliveries, from_value, logical_queue, unexpected,
 };
 
+/// `heartbeat.lua`'s ARGV by name; then, from `ATTEMPTS`, a message id
+/// and an attempt number per running attempt.
+pub(super) static HEARTBEAT_ARGV: ArgvLayout = ArgvLayout {
+    script: "heartbeat",
+    prefix: "ARG_",
+    first: 1,
+    names: &["GROUP", "CONSUMER", "VISIBILITY"],
+    rest: Some("ATTEMPTS"),
+};
+
 /// `start.lua`'s ARGV by name; then, from `DELIVERIES`, a message id and a
 /// task id per delivery.
 pub(super) static START_ARGV: ArgvLayout = ArgvLayout {
@@ -196,9 +206,11 @@ impl Store {
         for (d, _) in running {
             inv.key(keys.task(&d.task_id));
         }
-        inv.arg(GROUP)
-            .arg(consumer)
-            .arg(visibility.as_millis() as u64);
+        Argv::new(&mut inv, &HEARTBEAT_ARGV)
+            .put("GROUP", GROUP)
+            .put("CONSUMER", consumer)
+            .put("VISIBILITY", visibility.as_millis() as u64)
+            .done();
         for (d, attempt) in running {
             inv.arg(&d.msg_id).arg(attempt);
         }

@@ -7,7 +7,17 @@ use std::collections::HashMap;
 
 use redis::Value;
 
+use super::scripts::{Argv, ArgvLayout};
 use super::{GROUP, QueueKeys, Store, StoreError, TaskRecord, TaskStatus, from_value};
+
+/// `task_read.lua`'s ARGV by name; then, from `FIELDS`, the fields to read.
+pub(super) static TASK_READ_ARGV: ArgvLayout = ArgvLayout {
+    script: "task_read",
+    prefix: "ARG_",
+    first: 1,
+    names: &["GROUP"],
+    rest: Some("FIELDS"),
+};
 
 impl Store {
     /// The task `id` of `queue`, if its hash exists; RUNNING attempt 1
@@ -47,7 +57,10 @@ impl Store {
         for id in ids {
             inv.key(keys.task(id));
         }
-        inv.arg(GROUP).arg(fields);
+        Argv::new(&mut inv, &TASK_READ_ARGV)
+            .put("GROUP", GROUP)
+            .done()
+            .arg(fields);
         let reply: Vec<Value> = self
             .trip("task", inv.invoke_async(&mut self.conn.clone()))
             .await?;

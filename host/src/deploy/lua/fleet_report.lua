@@ -5,13 +5,19 @@
   Input:
     KEYS[1] fleet   dtq:fleet:{registry} (hash: process id -> "<ms> <report JSON>")
 
-    ARGV[1] process id
-    ARGV[2] report JSON, or "" to remove the process (it is stopping)
-    ARGV[3] forget reports older than this (ms)
+    ARGV by name (the ARG_ locals below; deploy/registry.rs, REPORT_ARGV):
+    ARG_ID         process id
+    ARG_REPORT     report JSON, or "" to remove the process (it is stopping)
+    ARG_FORGET_MS  forget reports older than this (ms)
 
   Output: now (ms, Redis's clock).
 ]]
-local fleetKey, id, report, forgetMs = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local ARG_ID = 1
+local ARG_REPORT = 2
+local ARG_FORGET_MS = 3
+
+local fleetKey = KEYS[1]
+local id, report, forgetMs = ARGV[ARG_ID], ARGV[ARG_REPORT], tonumber(ARGV[ARG_FORGET_MS])
 local now = redisTimeMs()
 
 if report == "" then

@@ -8,14 +8,16 @@
     KEYS[4] module refs      dtq:module-refs:{registry} (hash: digest -> entries)
     KEYS[5] revision         dtq:revision:{registry}
 
-    ARGV[1] task name
-    ARGV[2] module digest (SHA-256, hex)
-    ARGV[3] fingerprint of digest and settings
-    ARGV[4] the new entry, "deploy <at> <version JSON>"
-    ARGV[5] the module's bytes, or "" when the caller saw it stored already
-    ARGV[6] history bound (entries kept per task)
-    ARGV[7] pub/sub channel of registry changes
-    ARGV[8] publish command: "PUBLISH", or "SPUBLISH" on a cluster
+    ARGV by name (the ARG_ locals below; deploy/registry.rs, DEPLOY_ARGV):
+    ARG_TASK         task name
+    ARG_DIGEST       module digest (SHA-256, hex)
+    ARG_FINGERPRINT  fingerprint of digest and settings
+    ARG_ENTRY        the new entry, "deploy <at> <version JSON>"
+    ARG_MODULE       the module's bytes, or "" when the caller saw it stored
+                     already
+    ARG_BOUND        history bound (entries kept per task)
+    ARG_CHANNEL      pub/sub channel of registry changes
+    ARG_PUBLISH      publish command: "PUBLISH", or "SPUBLISH" on a cluster
 
   Output:
     {1, previous entry or false, orphan digests...}
@@ -23,16 +25,26 @@
     {2, active entry}
                 UNCHANGED: the same module with the same settings is active;
                 nothing written
-    {3}         NEED_MODULE: ARGV[5] was "" but the module is not stored;
+    {3}         NEED_MODULE: ARG_MODULE was "" but the module is not stored;
                 nothing written (call again with the bytes)
 
   The module is written once (SET NX) and kept while an entry of any task
   references it; the caller deletes the orphans' modules with handler_gc.
 ]]
+local ARG_TASK = 1
+local ARG_DIGEST = 2
+local ARG_FINGERPRINT = 3
+local ARG_ENTRY = 4
+local ARG_MODULE = 5
+local ARG_BOUND = 6
+local ARG_CHANNEL = 7
+local ARG_PUBLISH = 8
+
 local activeKey, historyKey, moduleKey, refsKey, revisionKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local task, digest, fingerprint, entry, module, bound, channel, publish =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local task, digest, fingerprint = ARGV[ARG_TASK], ARGV[ARG_DIGEST], ARGV[ARG_FINGERPRINT]
+local entry, module, bound = ARGV[ARG_ENTRY], ARGV[ARG_MODULE], tonumber(ARGV[ARG_BOUND])
+local channel, publish = ARGV[ARG_CHANNEL], ARGV[ARG_PUBLISH]
 
 local previous = redis.call("HGET", activeKey, task)
 if previous and versionOf(previous).fingerprint == fingerprint then

@@ -7,13 +7,16 @@
     KEYS[3] module refs      dtq:module-refs:{registry}
     KEYS[4] revision         dtq:revision:{registry}
 
-    ARGV[1] task name
-    ARGV[2] digest to return to, or "" for the newest version in the history
-            that differs from the active one (module or settings)
-    ARGV[3] now (ms since epoch)
-    ARGV[4] history bound
-    ARGV[5] pub/sub channel of registry changes
-    ARGV[6] publish command: "PUBLISH", or "SPUBLISH" on a cluster
+    ARGV by name (the ARG_ locals below; deploy/registry.rs,
+    ROLLBACK_ARGV):
+    ARG_TASK     task name
+    ARG_TO       digest to return to, or "" for the newest version in the
+                 history that differs from the active one (module or
+                 settings)
+    ARG_NOW      now (ms since epoch)
+    ARG_BOUND    history bound
+    ARG_CHANNEL  pub/sub channel of registry changes
+    ARG_PUBLISH  publish command: "PUBLISH", or "SPUBLISH" on a cluster
 
   Output:
     {1, the new active entry, orphan digests...}
@@ -26,8 +29,15 @@
   A version in the history still has its module: the history references it.
 ]]
 local activeKey, historyKey, refsKey, revisionKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local task, to, now, bound, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local publish = ARGV[6]
+local ARG_TASK = 1
+local ARG_TO = 2
+local ARG_NOW = 3
+local ARG_BOUND = 4
+local ARG_CHANNEL = 5
+local ARG_PUBLISH = 6
+
+local task, to, now = ARGV[ARG_TASK], ARGV[ARG_TO], ARGV[ARG_NOW]
+local bound, channel, publish = tonumber(ARGV[ARG_BOUND]), ARGV[ARG_CHANNEL], ARGV[ARG_PUBLISH]
 
 local entries = redis.call("LRANGE", historyKey, 0, -1)
 if #entries == 0 then

@@ -9,11 +9,13 @@
     KEYS[3] module refs      dtq:module-refs:{registry}
     KEYS[4] revision         dtq:revision:{registry}
 
-    ARGV[1] task name
-    ARGV[2] now (ms since epoch)
-    ARGV[3] history bound
-    ARGV[4] pub/sub channel of registry changes
-    ARGV[5] publish command: "PUBLISH", or "SPUBLISH" on a cluster
+    ARGV by name (the ARG_ locals below; deploy/registry.rs,
+    UNDEPLOY_ARGV):
+    ARG_TASK     task name
+    ARG_NOW      now (ms since epoch)
+    ARG_BOUND    history bound
+    ARG_CHANNEL  pub/sub channel of registry changes
+    ARG_PUBLISH  publish command: "PUBLISH", or "SPUBLISH" on a cluster
 
   Output:
     {1, orphan digests...}  UNDEPLOYED
@@ -21,7 +23,14 @@
     {-21}                   NO_HISTORY: the task was never deployed
 ]]
 local activeKey, historyKey, refsKey, revisionKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local task, now, bound, channel, publish = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local ARG_TASK = 1
+local ARG_NOW = 2
+local ARG_BOUND = 3
+local ARG_CHANNEL = 4
+local ARG_PUBLISH = 5
+
+local task, now = ARGV[ARG_TASK], ARGV[ARG_NOW]
+local bound, channel, publish = tonumber(ARGV[ARG_BOUND]), ARGV[ARG_CHANNEL], ARGV[ARG_PUBLISH]
 
 if redis.call("HDEL", activeKey, task) == 0 then
   if redis.call("EXISTS", historyKey) == 0 then

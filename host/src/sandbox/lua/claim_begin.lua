@@ -26,15 +26,17 @@
 
   Input:
     KEYS[1] the claim      dtq:claim:{<namespace>}:<key>
-    KEYS[2..4], ARGV[1..3] the quota's (include/quota.lua)
+    KEYS[2..4]             the quota's (include/quota.lua)
 
-    ARGV[4] owner token of the calling handler call
-    ARGV[5] task id of the call
-    ARGV[6] attempt of the call
-    ARGV[7] TTL of a new claim (s)
-    ARGV[8] lease (ms)
-    ARGV[9] "1" when the operation has external effects, else "0"
-    ARGV[10] the most live claims the namespace may hold
+    ARGV by name (the ARG_ locals below, after the quota's: ARG_KV_PREFIX,
+    ARG_CLAIM_PREFIX, ARG_BUDGET; sandbox/operation.rs, BEGIN_ARGV):
+    ARG_TOKEN       owner token of the calling handler call
+    ARG_TASK_ID     task id of the call
+    ARG_ATTEMPT     attempt of the call
+    ARG_TTL         TTL of a new claim (s)
+    ARG_LEASE       lease (ms)
+    ARG_EXTERNAL    "1" when the operation has external effects, else "0"
+    ARG_MAX_CLAIMS  the most live claims the namespace may hold
 
   Output: a state and one value
     "run", "0"             a new claim (or this owner's own), run the effect
@@ -44,12 +46,21 @@
     "abandoned", task id   a dead owner's, with external effects
     "quota", used          no room in the budget for a new claim; nothing
                            written; the bytes charged
-    "claims", live         the namespace holds ARGV[10] live claims already;
+    "claims", live         the namespace holds ARG_MAX_CLAIMS live claims already;
                            nothing written
 ]]
+local ARG_TOKEN = 4
+local ARG_TASK_ID = 5
+local ARG_ATTEMPT = 6
+local ARG_TTL = 7
+local ARG_LEASE = 8
+local ARG_EXTERNAL = 9
+local ARG_MAX_CLAIMS = 10
+
 local claimKey = KEYS[1]
-local token, taskId, attempt, ttl, lease, external, maxClaims =
-  ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local token, taskId, attempt = ARGV[ARG_TOKEN], ARGV[ARG_TASK_ID], ARGV[ARG_ATTEMPT]
+local ttl, lease = ARGV[ARG_TTL], tonumber(ARGV[ARG_LEASE])
+local external, maxClaims = ARGV[ARG_EXTERNAL], tonumber(ARGV[ARG_MAX_CLAIMS])
 
 local now = redisTimeMs()
 

@@ -14,17 +14,21 @@
 
   Input:
     KEYS[1] the claim        dtq:claim:{<namespace>}:<key>
-    KEYS[2..4], ARGV[1..3]   the quota's (include/quota.lua)
+    KEYS[2..4]               the quota's (include/quota.lua)
     KEYS[5..] the kv key of each staged write, in order
                              dtq:guest:{<namespace>}:<key>
 
-    ARGV[4] owner token
-    ARGV[5] the operation's result (JSON text)
-    then, per staged write i (from 0), 4 values from ARGV[6 + 4i]:
-      "set", value, "nx" or "", expire seconds or ""
-      "incrby", delta, "", ""
-      "del", "", "", ""
-      "expire", seconds, "", ""
+    ARGV by name (the ARG_ and W_ locals below, after the quota's:
+    ARG_KV_PREFIX, ARG_CLAIM_PREFIX, ARG_BUDGET; sandbox/operation.rs,
+    COMMIT_ARGV and WRITE_ARGV):
+    ARG_TOKEN   owner token
+    ARG_RESULT  the operation's result (JSON text)
+    then, per staged write i (from 0), from ARG_WRITES + 4i, its values at
+    these offsets:
+      W_OP     "set", "incrby", "del" or "expire"
+      W_VALUE  set: the value; incrby: the delta; expire: seconds; del: ""
+      W_NX     set: "nx" to write only when absent, else ""; others: ""
+      W_EX     set: expire seconds, or ""; others: ""
 
   Output: a state and one value
     "committed", "1"        applied now
@@ -36,9 +40,20 @@
     "quota", used           the writes and the result would pass the
                             budget; as "refused"
 ]]
+local ARG_TOKEN = 4
+local ARG_RESULT = 5
+local ARG_WRITES = 6
+
+-- A staged write's values, by their offsets from where it starts.
+local W_OP = 0
+local W_VALUE = 1
+local W_NX = 2
+local W_EX = 3
+
 local claimKey = KEYS[1]
-local token, result = ARGV[4], ARGV[5]
-local FIRST, FIRST_ARG = 5, 6
+local token, result = ARGV[ARG_TOKEN], ARGV[ARG_RESULT]
+-- The first staged write's kv key.
+local FIRST = 5
 local claimSuffix = string.sub(claimKey, #Q.claimPrefix + 1)
 
 -- Release the claim: a retry may run the operation.
@@ -82,13 +97,13 @@ local function integerAt(key)
 end
 
 for i = FIRST, #KEYS do
-  local a = FIRST_ARG + 4 * (i - FIRST)
-  local op, key = ARGV[a], KEYS[i]
+  local a = ARG_WRITES + 4 * (i - FIRST)
+  local op, key = ARGV[a + W_OP], KEYS[i]
   if op == "set" then
-    local applies = ARGV[a + 2] ~= "nx" or seen[key] == false
+    local applies = ARGV[a + W_NX] ~= "nx" or seen[key] == false
       or (seen[key] == nil and redis.call("EXISTS", key) == 0)
     if applies then
-      seen[key] = ARGV[a + 1]
+      seen[key] = ARGV[a + W_VALUE]
     end
   elseif op == "incrby" then
     local current = integerAt(key)
@@ -96,7 +111,7 @@ for i = FIRST, #KEYS do
       release()
       return { "refused", "incr-by: a key does not hold an integer" }
     end
-    local n = current + tonumber(ARGV[a + 1])
+    local n = current + tonumber(ARGV[a + W_VALUE])
     if n >= EXACT or n <= -EXACT then
       release()
       return { "refused", "incr-by: the value would overflow" }
@@ -138,32 +153,33 @@ if left > 0 then
   redis.call("ZADD", Q.claimsKey, now + left, claimSuffix)
 end
 for i = FIRST, #KEYS do
-  local a = FIRST_ARG + 4 * (i - FIRST)
-  local op, key = ARGV[a], KEYS[i]
+  local a = ARG_WRITES + 4 * (i - FIRST)
+  local op, key = ARGV[a + W_OP], KEYS[i]
+  local value, ex = ARGV[a + W_VALUE], ARGV[a + W_EX]
   local suffix = string.sub(key, #Q.kvPrefix + 1)
   if op == "set" then
-    local cmd = { "SET", key, ARGV[a + 1] }
-    if ARGV[a + 2] == "nx" then
+    local cmd = { "SET", key, value }
+    if ARGV[a + W_NX] == "nx" then
       cmd[#cmd + 1] = "NX"
     end
-    if ARGV[a + 3] ~= "" then
+    if ex ~= "" then
       cmd[#cmd + 1] = "EX"
-      cmd[#cmd + 1] = ARGV[a + 3]
+      cmd[#cmd + 1] = ex
     end
     if redis.call(unpack(cmd)) then
-      if ARGV[a + 3] ~= "" then
-        redis.call("ZADD", Q.ttlKey, now + tonumber(ARGV[a + 3]) * 1000, suffix)
+      if ex ~= "" then
+        redis.call("ZADD", Q.ttlKey, now + tonumber(ex) * 1000, suffix)
       else
         redis.call("ZREM", Q.ttlKey, suffix)
       end
     end
   elseif op == "incrby" then
-    redis.call("INCRBY", key, ARGV[a + 1])
+    redis.call("INCRBY", key, value)
   elseif op == "del" then
     redis.call("DEL", key)
     redis.call("ZREM", Q.ttlKey, suffix)
-  elseif redis.call("EXPIRE", key, ARGV[a + 1]) == 1 then
-    redis.call("ZADD", Q.ttlKey, now + tonumber(ARGV[a + 1]) * 1000, suffix)
+  elseif redis.call("EXPIRE", key, value) == 1 then
+    redis.call("ZADD", Q.ttlKey, now + tonumber(value) * 1000, suffix)
   end
 end
 -- Each key written is charged as it now is.

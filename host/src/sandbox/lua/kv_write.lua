@@ -4,12 +4,14 @@
 
   Input:
     KEYS[1] the kv key            dtq:guest:{<ns>}:<key>
-    KEYS[2..4], ARGV[1..3]        the quota's (include/quota.lua)
+    KEYS[2..4]                    the quota's (include/quota.lua)
 
-    ARGV[4] the write: "set", "incrby", "del" or "expire"
-    ARGV[5] set: the value; incrby: the delta; expire: seconds
-    ARGV[6] set: "nx" to write only when absent, else ""
-    ARGV[7] set: expire seconds, or ""
+    ARGV by name (the ARG_ locals below, after the quota's: ARG_KV_PREFIX,
+    ARG_CLAIM_PREFIX, ARG_BUDGET; sandbox/imports.rs, KV_WRITE_ARGV):
+    ARG_OP     the write: "set", "incrby", "del" or "expire"
+    ARG_VALUE  set: the value; incrby: the delta; expire: seconds
+    ARG_NX     set: "nx" to write only when absent, else ""
+    ARG_EX     set: expire seconds, or ""
 
   Output: a state and one value
     "ok", n          set: 1 written, 0 NX found the key; incrby: the new
@@ -20,8 +22,13 @@
   not an integer), and so is a sum past 64 bits (overflow), before
   anything of the write.
 ]]
+local ARG_OP = 4
+local ARG_VALUE = 5
+local ARG_NX = 6
+local ARG_EX = 7
+
 local key = KEYS[1]
-local op, arg, nx, ex = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local op, arg, nx, ex = ARGV[ARG_OP], ARGV[ARG_VALUE], ARGV[ARG_NX], ARGV[ARG_EX]
 local suffix = string.sub(key, #Q.kvPrefix + 1)
 local field = "k:" .. suffix
 local now = redisTimeMs()

@@ -11,19 +11,21 @@
     KEYS[1] task hash            dtq:task:{q}:<id>
     KEYS[2] delayed set          dtq:delayed:{q}
     KEYS[3] events stream        dtq:events:{q}
-    KEYS[4] idempotency record   dtq:idempotency:{q}:<key> (ignored unless ARGV[3] == "1")
-
-    ARGV[1] task id
-    ARGV[2] now (ms since epoch)
-    ARGV[3] "1" when the task has an idempotency key
-    ARGV[4] retention of terminal task hashes (s)
-    ARGV[5] events stream max length
-    ARGV[6] cancel channel       dtq:cancel:{q}
-    ARGV[7] cancel channel message, `<queue>\n<task id>`
-    ARGV[8] publish command: "PUBLISH", or "SPUBLISH" on a cluster (the
-            channel's hash tag is the queue's, so it is this script's slot)
-    ARGV[9] consumer group
+    KEYS[4] idempotency record   dtq:idempotency:{q}:<key> (ignored unless ARG_HAS_KEY)
     KEYS[5] ready stream         dtq:stream:{q}
+
+    ARGV by name (the ARG_ locals below; store/cancel.rs, CANCEL_ARGV):
+    ARG_TASK_ID         task id
+    ARG_NOW             now (ms since epoch)
+    ARG_HAS_KEY         "1" when the task has an idempotency key
+    ARG_RETENTION       retention of terminal task hashes (s)
+    ARG_EVENTS_MAX_LEN  events stream max length
+    ARG_CHANNEL         cancel channel       dtq:cancel:{q}
+    ARG_MESSAGE         cancel channel message, `<queue>\n<task id>`
+    ARG_PUBLISH         publish command: "PUBLISH", or "SPUBLISH" on a
+                        cluster (the channel's hash tag is the queue's, so
+                        it is this script's slot)
+    ARG_GROUP           consumer group
 
   A QUEUED task whose message (`msg_id`) is pending in the group was
   delivered: its worker runs it, or is about to (a carried attempt, see
@@ -39,12 +41,23 @@
 
   Events: CANCELLED.
 ]]
-local taskKey, delayedKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local taskId, now, hasKey = ARGV[1], ARGV[2], ARGV[3] == "1"
-local retention, eventsMaxLen, channel, message = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
-local publish = ARGV[8]
+local ARG_TASK_ID = 1
+local ARG_NOW = 2
+local ARG_HAS_KEY = 3
+local ARG_RETENTION = 4
+local ARG_EVENTS_MAX_LEN = 5
+local ARG_CHANNEL = 6
+local ARG_MESSAGE = 7
+local ARG_PUBLISH = 8
+local ARG_GROUP = 9
 
-local streamKey, group = KEYS[5], ARGV[9]
+local taskKey, delayedKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local streamKey = KEYS[5]
+local taskId, now, hasKey = ARGV[ARG_TASK_ID], ARGV[ARG_NOW], ARGV[ARG_HAS_KEY] == "1"
+local retention, eventsMaxLen = tonumber(ARGV[ARG_RETENTION]), ARGV[ARG_EVENTS_MAX_LEN]
+local channel, message, publish = ARGV[ARG_CHANNEL], ARGV[ARG_MESSAGE], ARGV[ARG_PUBLISH]
+local group = ARGV[ARG_GROUP]
+
 local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id")
 local status, msgId = f[1], f[3]
 if not status then

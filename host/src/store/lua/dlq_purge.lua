@@ -4,9 +4,9 @@
   (DELETE /v1/queues/{q}/dlq) and the workers' retention sweep alike.
 
   For each id that is in the dead-letter set (dead-lettered no later than
-  ARGV[4], when given; and while the set holds more than ARGV[3] entries,
-  when given: so that two sweeps trimming to a count at once never purge
-  more than the excess):
+  ARG_LATEST, when given; and while the set holds more than ARG_FLOOR
+  entries, when given: so that two sweeps trimming to a count at once never
+  purge more than the excess):
     1. it leaves the set;
     2. its task hash is deleted (if the task is dead-lettered; a hash of
        another status is left alone, as a dangling entry's);
@@ -23,25 +23,34 @@
     KEYS[3 + 2i] task hash            dtq:task:{q}:<id>
     KEYS[4 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
-    ARGV[1] now (ms since epoch)
-    ARGV[2] events stream max length
-    ARGV[3] entries to keep at least ("": no floor)
-    ARGV[4] latest dead-letter time (ms, the set's score) to purge ("": any)
-    then, per task i, 2 values from ARGV[5 + 2i]:
+    ARGV by name (the ARG_ locals below; store/dlq.rs, DLQ_PURGE_ARGV):
+    ARG_NOW             now (ms since epoch)
+    ARG_EVENTS_MAX_LEN  events stream max length
+    ARG_FLOOR           entries to keep at least ("": no floor)
+    ARG_LATEST          latest dead-letter time (ms, the set's score) to
+                        purge ("": any)
+    then, per task i, 2 values from ARG_TASKS + 2i:
       task id; "1" when the task has an idempotency key
 
   Output: the number of ids removed from the dead-letter set.
 
   Events: PURGED for each (an event, not a task status: the task is gone).
 ]]
+local ARG_NOW = 1
+local ARG_EVENTS_MAX_LEN = 2
+local ARG_FLOOR = 3
+local ARG_LATEST = 4
+local ARG_TASKS = 5
+
 local dlqKey, eventsKey = KEYS[1], KEYS[2]
-local now, eventsMaxLen = ARGV[1], ARGV[2]
-local floor, latest = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, eventsMaxLen = ARGV[ARG_NOW], ARGV[ARG_EVENTS_MAX_LEN]
+local floor, latest = tonumber(ARGV[ARG_FLOOR]), tonumber(ARGV[ARG_LATEST])
 
 local purged = 0
 for i = 0, (#KEYS - 2) / 2 - 1 do
   local taskKey, idemKey = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-  local taskId, hasKey = ARGV[5 + 2 * i], ARGV[6 + 2 * i] == "1"
+  local a = ARG_TASKS + 2 * i
+  local taskId, hasKey = ARGV[a], ARGV[a + 1] == "1"
   if floor and redis.call("ZCARD", dlqKey) <= floor then
     break
   end

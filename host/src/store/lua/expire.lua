@@ -33,20 +33,27 @@
     KEYS[5 + 2i] task hash            dtq:task:{q}:<id>
     KEYS[6 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
-    ARGV[1] now (ms since epoch)
-    ARGV[2] retention of terminal task hashes (s)
-    ARGV[3] events stream max length
-    ARGV[4] error message of an expired task
-    then, per task i:
-    ARGV[5 + 2i] task id
-    ARGV[6 + 2i] "1" when the task has an idempotency key
+    ARGV by name (the ARG_ locals below; store/expiry.rs, EXPIRE_ARGV):
+    ARG_NOW             now (ms since epoch)
+    ARG_RETENTION       retention of terminal task hashes (s)
+    ARG_EVENTS_MAX_LEN  events stream max length
+    ARG_DETAIL          error message of an expired task
+    then, per task i, 2 values from ARG_TASKS + 2i:
+      task id; "1" when the task has an idempotency key
 
   Output: the number of tasks expired.
 
   Events: EXPIRED for each task expired.
 ]]
+local ARG_NOW = 1
+local ARG_RETENTION = 2
+local ARG_EVENTS_MAX_LEN = 3
+local ARG_DETAIL = 4
+local ARG_TASKS = 5
+
 local expiryKey, delayedKey, streamKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, retention, eventsMaxLen, detail = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local now, retention = ARGV[ARG_NOW], ARGV[ARG_RETENTION]
+local eventsMaxLen, detail = ARGV[ARG_EVENTS_MAX_LEN], ARGV[ARG_DETAIL]
 local nowMs = tonumber(now)
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
@@ -54,7 +61,8 @@ local expired = 0
 
 for i = 0, (#KEYS - 4) / 2 - 1 do
   local taskKey, idemKey = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
-  local taskId, hasKey = ARGV[5 + 2 * i], ARGV[6 + 2 * i] == "1"
+  local a = ARG_TASKS + 2 * i
+  local taskId, hasKey = ARGV[a], ARGV[a + 1] == "1"
   local due = redis.call("ZSCORE", expiryKey, taskId)
   if due and tonumber(due) <= nowMs and redis.call("ZREM", expiryKey, taskId) == 1 then
     local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id")

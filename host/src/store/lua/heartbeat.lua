@@ -32,12 +32,12 @@
     KEYS[3] clock hash     dtq:clock:{q}     last, resumed (ms, Redis's clock)
     KEYS[4..] the task hash of each running attempt, dtq:task:{q}:<id>
 
-    ARGV[1] consumer group
-    ARGV[2] consumer (worker) name
-    ARGV[3] visibility timeout (ms)
-    then, per task hash k (from 0), in the same order:
-    ARGV[4 + 2k] the attempt's stream message id
-    ARGV[5 + 2k] the attempt's number
+    ARGV by name (the ARG_ locals below; store/start.rs, HEARTBEAT_ARGV):
+    ARG_GROUP       consumer group
+    ARG_CONSUMER    consumer (worker) name
+    ARG_VISIBILITY  visibility timeout (ms)
+    then from ARG_ATTEMPTS, per task hash k (from 0), in the same order:
+      the attempt's stream message id, the attempt's number
 
   Output: one code per attempt, in order:
     1    OK: still this attempt's
@@ -46,8 +46,14 @@
          across a reconnect)
     -4   STALE: the task is no longer this attempt's
 ]]
+local ARG_GROUP = 1
+local ARG_CONSUMER = 2
+local ARG_VISIBILITY = 3
+local ARG_ATTEMPTS = 4
+
 local streamKey, workersKey, clockKey = KEYS[1], KEYS[2], KEYS[3]
-local group, consumer, visibility = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local group, consumer = ARGV[ARG_GROUP], ARGV[ARG_CONSUMER]
+local visibility = tonumber(ARGV[ARG_VISIBILITY])
 
 local now = redisTimeMs()
 tickClock(clockKey, now, visibility)
@@ -56,7 +62,8 @@ redis.call("ZADD", workersKey, string.format("%d", now), consumer)
 local claim = { "XCLAIM", streamKey, group, consumer, 0 }
 local out = {}
 for i = 4, #KEYS do
-  local msgId, attempt = ARGV[2 * i - 4], ARGV[2 * i - 3]
+  local a = ARG_ATTEMPTS + 2 * (i - 4)
+  local msgId, attempt = ARGV[a], ARGV[a + 1]
   -- pcall: a task key of another type (corrupt) is not this attempt's;
   -- an error would stop every beat of this worker, which would look dead.
   local f = redis.pcall("HMGET", KEYS[i], "worker", "msg_id", "attempts", "cancel_requested",

@@ -20,25 +20,36 @@
     KEYS[1] idempotency record in the key's home partition
             dtq:idempotency:{q#h}:<key>
 
-    ARGV[1] the task's id (of partition ARGV[2])
-    ARGV[2] the task's partition
-    ARGV[3] prefix of task hashes of the home partition, dtq:task:{q#h}:
-            (read, although not in KEYS, in this slot: see include/idem.lua)
-    ARGV[4] now (ms since epoch)
-    ARGV[5] the forward's TTL (s): the idempotency TTL and a margin, so
-            that it outlives the record the requeue may recreate after it
+    ARGV by name (the ARG_ locals below; store/dlq.rs, IDEM_FORWARD_ARGV):
+    ARG_TASK_ID      the task's id (of partition ARG_PARTITION)
+    ARG_PARTITION    the task's partition
+    ARG_TASK_PREFIX  prefix of task hashes of the home partition,
+                     dtq:task:{q#h}: (read, although not in KEYS, in this
+                     slot: see include/idem.lua)
+    ARG_NOW          now (ms since epoch)
+    ARG_TTL          the forward's TTL (s): the idempotency TTL and a
+                     margin, so that it outlives the record the requeue
+                     may recreate after it
 
   Output:
     {1, ""}      forwarded (a forward to this task was written or renewed)
     {-10, id}    the key names task `id` of this partition (or forwards to
                  another task): nothing written; the requeue is refused
 ]]
-local idemKey, taskId, partition, taskPrefix = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local ARG_TASK_ID = 1
+local ARG_PARTITION = 2
+local ARG_TASK_PREFIX = 3
+local ARG_NOW = 4
+local ARG_TTL = 5
+
+local idemKey = KEYS[1]
+local taskId, partition = ARGV[ARG_TASK_ID], tonumber(ARGV[ARG_PARTITION])
+local taskPrefix = ARGV[ARG_TASK_PREFIX]
 local other = idemTakenBy(idemKey, taskId, taskPrefix)
 if other then
   return {-10, other}
 end
 redis.call("SET", idemKey, cjson.encode({
-  forward = partition, task_id = taskId, updated_at = tonumber(ARGV[4]) }),
-  "EX", ARGV[5])
+  forward = partition, task_id = taskId, updated_at = tonumber(ARGV[ARG_NOW]) }),
+  "EX", ARGV[ARG_TTL])
 return {1, ""}

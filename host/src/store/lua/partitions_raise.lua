@@ -6,25 +6,34 @@
 
   Input:
     KEYS[1] partition count    dtq:partitions:{q#i}
-    KEYS[2] partition history  dtq:partition-history:{q#i} (written only when ARGV[2] == "1")
+    KEYS[2] partition history  dtq:partition-history:{q#i} (written only with ARG_KEEPS_HISTORY)
 
-    ARGV[1] the new count
-    ARGV[2] "1" for partition 0, which keeps the history of replaced counts
-    ARGV[3] until when (ms) keyed records routed by the replaced count may
-            still live: now plus the idempotency TTL
-    ARGV[4] now (ms since epoch): history entries that ended are dropped
+    ARGV by name (the ARG_ locals below; store/partitions.rs,
+    PARTITIONS_RAISE_ARGV):
+    ARG_COUNT          the new count
+    ARG_KEEPS_HISTORY  "1" for partition 0, which keeps the history of
+                       replaced counts
+    ARG_LIVE_UNTIL     until when (ms) keyed records routed by the replaced
+                       count may still live: now plus the idempotency TTL
+    ARG_NOW            now (ms since epoch): history entries that ended
+                       are dropped
 
   Output: the count in force after the call (a larger concurrent raise
   wins; a smaller or equal one changes nothing).
 ]]
+local ARG_COUNT = 1
+local ARG_KEEPS_HISTORY = 2
+local ARG_LIVE_UNTIL = 3
+local ARG_NOW = 4
+
 local current = tonumber(redis.call("GET", KEYS[1]) or "1")
-local count = tonumber(ARGV[1])
+local count = tonumber(ARGV[ARG_COUNT])
 if count <= current then
   return current
 end
 redis.call("SET", KEYS[1], count)
-if ARGV[2] == "1" then
-  redis.call("ZADD", KEYS[2], ARGV[3], current)
-  redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", "(" .. ARGV[4])
+if ARGV[ARG_KEEPS_HISTORY] == "1" then
+  redis.call("ZADD", KEYS[2], ARGV[ARG_LIVE_UNTIL], current)
+  redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", "(" .. ARGV[ARG_NOW])
 end
 return count

@@ -11,13 +11,18 @@
   Input:
     KEYS[1] the registry   dtq:queues
 
-    ARGV[1] the queue's name
-    ARGV[2] the most names the registry may hold
+    ARGV by name (the ARG_ locals below; store/mod.rs,
+    QUEUE_REGISTER_ARGV):
+    ARG_QUEUE  the queue's name
+    ARG_MAX    the most names the registry may hold
 
   Output: 1 when the name is in the registry (now or already), 0 when it is
   not and the registry is full.
 ]]
-local registry, queue, max = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local ARG_QUEUE = 1
+local ARG_MAX = 2
+
+local registry, queue, max = KEYS[1], ARGV[ARG_QUEUE], tonumber(ARGV[ARG_MAX])
 if redis.call("SISMEMBER", registry, queue) == 1 then
   return 1
 end

@@ -30,13 +30,15 @@
     KEYS[4 + 2i] task hash            dtq:task:{q}:<id>
     KEYS[5 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
-    ARGV[1] now (ms since epoch)
-    ARGV[2] idempotency TTL (s), for a record that expired
-    ARGV[3] events stream max length
-    ARGV[4] prefix of task hashes of this queue, dtq:task:{q}: (to tell
-            whether the task another record names still exists; read,
-            although not in KEYS, in this slot: see include/idem.lua)
-    then, per task i, 2 values from ARGV[5 + 2i]:
+    ARGV by name (the ARG_ locals below; store/dlq.rs, REQUEUE_ARGV):
+    ARG_NOW             now (ms since epoch)
+    ARG_IDEM_TTL        idempotency TTL (s), for a record that expired
+    ARG_EVENTS_MAX_LEN  events stream max length
+    ARG_TASK_PREFIX     prefix of task hashes of this queue, dtq:task:{q}:
+                        (to tell whether the task another record names
+                        still exists; read, although not in KEYS, in this
+                        slot: see include/idem.lua)
+    then, per task i, 2 values from ARG_TASKS + 2i:
       task id; "1" when the task has an idempotency key
 
   Output: one flat array, a code and a value per task, in order:
@@ -57,9 +59,15 @@
 
   Events: QUEUED for each task requeued.
 ]]
+local ARG_NOW = 1
+local ARG_IDEM_TTL = 2
+local ARG_EVENTS_MAX_LEN = 3
+local ARG_TASK_PREFIX = 4
+local ARG_TASKS = 5
+
 local dlqKey, streamKey, eventsKey = KEYS[1], KEYS[2], KEYS[3]
-local now, idemTtl, eventsMaxLen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local taskPrefix = ARGV[4]
+local now, idemTtl = ARGV[ARG_NOW], tonumber(ARGV[ARG_IDEM_TTL])
+local eventsMaxLen, taskPrefix = ARGV[ARG_EVENTS_MAX_LEN], ARGV[ARG_TASK_PREFIX]
 
 -- Archive the dead-lettered attempt `n` from the hash's fields, labelled
 -- "dead_lettered": it failed with no attempt left, or its worker died
@@ -124,6 +132,6 @@ end
 local out = {}
 for i = 0, (#KEYS - 3) / 2 - 1 do
   out[2 * i + 1], out[2 * i + 2] = requeueOne(KEYS[4 + 2 * i], KEYS[5 + 2 * i],
-    ARGV[5 + 2 * i], ARGV[6 + 2 * i] == "1")
+    ARGV[ARG_TASKS + 2 * i], ARGV[ARG_TASKS + 2 * i + 1] == "1")
 end
 return out

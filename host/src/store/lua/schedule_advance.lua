@@ -14,17 +14,25 @@
     KEYS[1] due set      dtq:schedule-due:{q}     name -> next tick (ms)
     KEYS[2] fired        dtq:schedule-fired:{q}   name -> last fired tick (JSON)
 
-    ARGV[1] schedule name
-    ARGV[2] the due time the caller read (ms)
-    ARGV[3] the next tick (ms), or "" when the schedule has none (it stays
-            defined and never fires)
-    ARGV[4] what was fired (JSON, the host's), or "" to leave it
+    ARGV by name (the ARG_ locals below; store/schedules.rs,
+    SCHEDULE_ADVANCE_ARGV):
+    ARG_NAME       schedule name
+    ARG_READ       the due time the caller read (ms)
+    ARG_NEXT_TICK  the next tick (ms), or "" when the schedule has none (it
+                   stays defined and never fires)
+    ARG_FIRED      what was fired (JSON, the host's), or "" to leave it
 
   Output: 1 when the due time moved, 0 when it was not the one read (or
   the schedule is gone).
 ]]
 local dueKey, firedKey = KEYS[1], KEYS[2]
-local name, read, nextTick, fired = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ARG_NAME = 1
+local ARG_READ = 2
+local ARG_NEXT_TICK = 3
+local ARG_FIRED = 4
+
+local name, read = ARGV[ARG_NAME], ARGV[ARG_READ]
+local nextTick, fired = ARGV[ARG_NEXT_TICK], ARGV[ARG_FIRED]
 
 local due = redis.call("ZSCORE", dueKey, name)
 if not due or tonumber(due) ~= tonumber(read) then

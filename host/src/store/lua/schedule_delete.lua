@@ -10,12 +10,16 @@
     KEYS[2] due set      dtq:schedule-due:{q}
     KEYS[3] fired        dtq:schedule-fired:{q}
 
-    ARGV[1] schedule name
+    ARGV by name (the ARG_ locals below; store/schedules.rs,
+    SCHEDULE_DELETE_ARGV):
+    ARG_NAME  schedule name
 
   Output: 1 when the schedule was deleted, 0 when there was none.
 ]]
 local schedulesKey, dueKey, firedKey = KEYS[1], KEYS[2], KEYS[3]
-local name = ARGV[1]
+local ARG_NAME = 1
+
+local name = ARGV[ARG_NAME]
 
 local deleted = redis.call("HDEL", schedulesKey, name)
 redis.call("ZREM", dueKey, name)

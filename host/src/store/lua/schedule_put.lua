@@ -13,14 +13,20 @@
     KEYS[1] schedules    dtq:schedules:{q}        name -> definition JSON
     KEYS[2] due set      dtq:schedule-due:{q}     name -> next tick (ms)
 
-    ARGV[1] schedule name
-    ARGV[2] definition (JSON, the host's; stored as it is)
-    ARGV[3] next tick (ms since epoch)
+    ARGV by name (the ARG_ locals below; store/schedules.rs,
+    SCHEDULE_PUT_ARGV):
+    ARG_NAME        schedule name
+    ARG_DEFINITION  definition (JSON, the host's; stored as it is)
+    ARG_NEXT_TICK   next tick (ms since epoch)
 
   Output: 1 when the schedule is new, 0 when it replaced one.
 ]]
+local ARG_NAME = 1
+local ARG_DEFINITION = 2
+local ARG_NEXT_TICK = 3
+
 local schedulesKey, dueKey = KEYS[1], KEYS[2]
-local name, definition, nextTick = ARGV[1], ARGV[2], ARGV[3]
+local name, definition, nextTick = ARGV[ARG_NAME], ARGV[ARG_DEFINITION], ARGV[ARG_NEXT_TICK]
 
 local created = redis.call("HSET", schedulesKey, name, definition)
 redis.call("ZADD", dueKey, nextTick, name)

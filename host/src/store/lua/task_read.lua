@@ -11,19 +11,25 @@
   Input:
     KEYS[1] ready stream   dtq:stream:{q}
     KEYS[2..] task hashes  dtq:task:{q}:<id>
-    ARGV[1] consumer group
-    ARGV[2..] the fields to read (HMGET); none for the whole hash (HGETALL)
+
+    ARGV by name (the ARG_ locals below; store/task_read.rs, TASK_READ_ARGV):
+    ARG_GROUP   consumer group
+    then from ARG_FIELDS, the fields to read (HMGET); none for the whole
+    hash (HGETALL)
 
   Output: one flat array, two values per task in order: its fields (as
   HMGET or HGETALL answer), and the consumer running its carried first
   attempt, or nil.
 ]]
-local streamKey, group = KEYS[1], ARGV[1]
+local ARG_GROUP = 1
+local ARG_FIELDS = 2
+
+local streamKey, group = KEYS[1], ARGV[ARG_GROUP]
 local out = {}
 for i = 2, #KEYS do
   local fields
-  if #ARGV > 1 then
-    fields = redis.call("HMGET", KEYS[i], unpack(ARGV, 2))
+  if #ARGV >= ARG_FIELDS then
+    fields = redis.call("HMGET", KEYS[i], unpack(ARGV, ARG_FIELDS))
   else
     fields = redis.call("HGETALL", KEYS[i])
   end

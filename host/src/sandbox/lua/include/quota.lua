@@ -17,9 +17,11 @@
 --                      its TTL ends (ms)
 --   KEYS[4] claimsKey  dtq:quota-claims:{<ns>}  sorted set: claim key ->
 --                      when it expires (ms); every live claim is in it
---   ARGV[1] the kv keys' prefix      dtq:guest:{<ns>}:
---   ARGV[2] the claims' prefix       dtq:claim:{<ns>}:
---   ARGV[3] the budget in bytes, "0" for none
+--   ARGV by name (the ARG_ locals below, the first of every such script's
+--   own; sandbox/quota.rs, argv):
+--   ARG_KV_PREFIX     the kv keys' prefix      dtq:guest:{<ns>}:
+--   ARG_CLAIM_PREFIX  the claims' prefix       dtq:claim:{<ns>}:
+--   ARG_BUDGET        the budget in bytes, "0" for none
 --
 -- Keys and claims that expire leave by themselves; `reconcile` takes them
 -- off the count a few at a time, on later writes, and all that are due
@@ -27,9 +29,14 @@
 -- shares its hash tag, so the keys built here from the prefixes are in the
 -- script's slot.
 
+local ARG_KV_PREFIX = 1
+local ARG_CLAIM_PREFIX = 2
+local ARG_BUDGET = 3
+
 local Q = {
   quotaKey = KEYS[2], ttlKey = KEYS[3], claimsKey = KEYS[4],
-  kvPrefix = ARGV[1], claimPrefix = ARGV[2], budget = tonumber(ARGV[3]),
+  kvPrefix = ARGV[ARG_KV_PREFIX], claimPrefix = ARGV[ARG_CLAIM_PREFIX],
+  budget = tonumber(ARGV[ARG_BUDGET]),
 }
 
 -- The bytes a kv key of name `suffix` holding `len` bytes is charged.
