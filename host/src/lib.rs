@@ -38,6 +38,8 @@
 //!   worker.
 //! - [`client`]: dtq's Rust client: typed calls to the HTTP API, a
 //!   task's wait and a queue's live events (what the `dtq` command uses).
+//! - [`telemetry`]: OpenTelemetry, off by default: spans over OTLP/HTTP
+//!   and the W3C trace context from a submission to its attempts.
 
 pub mod allocator;
 pub mod api;
@@ -52,6 +54,7 @@ pub mod metrics;
 pub mod sandbox;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod worker;
 
 pub use config::Config;

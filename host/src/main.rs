@@ -12,11 +12,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dtq_host::Config;
+use dtq_host::client::TaskQuery;
 use dtq_host::server::{self, Roles, ServerError};
 use tracing::info;
 
 use cli::args::{Cli, Command, HandlersCommand};
-use cli::print::print_json;
+use cli::print::{self, Format, print_json};
 use cli::{Failure, client, deploy, fail, queues, submit, watch};
 
 /// mimalloc: a worker allocates and frees a little per task on several
@@ -29,6 +30,7 @@ dtq_host::mimalloc_defaults!();
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    print::init(cli.json);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -43,11 +45,27 @@ fn main() -> ExitCode {
             error,
             answer,
         }) => {
-            if let Some(answer) = answer {
-                let _ = print_json(&answer);
-            }
+            print_answer(answer.as_ref());
             eprintln!("error: {}", one_line(&error));
             ExitCode::from(code)
+        }
+    }
+}
+
+/// The server's answer to a refused request: on stdout as JSON for a
+/// script; for a person, its details (the in-flight task of a 409, ...)
+/// on stderr before the error, which says the rest.
+fn print_answer(answer: Option<&serde_json::Value>) {
+    let Some(answer) = answer else { return };
+    match print::format() {
+        Format::Json => {
+            let _ = print_json(answer);
+        }
+        Format::Table => {
+            let details = &answer["error"]["details"];
+            if details.as_object().is_some_and(|d| !d.is_empty()) {
+                eprintln!("details: {details}");
+            }
         }
     }
 }
@@ -99,12 +117,18 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Tasks {
             queue,
             status,
+            task,
             limit,
             cursor,
             client: c,
         } => {
-            let (status, cursor) = (status.as_deref(), cursor.as_deref());
-            queues::tasks(client(c)?, &queue, status, limit, cursor).await
+            let query = TaskQuery {
+                status: status.as_deref(),
+                task: task.as_deref(),
+                limit,
+                cursor: cursor.as_deref(),
+            };
+            queues::tasks(client(c)?, &queue, &query).await
         }
         Command::Queues { queue, client: c } => queues::queues(client(c)?, queue.as_deref()).await,
         Command::Partitions {
@@ -136,7 +160,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
 /// Run the server's `roles` until SIGINT or SIGTERM; a server error with
 /// its exit code and its causes on one line.
 async fn serve(config: Config, roles: Roles) -> Result<(), Failure> {
-    server::init_tracing(&config.log_format);
+    server::init_tracing_with(&config);
     let shutdown = async {
         cli::shutdown_signal().await;
         info!("signal received: shutting down");

@@ -341,6 +341,7 @@ fn raw_task(queue: &str, task: &str) -> NewTask {
         now,
         run_at: now,
         expires_at: None,
+        traceparent: None,
     }
 }
 

@@ -40,6 +40,11 @@ use super::openapi::schemas::QueuePath;
 use super::routes::{read_limited, require_json, store_call, submitted, submitter};
 use crate::base::ErrorCode;
 use crate::ingest::{self, BatchRequest, IngestError, MAX_BATCH_BODY_BYTES};
+use crate::telemetry;
+use tracing::Instrument as _;
+
+/// The name of a batch's span: its tasks share its trace.
+const BATCH_SPAN: &str = "POST /v1/queues/{queue}/tasks/batch";
 
 /// The answer to a batch: one result per item, in the items' order.
 #[allow(dead_code)]
@@ -91,11 +96,13 @@ pub(super) async fn submit(
             .with_details(json!({"limit": limit}))
     };
     let body = read_limited(&shared, &headers, body, limit, too_large).await?;
+    let (span, trace) = telemetry::submission(BATCH_SPAN, &queue, &headers);
     let state = shared.state.clone();
-    let outcomes = store_call(&shared, async move {
-        submitter(&state).submit_batch(&queue, &body).await
-    })
-    .await?;
+    let submit = async move {
+        let submitter = submitter(&state, trace.as_deref());
+        submitter.submit_batch(&queue, &body).await
+    };
+    let outcomes = store_call(&shared, submit.instrument(span)).await?;
     let results: Vec<Value> = outcomes.into_iter().map(result).collect();
     Ok(Json(json!({"results": results})).into_response())
 }

@@ -1,7 +1,9 @@
 //! `GET /v1/queues/{queue}/tasks`: a queue's tasks, newest first, by
-//! status, a page at a time.
+//! status and task name, a page at a time.
 //!
-//! `?status=` (any status, case-insensitive; all without it), `?limit=` (1
+//! `?status=` (any status, case-insensitive; all without it), `?task=` (a
+//! task name, exactly; all without it; with `status`, both must match),
+//! `?limit=` (1
 //! to [`MAX_LIST_LIMIT`]), `?cursor=` (a previous page's `next_cursor`,
 //! opaque). How the tasks are found, and why a page may be short while
 //! `next_cursor` is not null, is the store's submission index
@@ -27,6 +29,7 @@ use super::openapi::ErrorBody;
 use super::openapi::schemas::{QueuePath, TaskPage};
 use super::routes::{authorized, list_limit, store_call};
 use crate::base::ErrorCode;
+use crate::ingest::validate_task_name;
 use crate::store::{LIST_SCAN_BUDGET, ListCursor, TaskStatus};
 
 /// The query of the listing.
@@ -41,6 +44,9 @@ pub(super) struct TaskListParams {
     /// every bad value gets `INVALID_LIMIT`.)
     #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
+    /// Only tasks of this name (the handler's), exactly. Read from each
+    /// task's record like the status, within the same scan budget.
+    task: Option<String>,
     /// A previous page's `next_cursor`, as it is.
     cursor: Option<String>,
 }
@@ -54,7 +60,7 @@ pub(super) struct TaskListParams {
     params(QueuePath, TaskListParams),
     responses(
         (status = 200, description = "A page of tasks, newest first", body = TaskPage),
-        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_STATUS`, `INVALID_LIMIT`, `INVALID_CURSOR`, `INVALID_QUERY`", body = ErrorBody),
+        (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_STATUS`, `INVALID_TASK_NAME`, `INVALID_LIMIT`, `INVALID_CURSOR`, `INVALID_QUERY`", body = ErrorBody),
     ),
     security(("bearer" = [])),
 )]
@@ -66,16 +72,23 @@ pub(super) async fn list(
 ) -> Result<Response, ApiError> {
     authorized(&shared.auth, &headers, Scope::Read, &queue)?;
     let status = params.status.as_deref().map(parse_status).transpose()?;
+    if let Some(task) = &params.task {
+        validate_task_name(task)?;
+    }
     let limit = list_limit(params.limit.as_deref())?;
     let cursor = params.cursor.as_deref().map(parse_cursor).transpose()?;
-    let (store, q) = (shared.state.store.clone(), queue.clone());
+    let (store, q, task) = (shared.state.store.clone(), queue.clone(), params.task);
+    let name = task.clone();
     let page = store_call(&shared, async move {
-        store.list_tasks(&q, status, limit, cursor).await
+        store
+            .list_tasks(&q, status, name.as_deref(), limit, cursor)
+            .await
     })
     .await?;
     Ok(Json(json!({
         "queue": queue,
         "status": status,
+        "task": task,
         "tasks": page.tasks,
         "next_cursor": page.next_cursor.map(|c| c.to_string()),
     }))

@@ -500,6 +500,8 @@ pub(super) mod schemas {
         queue: String,
         /// The status asked for, if any.
         status: Option<TaskStatus>,
+        /// The task name asked for, if any.
+        task: Option<String>,
         /// May be short, even empty, while `next_cursor` is not null.
         tasks: Vec<TaskSummary>,
         /// Pass back as `cursor` for the next page; null at the end.
@@ -565,6 +567,9 @@ pub(super) mod schemas {
     #[derive(ToSchema)]
     pub(in crate::api) struct QueueEvent {
         task_id: String,
+        /// The task's name (its handler), read from its record when the
+        /// event is sent; null once the record is gone (expired, purged).
+        task: Option<String>,
         /// The task's new status; or `PROGRESS`, a progress report of its
         /// running attempt (with `--events all`).
         status: String,

@@ -31,6 +31,8 @@ use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::ingest::{self, Deployed, Handlers, KeyHeader, Submitter, validate_queue_name};
 use crate::store::{CancelOutcome, RequeueOutcome};
+use crate::telemetry;
+use tracing::Instrument as _;
 
 type ApiResult = Result<Response, ApiError>;
 
@@ -183,11 +185,13 @@ pub(super) async fn submit(
             .to_str()
             .map_or(KeyHeader::NotText, |key| KeyHeader::Key(key.to_owned())),
     };
+    let (span, trace) = telemetry::submission(SUBMIT_SPAN, &queue, &headers);
     let state = shared.state.clone();
-    let done = store_call(&shared, async move {
-        submitter(&state).submit(&queue, key_header, &body).await
-    })
-    .await?;
+    let submit = async move {
+        let submitter = submitter(&state, trace.as_deref());
+        submitter.submit(&queue, key_header, &body).await
+    };
+    let done = store_call(&shared, submit.instrument(span)).await?;
     Ok(submitted(done).into_response())
 }
 
@@ -208,12 +212,20 @@ pub(super) fn submitted(done: ingest::Submitted) -> (StatusCode, Json<Value>) {
     (status, Json(body))
 }
 
-/// The submission path on the API's store, limits and handlers.
-pub(super) fn submitter(state: &ApiState) -> Submitter<'_, ApiState> {
+/// The name of a submission's span (see [`telemetry::submission`]).
+const SUBMIT_SPAN: &str = "POST /v1/queues/{queue}/tasks";
+
+/// The submission path on the API's store, limits and handlers, its tasks
+/// carrying `trace` (see [`Submitter::trace`]).
+pub(super) fn submitter<'a>(
+    state: &'a ApiState,
+    trace: Option<&'a str>,
+) -> Submitter<'a, ApiState> {
     Submitter {
         store: &state.store,
         settings: &state.ingest,
         handlers: state,
+        trace,
     }
 }
 

@@ -28,9 +28,23 @@ Exit codes:
 /// commands can also be set by a `DTQ_*` environment variable (the Redis URL
 /// by `DTQ_REDIS_URL`, the handlers directory by `DTQ_HANDLERS`, ...); `dtq
 /// serve --help` shows each one.
+///
+/// The client commands print tables with local times when stdout is a
+/// terminal, and JSON (what scripts read) when it is not, or with --json.
 #[derive(Parser)]
 #[command(name = "dtq", version, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
+    /// Print answers as JSON (events as JSON lines) even on a terminal,
+    /// where tables with local times are printed otherwise. Output that is
+    /// not a terminal (a pipe, a file) is always JSON. `DTQ_JSON=1` (any
+    /// value but empty, 0, false, no, off) does the same.
+    #[arg(
+        long,
+        global = true,
+        env = "DTQ_JSON",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -47,6 +61,12 @@ pub(crate) enum Command {
     #[command(after_help = SERVER_EXIT_CODES)]
     Api(Config),
     /// Submit a task through the API and print the response.
+    ///
+    /// With --wait, follow the task until it ends and print its record;
+    /// with -k KEY too, a key whose task is still in flight (409
+    /// IDEMPOTENCY_IN_PROGRESS) is followed the same way, that task's
+    /// record printed. A warning on stderr says when no live worker
+    /// consumes the queue (the task waits until one does).
     #[command(after_help = EXIT_CODES)]
     Submit(SubmitArgs),
     /// Submit the tasks of a file of JSON lines, each line a submission
@@ -75,6 +95,10 @@ pub(crate) enum Command {
     },
     /// List a queue's tasks, newest first: one page, and the cursor of the
     /// next (`next_cursor`, null at the end).
+    ///
+    /// A filtered listing (--status, --task) reads at most 2000 tasks per
+    /// request, so a page may be short, even empty, while a cursor says
+    /// there is more: pass it with --cursor to go on.
     Tasks {
         /// The queue.
         queue: String,
@@ -82,6 +106,9 @@ pub(crate) enum Command {
         /// SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, EXPIRED).
         #[arg(long)]
         status: Option<String>,
+        /// Only tasks of this name (the handler's), exactly.
+        #[arg(long, value_name = "NAME")]
+        task: Option<String>,
         /// Tasks per page, 1 to 1000 (server default 100).
         #[arg(long)]
         limit: Option<u32>,
@@ -91,15 +118,17 @@ pub(crate) enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print a queue's events as they happen, one JSON object per line
-    /// (`id`, `event`, `task_id`, `status`, `attempt`, `at`), until
-    /// interrupted. A dropped connection is resumed where it left off; an
-    /// `event: gap` line says events were trimmed before they were read.
+    /// Print a queue's events as they happen until interrupted: on a
+    /// terminal one line each (local time, status, task name, task id,
+    /// attempt), else (or with --json) one JSON object per line (`id`,
+    /// `event`, `task_id`, `task`, `status`, `attempt`, `at`). A dropped
+    /// connection is resumed where it left off; a `gap` event says events
+    /// were trimmed before they were read.
     Watch {
         /// The queue.
         queue: String,
-        /// Only this task's events.
-        #[arg(long)]
+        /// Only the events of this task (its id).
+        #[arg(long, value_name = "TASK_ID")]
         task: Option<String>,
         /// Start after this event id (a line's `id`) instead of with new
         /// events.
@@ -159,8 +188,9 @@ pub(crate) enum Command {
     /// live worker runs it (--wait-s) and prints the rollout.
     #[command(after_help = DEPLOY_HELP)]
     Deploy(DeployArgs),
-    /// Show the deployed handlers and what each live worker runs; `history
-    /// TASK` shows a task's versions.
+    /// Show the deployed handlers and the fleet: each live worker, the
+    /// queues it consumes and the handlers it runs; `history TASK` shows a
+    /// task's versions.
     Handlers {
         #[command(subcommand)]
         command: Option<HandlersCommand>,
@@ -394,7 +424,9 @@ pub(crate) struct SubmitArgs {
     /// ms since the Unix epoch. Not with --delay-ms.
     #[arg(long, conflicts_with = "delay_ms")]
     pub(crate) run_at: Option<String>,
-    /// Wait for the task to finish and print its final record.
+    /// Wait for the task to finish and print its final record (exit code
+    /// 4 if it did not succeed, 5 if it had not ended by --wait-timeout-s).
+    /// With -k, a task of the key still in flight is waited for instead.
     #[arg(long)]
     pub(crate) wait: bool,
     /// With --wait: give up after this many seconds.

@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::args::DeployArgs;
-use super::print::print_json;
+use super::print::show;
+use super::table::View;
 use super::{Failure, client, fail};
 
 /// One handler to deploy: its task, module file and settings.
@@ -85,8 +86,8 @@ pub(crate) async fn deploy(args: DeployArgs) -> Result<(), Failure> {
         rolled.push(RolledOut { deployed, rollout });
     }
     match rolled.as_slice() {
-        [one] if args.manifest.is_none() => print_json(one),
-        all => print_json(&all),
+        [one] if args.manifest.is_none() => show(View::Record, one),
+        all => show(View::Record, &all),
     }
 }
 
@@ -195,19 +196,19 @@ async fn rollout(
 /// `dtq handlers [history TASK]`.
 pub(crate) async fn handlers(api: Client, history_of: Option<&str>) -> Result<(), Failure> {
     match history_of {
-        Some(task) => print_json(&api.handler_history(task).await?),
-        None => print_json(&api.handlers().await?),
+        Some(task) => show(View::History, &api.handler_history(task).await?),
+        None => show(View::Handlers, &api.handlers().await?),
     }
 }
 
 /// `dtq rollback`.
 pub(crate) async fn rollback(api: Client, task: &str, to: Option<String>) -> Result<(), Failure> {
-    print_json(&api.rollback(task, to).await?)
+    show(View::Record, &api.rollback(task, to).await?)
 }
 
 /// `dtq undeploy`.
 pub(crate) async fn undeploy(api: Client, task: &str) -> Result<(), Failure> {
-    print_json(&api.undeploy(task).await?)
+    show(View::Record, &api.undeploy(task).await?)
 }
 
 /// `dtq keygen NAME`: write the pair, print where and the public line.
@@ -224,9 +225,12 @@ pub(crate) fn keygen(path: &Path) -> Result<(), Failure> {
         })?;
     let key = SigningKeyFile::generate(name);
     let public = key.write(path).map_err(|e| fail(2, e))?;
-    print_json(&json!({
-        "private": path.display().to_string(),
-        "public": public.display().to_string(),
-        "key": key.public_line(),
-    }))
+    show(
+        View::Record,
+        &json!({
+            "private": path.display().to_string(),
+            "public": public.display().to_string(),
+            "key": key.public_line(),
+        }),
+    )
 }

@@ -8,13 +8,15 @@
 //! - [`deploy`]: `deploy` (a module or a manifest) and its rollout,
 //!   `handlers`, `rollback`, `undeploy`, `keygen`;
 //! - [`watch`]: the `watch` command;
-//! - [`print`](mod@print): what goes to stdout.
+//! - [`print`](mod@print): what goes to stdout, tables or JSON;
+//! - [`table`]: the tables, for a person at a terminal.
 
 pub(crate) mod args;
 pub(crate) mod deploy;
 pub(crate) mod print;
 pub(crate) mod queues;
 pub(crate) mod submit;
+pub(crate) mod table;
 pub(crate) mod watch;
 
 use dtq_host::client::{Client, ClientError};

@@ -1,4 +1,5 @@
-//! `dtq watch`: a queue's events as JSON lines until interrupted.
+//! `dtq watch`: a queue's events, each with its task's name, as lines
+//! (JSON lines for a script) until interrupted.
 
 use dtq_host::client::events::{Interruption, Watched};
 use dtq_host::client::{Client, ClientError};
@@ -6,8 +7,8 @@ use dtq_host::client::{Client, ClientError};
 use super::print::print_event_line;
 use super::{Failure, fail, shutdown_signal};
 
-/// Print `queue`'s events (of `task`, if given) as JSON lines until
-/// SIGINT or SIGTERM, or until the reader of stdout leaves. The first
+/// Print `queue`'s events (of task id `task`, if given), one a line
+/// ([`print_event_line`]), until SIGINT or SIGTERM, or until the reader of stdout leaves. The first
 /// connection's failure is the command's (its error body printed, its
 /// exit code); once connected, an unreachable or overloaded server is
 /// waited out with a warning on stderr, and stdout keeps only event lines.

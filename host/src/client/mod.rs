@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::deploy::DeploySettings;
+use crate::deploy::{DeploySettings, FleetReport};
 use crate::ingest::SubmitRequest;
 use crate::store::BulkRequeue;
 pub use events::Watch;
@@ -256,20 +256,18 @@ impl Client {
     }
 
     /// `GET /v1/queues/{queue}/tasks`: a page of the queue's tasks, newest
-    /// first, of `status` if given.
-    pub async fn tasks(
-        &self,
-        queue: &str,
-        status: Option<&str>,
-        limit: Option<u32>,
-        cursor: Option<&str>,
-    ) -> Result<TaskPage, ClientError> {
+    /// first, those `query` asks for (of a status, of a name, after a
+    /// cursor). A filtered page may be short, even empty, while its
+    /// `next_cursor` says there is more (the server reads a bounded number
+    /// of tasks per request).
+    pub async fn tasks(&self, queue: &str, query: &TaskQuery<'_>) -> Result<TaskPage, ClientError> {
         let mut url = self.url(&["queues", queue, "tasks"])?;
-        let limit = limit.map(|n| n.to_string());
+        let limit = query.limit.map(|n| n.to_string());
         let pairs = [
-            ("status", status),
+            ("status", query.status),
+            ("task", query.task),
             ("limit", limit.as_deref()),
-            ("cursor", cursor),
+            ("cursor", query.cursor),
         ];
         add_query(&mut url, &pairs);
         self.answer(self.http.get(url.clone()), url).await
@@ -359,6 +357,13 @@ impl Client {
     /// worker runs.
     pub async fn handlers(&self) -> Result<HandlerList, ClientError> {
         self.call(Method::GET, &["handlers"], None::<&()>).await
+    }
+
+    /// The live workers that consume `queue`, from the fleet report of
+    /// `GET /v1/handlers`: none means its tasks wait until one does.
+    pub async fn consumers(&self, queue: &str) -> Result<Vec<FleetReport>, ClientError> {
+        let workers = self.handlers().await?.workers;
+        Ok(workers.into_iter().filter(|w| consumes(w, queue)).collect())
     }
 
     /// `GET /v1/handlers/{task}`: a task's active version and history.
@@ -469,6 +474,17 @@ impl Client {
             None => req,
         }
     }
+}
+
+/// Whether `worker` consumes `queue`: it names it in its queues, alone or
+/// with a weight (`queue:6`).
+fn consumes(worker: &FleetReport, queue: &str) -> bool {
+    worker.queues.iter().any(|q| {
+        q == queue
+            || q.strip_prefix(queue)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Add the pairs that have a value to `url`'s query.
@@ -594,6 +610,20 @@ mod tests {
         let mut bare = client("http://h").url(&["queues"]).expect("a URL");
         add_query(&mut bare, &[("status", None)]);
         assert_eq!(bare.as_str(), "http://h/v1/queues");
+    }
+
+    #[test]
+    fn a_worker_consumes_the_queues_it_names_weighted_or_not() {
+        let worker = FleetReport {
+            queues: vec!["default".into(), "high:6".into(), "a:b".into()],
+            ..FleetReport::default()
+        };
+        for queue in ["default", "high", "high:6", "a:b"] {
+            assert!(consumes(&worker, queue), "{queue}");
+        }
+        for queue in ["defaul", "a", "low", "high:"] {
+            assert!(!consumes(&worker, queue), "{queue}");
+        }
     }
 
     #[test]

@@ -62,6 +62,21 @@ pub struct BatchResult {
     pub body: Value,
 }
 
+/// Which tasks of a queue a listing asks for
+/// ([`Client::tasks`](super::Client::tasks)): every one, newest first, by
+/// default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskQuery<'a> {
+    /// Only tasks of this status (any case).
+    pub status: Option<&'a str>,
+    /// Only tasks of this name, exactly.
+    pub task: Option<&'a str>,
+    /// Tasks per page, 1 to 1000 (the server's default 100).
+    pub limit: Option<u32>,
+    /// After this page: its `next_cursor`.
+    pub cursor: Option<&'a str>,
+}
+
 /// One page of a queue's tasks, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskPage {
@@ -69,6 +84,10 @@ pub struct TaskPage {
     pub queue: String,
     /// The status asked for, if any.
     pub status: Option<TaskStatus>,
+    /// The task name asked for, if any (absent from older servers'
+    /// answers).
+    #[serde(default)]
+    pub task: Option<String>,
     /// The tasks of the page, as sent.
     pub tasks: Vec<Value>,
     /// The cursor of the next page; `None` at the end.

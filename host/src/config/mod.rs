@@ -12,6 +12,7 @@
 //! - [`GuestConfig`]: what a handler call may use (the sandbox's limits).
 //! - [`DeployConfig`]: the handlers directory, the reload, signed modules.
 //! - [`ApiConfig`]: the listener, the tokens, the connection limits.
+//! - [`TelemetryConfig`]: tracing's OTLP endpoint and service name.
 //!
 //! The server hands each room its part ([`Config::worker`],
 //! [`Config::api_settings`], [`Config::sandbox_config`], ...).
@@ -21,6 +22,7 @@ mod deploy;
 mod sandbox;
 mod store;
 mod submit;
+mod telemetry;
 mod worker;
 
 pub use api::ApiConfig;
@@ -28,6 +30,7 @@ pub use deploy::DeployConfig;
 pub use sandbox::GuestConfig;
 pub use store::{Events, StoreConfig};
 pub use submit::SubmitConfig;
+pub use telemetry::TelemetryConfig;
 pub use worker::WorkerConfig;
 
 use clap::Args;
@@ -65,6 +68,10 @@ pub struct Config {
     /// The API's flags.
     #[command(flatten)]
     pub api: ApiConfig,
+
+    /// Tracing's flags.
+    #[command(flatten)]
+    pub telemetry: TelemetryConfig,
 
     /// Log format on stderr: `text` (coloured only on a terminal) or `json`
     /// (one object per line: timestamp, level, target, message and the
@@ -134,6 +141,7 @@ impl Config {
         self.deploy.check()?;
         self.sandbox.check()?;
         self.submit.check()?;
+        self.telemetry.check()?;
         self.api.check()
     }
 
@@ -191,6 +199,14 @@ pub enum ConfigError {
     /// `--queues` is empty.
     #[error("--queues names no queue")]
     NoQueue,
+    /// A value of the wrong form.
+    #[error("{flag}: {reason}")]
+    Invalid {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// A name in `--queues` is not a valid queue name.
     #[error("--queues: {queue:?}: {reason}")]
     Queue {

@@ -223,6 +223,10 @@ pub struct Submitter<'a, H> {
     pub settings: &'a IngestSettings,
     /// Which tasks are deployed, and their defaults.
     pub handlers: &'a H,
+    /// The W3C `traceparent` the request's tasks carry to their attempts
+    /// (the API's span when it traces, else the one the request sent), or
+    /// `None`: nothing is stored for it.
+    pub trace: Option<&'a str>,
 }
 
 impl<H: Handlers> Submitter<'_, H> {
@@ -241,16 +245,14 @@ impl<H: Handlers> Submitter<'_, H> {
         let deployed = self.handlers.deployed(&req.task).await?;
         handlers::apply(&mut req, deployed);
         let known = deployed.is_some();
-        let done = submit(
-            self.store,
-            self.settings,
-            queue,
-            header_key.as_deref(),
-            req,
-            |_| known,
-        )
-        .await?;
-        Ok(done)
+        let mut new = prepare(self.settings, queue, header_key.as_deref(), req, |_| known)?;
+        new.traceparent = self.trace.map(str::to_owned);
+        let outcome = self
+            .store
+            .submit(&mut new, self.settings.max_queue_depth)
+            .await
+            .map_err(IngestError::from)?;
+        Ok(settle(new, outcome)?)
     }
 
     /// Submit the body of `POST /v1/queues/{queue}/tasks/batch` (after
@@ -266,9 +268,16 @@ impl<H: Handlers> Submitter<'_, H> {
         let mut items = parse_batch_body(body)?;
         let known = handlers::apply_to_batch(self.handlers, &mut items).await?;
         let has_handler = |task: &str| known.get(task).is_some_and(Option::is_some);
-        let outcomes = submit_batch(self.store, self.settings, queue, items, has_handler)
-            .await
-            .map_err(IngestError::from)?;
+        let outcomes = run_batch(
+            self.store,
+            self.settings,
+            queue,
+            items,
+            has_handler,
+            self.trace,
+        )
+        .await
+        .map_err(IngestError::from)?;
         Ok(outcomes)
     }
 }
@@ -317,11 +326,24 @@ pub async fn submit_batch(
     items: Vec<Result<SubmitRequest, IngestError>>,
     has_handler: impl Fn(&str) -> bool,
 ) -> Result<Vec<Result<Submitted, IngestError>>, StoreError> {
+    run_batch(store, settings, queue, items, has_handler, None).await
+}
+
+/// [`submit_batch`], each task carrying `trace` (see [`Submitter::trace`]).
+async fn run_batch(
+    store: &Store,
+    settings: &IngestSettings,
+    queue: &str,
+    items: Vec<Result<SubmitRequest, IngestError>>,
+    has_handler: impl Fn(&str) -> bool,
+    trace: Option<&str>,
+) -> Result<Vec<Result<Submitted, IngestError>>, StoreError> {
     let mut outcomes: Vec<Option<Result<Submitted, IngestError>>> = Vec::new();
     let (mut tasks, mut slots) = (Vec::new(), Vec::new());
     for item in items {
         match item.and_then(|req| prepare(settings, queue, None, req, &has_handler)) {
-            Ok(new) => {
+            Ok(mut new) => {
+                new.traceparent = trace.map(str::to_owned);
                 slots.push(outcomes.len());
                 tasks.push(new);
                 outcomes.push(None);
@@ -388,6 +410,7 @@ fn prepare(
         now,
         run_at,
         expires_at,
+        traceparent: None,
     })
 }
 

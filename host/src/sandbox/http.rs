@@ -11,6 +11,7 @@
 //! | at most [`Limits::max_http_requests`] requests per call, counted with the other host calls | `connection-limit-reached` |
 //! | request body at most [`Limits::max_payload_bytes`] | `HTTP-request-body-size` |
 //! | the response within [`Limits::http_timeout`] and the call's deadline | `connection-timeout` / `HTTP-response-timeout` |
+//! | the handler's own `request-options` (connect, first byte, between bytes), where smaller (`timeouts.rs`) | `connection-timeout` / `connection-read-timeout` |
 //! | response body at most [`Limits::max_http_response_bytes`] | `HTTP-response-body-size` (at once when `Content-Length` says so, else when the body crosses it) |
 //!
 //! Redirects are not followed (a guest sees the 3xx and may ask for the new
@@ -24,7 +25,9 @@
 //! no other handler can compute it. A guest that sets the header itself
 //! keeps its own, unless it starts with the host's `dtq-`: that request is
 //! denied, so no handler can send a key the host made for another
-//! namespace. Each request is one line of the
+//! namespace. Traced (see [`crate::telemetry`]), each request is a span,
+//! a child of the attempt's, and carries its `traceparent` downstream
+//! unless the handler set one. Each request is one line of the
 //! task log: method, scheme, host and port, status or error, duration; never
 //! a path, a header or a body. Cancelling or interrupting the call drops the
 //! requests in flight with its store.
@@ -44,6 +47,9 @@ use super::allow::{default_port, is_public};
 use super::call::LoadedHandler;
 use super::fleet_secret::{self, FleetSecret};
 use super::log::TaskLog;
+use super::timeouts::{self, ConnectTimedOut, GuestConnect, GuestTimeouts};
+use crate::telemetry;
+use tracing::{Instrument as _, Span};
 
 /// The header a request inside an idempotent operation carries.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -92,6 +98,7 @@ impl Clients {
                 .no_proxy()
                 .pool_idle_timeout(Duration::from_secs(60))
                 .user_agent(concat!("dtq/", env!("CARGO_PKG_VERSION")))
+                .connector_layer(GuestConnect)
         };
         Ok(Clients {
             public: builder().dns_resolver(Arc::new(PublicOnly)).build()?,
@@ -143,7 +150,11 @@ impl OutboundHttp {
     /// names it (`GET https://host:443`) and the operation whose key it is
     /// to carry (none when outside one or the guest set its own); the error
     /// goes to the guest, and is logged.
-    fn prepare(&mut self, request: http::Request<WasiBody>) -> Result<Prepared, HttpError> {
+    fn prepare(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<&RequestOptions>,
+    ) -> Result<Prepared, HttpError> {
         let uri = request.uri();
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         let host = uri.host().unwrap_or_default().to_owned();
@@ -177,6 +188,7 @@ impl OutboundHttp {
         if timeout.is_zero() {
             return Err(HttpError::ConnectionTimeout);
         }
+        let guest_timeouts = GuestTimeouts::under(options, timeout);
 
         let (parts, body) = request.into_parts();
         let mut headers = parts.headers;
@@ -203,6 +215,7 @@ impl OutboundHttp {
         } else {
             &handler.http.public
         };
+        let span = request_span(&parts.method, &scheme, &host, port, &mut headers);
         let url = parts.uri.to_string();
         let builder = client
             .request(parts.method, url)
@@ -213,8 +226,33 @@ impl OutboundHttp {
             builder,
             body,
             operation,
+            timeouts: guest_timeouts,
+            span,
         })
     }
+}
+
+/// The span of one outbound request, traced (see [`crate::telemetry`]): a
+/// child of the attempt's, its `traceparent` added to `headers` unless the
+/// handler set one. `Span::none()` when tracing is off.
+fn request_span(
+    method: &http::Method,
+    scheme: &str,
+    host: &str,
+    port: u16,
+    headers: &mut http::HeaderMap,
+) -> Span {
+    if !telemetry::enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(target: telemetry::TARGET, "http_request",
+        otel.name = %method, otel.kind = "client", http.request.method = %method,
+        url.scheme = %scheme, server.address = %host, server.port = port,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty, trace_id = tracing::field::Empty);
+    telemetry::adopt(&span, None);
+    telemetry::inject(&span, headers);
+    span
 }
 
 /// A request checked and ready to send.
@@ -225,6 +263,10 @@ struct Prepared {
     body: WasiBody,
     /// The operation whose `Idempotency-Key` it is to carry.
     operation: Option<String>,
+    /// The handler's own timeouts, those under the operator's.
+    timeouts: GuestTimeouts,
+    /// Its span, when traced.
+    span: Span,
 }
 
 /// Add the `Idempotency-Key` of `operation` of `handler`'s namespace; the
@@ -258,14 +300,25 @@ async fn with_key(
     }
 }
 
-/// A reqwest error as the wasi:http error a guest gets.
-fn guest_error(e: &reqwest::Error) -> HttpError {
+/// The error of type `T` in `e`'s chain of causes, if there is one.
+fn cause<T: std::error::Error + 'static>(e: &reqwest::Error) -> Option<&T> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if err.is::<NotPublic>() {
-            return HttpError::DestinationIpProhibited;
+        if let Some(found) = err.downcast_ref::<T>() {
+            return Some(found);
         }
         source = err.source();
+    }
+    None
+}
+
+/// A reqwest error as the wasi:http error a guest gets.
+fn guest_error(e: &reqwest::Error) -> HttpError {
+    if cause::<NotPublic>(e).is_some() {
+        return HttpError::DestinationIpProhibited;
+    }
+    if cause::<ConnectTimedOut>(e).is_some() {
+        return HttpError::ConnectionTimeout;
     }
     if e.is_timeout() {
         if e.is_connect() {
@@ -284,7 +337,7 @@ impl WasiHttpHooks for OutboundHttp {
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,
-        _options: Option<RequestOptions>,
+        options: Option<RequestOptions>,
         _body_sent: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<
         dyn Future<
@@ -298,16 +351,37 @@ impl WasiHttpHooks for OutboundHttp {
             > + Send,
     > {
         let started = Instant::now();
-        let prepared = self.prepare(request);
+        let prepared = self.prepare(request, options.as_ref());
+        let span = match &prepared {
+            Ok(prepared) => prepared.span.clone(),
+            Err(_) => Span::none(),
+        };
+        let traced = span.clone();
         let log = self.log.clone();
         let handler = self.handler.clone();
-        Box::new(async move {
-            let response = send(prepared?, &handler, &log, started).await?;
-            let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
-                Box::new(async { Ok(()) });
-            Ok((response, io))
-        })
+        // wasmtime-wasi-http runs it on a task of its own: the span goes
+        // with it.
+        Box::new(
+            async move {
+                let response = send(prepared?, &handler, &log, started).await;
+                if !traced.is_none() {
+                    record_result(&traced, &response);
+                }
+                let io: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
+                    Box::new(async { Ok(()) });
+                Ok((response?, io))
+            }
+            .instrument(span),
+        )
     }
+}
+
+/// Record how a traced request ended in its `span`.
+fn record_result(span: &Span, response: &Result<http::Response<WasiBody>, HttpError>) {
+    match response {
+        Ok(response) => span.record("http.response.status_code", response.status().as_u16()),
+        Err(_) => span.record("otel.status_code", "ERROR"),
+    };
 }
 
 /// Send `prepared` for `handler` (with its operation's `Idempotency-Key`,
@@ -324,6 +398,8 @@ async fn send(
         mut builder,
         body,
         operation,
+        timeouts,
+        span: _,
     } = prepared;
     if let Some(operation) = operation {
         builder = with_key(builder, handler, &operation, log, &target).await?;
@@ -333,16 +409,35 @@ async fn send(
         .await
         .map_err(|_| HttpError::HttpRequestBodySize(None))?
         .to_bytes();
-    let response = match builder.body(body).send().await {
-        Ok(response) => response,
-        Err(e) => {
+    let response = match timeouts::send_within(timeouts, builder.body(body).send()).await {
+        Ok(Ok(response)) => response,
+        Err((error, option, value)) => {
+            let ms = started.elapsed().as_millis().to_string();
+            let value = value.as_millis().to_string();
+            log.line([
+                "[dtq] http: ",
+                &target,
+                " failed: no response within the handler's ",
+                option,
+                " of ",
+                &value,
+                " ms (",
+                &ms,
+                " ms)",
+            ]);
+            return Err(error);
+        }
+        Ok(Err(e)) => {
             let error = guest_error(&e);
             let ms = started.elapsed().as_millis().to_string();
+            // The handler's own timeout says itself; reqwest's text would
+            // name only the URL.
+            let why = cause::<ConnectTimedOut>(&e).map_or_else(|| e.to_string(), |t| t.to_string());
             log.line([
                 "[dtq] http: ",
                 &target,
                 " failed: ",
-                &e.to_string(),
+                &why,
                 " (",
                 &ms,
                 " ms)",
@@ -363,6 +458,7 @@ async fn send(
     guest_response(
         response,
         handler.limits.max_http_response_bytes,
+        timeouts.between_bytes,
         log,
         &target,
     )
@@ -370,10 +466,12 @@ async fn send(
 
 /// `response` as the guest reads it: refused at once when its
 /// `Content-Length` is over `max_response`, else its body streamed and
-/// failed when it crosses `max_response`.
+/// failed when it crosses `max_response`, or when its next chunk takes
+/// longer than the handler's `between_bytes` timeout.
 fn guest_response(
     response: reqwest::Response,
     max_response: usize,
+    between_bytes: Option<Duration>,
     log: &TaskLog,
     target: &str,
 ) -> Result<http::Response<WasiBody>, HttpError> {
@@ -390,9 +488,33 @@ fn guest_response(
     if let Some(headers) = builder.headers_mut() {
         *headers = response.headers().clone();
     }
+    let chunks = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(|e| guest_error(&e)))
+        .boxed();
+    let chunks = match between_bytes {
+        Some(gap) => {
+            let (log, target) = (log.clone(), target.to_owned());
+            timeouts::with_gap(chunks, gap)
+                .inspect(move |chunk| {
+                    if let Err(HttpError::ConnectionReadTimeout) = chunk {
+                        let ms = gap.as_millis().to_string();
+                        log.line([
+                            "[dtq] http: ",
+                            &target,
+                            " body stalled: no bytes within the handler's between-bytes-timeout of ",
+                            &ms,
+                            " ms",
+                        ]);
+                    }
+                })
+                .boxed()
+        }
+        None => chunks,
+    };
     let mut seen = 0usize;
-    let stream = response.bytes_stream().map(move |chunk| {
-        let chunk: Bytes = chunk.map_err(|e| guest_error(&e))?;
+    let stream = chunks.map(move |chunk| {
+        let chunk: Bytes = chunk?;
         seen += chunk.len();
         if seen > max_response {
             return Err(HttpError::HttpResponseBodySize(Some(max_response as u64)));

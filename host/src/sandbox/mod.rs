@@ -41,7 +41,7 @@
 //! | sending another namespace's downstream `Idempotency-Key` first | keys are HMAC-SHA256 under the fleet secret, and a guest's own key may not start with `dtq-` (`fleet_secret.rs`) | `HTTP-request-denied` |
 //! | files, environment, raw network | WASI with no preopens, no env, no args, no sockets or name lookup | the WASI call fails |
 //! | reaching hosts it should not (SSRF, cloud metadata) | outbound HTTP only through `wasi:http`, to the operator's [`AllowList`]; host names reach public addresses only, no redirects followed (`http.rs`) | `HTTP-request-denied`, `destination-IP-prohibited` |
-//! | slow or huge responses, request floods | [`Limits::http_timeout`] (and the deadline), [`Limits::max_http_response_bytes`], [`Limits::max_http_requests`] | the request fails with its wasi:http error code |
+//! | slow or huge responses, request floods | [`Limits::http_timeout`] (and the deadline), [`Limits::max_http_response_bytes`], [`Limits::max_http_requests`]; a handler's own smaller timeouts (`timeouts.rs`) | the request fails with its wasi:http error code |
 //! | a task that must stop now | [`CancelHandle`] (epoch callback + the same wait as the deadline) | [`Trap::Cancelled`] |
 //!
 //! Epochs cannot be avoided by wasm code, but (see wasmtime's `Config`
@@ -66,6 +66,8 @@
 //!   public.
 //! - `http.rs`: outbound HTTP (`wasi:http/outgoing-handler`): the
 //!   allow-list applied, the host's client, limits and `Idempotency-Key`.
+//! - `timeouts.rs`: a handler's own timeouts for a request (wasi:http
+//!   `request-options`), honoured under the operator's.
 //! - `quota.rs`: what a namespace's Redis budget charges, and the
 //!   scripts that keep the count.
 //! - `fleet_secret.rs`: the fleet's secret and the downstream
@@ -92,6 +94,7 @@ mod outcome;
 mod progress;
 mod quota;
 mod settings;
+mod timeouts;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

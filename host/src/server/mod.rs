@@ -71,10 +71,13 @@ pub async fn run(
     roles: Roles,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    Server::prepare(config, roles)
-        .await?
-        .serve(None, shutdown)
-        .await
+    let ran = match Server::prepare(config, roles).await {
+        Ok(server) => server.serve(None, shutdown).await,
+        Err(e) => Err(e),
+    };
+    // The spans of the last moments, sent before the process exits.
+    crate::telemetry::shutdown().await;
+    ran
 }
 
 /// A server ready to run: configuration checked, Redis connected, and the
@@ -402,30 +405,71 @@ fn new_watcher(
 }
 
 /// Log to stderr what `DTQ_LOG` (an `EnvFilter`, default `info`) lets
-/// through, as text or (`json`) one JSON object per line: what the `dtq`
-/// binary logs. Does nothing if the process already has a subscriber.
+/// through, as text or (`json`) one JSON object per line. Does nothing if
+/// the process already has a subscriber.
 pub fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DTQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
+    init_subscriber(format, None);
+}
+
+/// [`init_tracing`] with `config`'s `--log-format`, and, with an OTLP
+/// endpoint (`--otlp-endpoint`), the export of the spans of
+/// [`crate::telemetry`] (see there): what the `dtq` binary logs and traces.
+/// Without an endpoint no tracing layer is installed at all. Must run
+/// inside a Tokio runtime; [`run`] flushes the spans when it returns.
+pub fn init_tracing_with(config: &Config) {
+    // A bad endpoint is refused by the configuration's check, which `run`
+    // makes before anything else.
+    let traces = config.telemetry.settings().ok().flatten();
+    init_subscriber(&config.log_format, traces.as_ref());
+}
+
+/// The process's subscriber: the logs as `format` says, and the traces
+/// to `traces`, if given.
+fn init_subscriber(format: &str, traces: Option<&crate::telemetry::Settings>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _, fmt};
+
+    let filter = EnvFilter::try_from_env("DTQ_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
         // timestamp, level, target, the event's fields (message included)
-        // at the top, and the fields of the span it is in under `span`.
+        // at the top, and the fields of the span it is in under `span`
+        // (with `trace_id` inside a traced span).
         "json" => logs
             .with_ansi(false)
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
         // Colour only for a person at a terminal, never into a file or a
         // pipe.
         _ => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
     };
+    let (layer, exporter, mut failed) = match traces.map(crate::telemetry::start) {
+        Some(Ok((layer, exporter))) => (Some(layer), Some(exporter), None),
+        Some(Err(e)) => (None, None, Some(e)),
+        None => (None, None, None),
+    };
+    let installed = tracing_subscriber::registry()
+        .with(logs)
+        .with(layer)
+        .try_init()
+        .is_ok();
+    if let Some(exporter) = exporter {
+        match installed {
+            true => failed = crate::telemetry::activate(exporter).err(),
+            false => failed = Some(crate::telemetry::TelemetryError::Started),
+        }
+    }
+    if let Some(e) = failed {
+        warn!(error = %e, "tracing is off");
+    }
 }
 
 #[cfg(test)]

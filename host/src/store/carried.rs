@@ -56,6 +56,11 @@ use super::types::{Delivery, NewTask, StartedTask};
 /// The message field that carries a task: [`run_head`].
 pub(super) const RUN: &str = "run";
 
+/// The message field (and task hash field) that carries a traced
+/// submission's W3C `traceparent`: beside `run`, only in a traced task's
+/// message, so that the others cost nothing for it.
+pub(super) const TRACEPARENT: &str = "traceparent";
+
 /// One stream message's fields, in the order the stream holds them: what
 /// `entries.rs` parses from a read's reply and the functions below read
 /// the task from. Defined here, the reading side, so that the parser
@@ -142,10 +147,12 @@ pub(super) fn carried_task(
     fields: &mut Fields,
     start: usize,
 ) -> Option<StartedTask> {
-    match fields.take(RUN) {
+    let mut task = match fields.take(RUN) {
         Some(run) => unpack(queue, id, run, start),
         None => carried_pairs(queue, id, fields),
-    }
+    }?;
+    task.traceparent = fields.take(TRACEPARENT);
+    Some(task)
 }
 
 /// The task of a `run` field from byte `start` on (see [`run_head`]);
@@ -184,6 +191,7 @@ fn unpack(queue: &str, id: &str, mut run: String, start: usize) -> Option<Starte
         idempotency_key,
         cancel_requested: false,
         carried_at: None,
+        traceparent: None,
     })
 }
 
@@ -206,6 +214,7 @@ fn carried_pairs(queue: &str, id: &str, fields: &mut Fields) -> Option<StartedTa
         idempotency_key: fields.take("idempotency_key").filter(|k| !k.is_empty()),
         cancel_requested: false,
         carried_at: None,
+        traceparent: None,
     })
 }
 
@@ -249,6 +258,7 @@ mod tests {
             now: 1_000,
             run_at: 1_000,
             expires_at: None,
+            traceparent: None,
         }
     }
 
@@ -349,6 +359,25 @@ mod tests {
             assert!(fresh_delivery("q", "1-0".into(), fields.clone()).is_none());
             assert!(reclaimed_delivery("1-0".into(), fields).is_none());
         }
+    }
+
+    #[test]
+    fn a_traced_message_carries_its_traceparent_beside_the_task() {
+        let new = new_task(None, None, "{}");
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut fields = run_fields(&new);
+        assert_eq!(
+            fresh_delivery("q", "1-0".into(), fields.clone())
+                .and_then(|d| d.carried)
+                .map(|task| task.traceparent),
+            Some(None)
+        );
+        fields.0.push((TRACEPARENT.into(), traceparent.into()));
+        let task = fresh_delivery("q", "1-0".into(), fields)
+            .and_then(|d| d.carried)
+            .expect("carried");
+        assert_eq!(task.traceparent.as_deref(), Some(traceparent));
+        assert_eq!(task.payload, "{}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Tasks of a queue by status, newest first: `GET /v1/queues/{q}/tasks`.
+//! Tasks of a queue by status and task name, newest first: `GET
+//! /v1/queues/{q}/tasks`.
 //!
 //! # The index
 //!
@@ -19,9 +20,10 @@
 //! cursor, one entry more than it uses to tell whether the index goes on)
 //! and then each entry's task summary (HMGET of a few fields, one
 //! `task_read` script for the chunk, which also finds carried first
-//! attempts running: see `carried.rs`), and keeps the tasks of the status asked
-//! for: two round trips per chunk of entries. So the status is the task's
-//! own, read at that moment, and a filtered page costs what it scans, not
+//! attempts running: see `carried.rs`), and keeps the tasks of the status and
+//! the task name asked for: two round trips per chunk of entries. So the
+//! status is the task's own, read at that moment, and a filtered page (by
+//! status, by name, or both) costs what it scans, not
 //! what it returns: a request reads at most [`LIST_SCAN_BUDGET`] index
 //! entries (a chunk of at least 250 per pair of round trips when
 //! filtered). When the budget runs out before the page is full, the page
@@ -193,17 +195,19 @@ impl Store {
         }
     }
 
-    /// Up to `limit` tasks of `queue` (of `status`, if given), newest first,
-    /// starting after `cursor` (a previous page's `next_cursor`). Reads at
-    /// most [`LIST_SCAN_BUDGET`] index entries per partition; see the module
-    /// documentation.
+    /// Up to `limit` tasks of `queue` (of `status` and named `task`, each
+    /// if given), newest first, starting after `cursor` (a previous page's
+    /// `next_cursor`). Reads at most [`LIST_SCAN_BUDGET`] index entries per
+    /// partition, whatever the filter; see the module documentation.
     pub async fn list_tasks(
         &self,
         queue: &str,
         status: Option<TaskStatus>,
+        task: Option<&str>,
         limit: usize,
         cursor: Option<ListCursor>,
     ) -> Result<TaskPage, StoreError> {
+        let filter = Filter { status, task };
         let names = self.partition_names(queue).await?;
         let limit = limit.clamp(1, LIST_SCAN_BUDGET);
         let pages = futures::future::try_join_all(names.iter().enumerate().map(|(i, name)| {
@@ -215,7 +219,7 @@ impl Store {
                 Some(c) if (i as u32) < c.partition => c.entry.to_string(),
                 Some(c) => format!("({}", c.entry),
             };
-            self.list_partition(queue, name, i as u32, status, limit, upper)
+            self.list_partition(queue, name, i as u32, filter, limit, upper)
         }))
         .await?;
         Ok(merge_pages(pages, limit))
@@ -228,7 +232,7 @@ impl Store {
         queue: &str,
         name: &str,
         partition: u32,
-        status: Option<TaskStatus>,
+        filter: Filter<'_>,
         limit: usize,
         mut upper: String,
     ) -> Result<PartitionPage, StoreError> {
@@ -237,9 +241,10 @@ impl Store {
         let mut tasks = Vec::new();
         let mut scanned = 0;
         loop {
-            let chunk = match status {
-                Some(_) => limit.max(FILTERED_CHUNK),
-                None => limit - tasks.len(),
+            let chunk = if filter.any() {
+                limit.max(FILTERED_CHUNK)
+            } else {
+                limit - tasks.len()
             }
             .min(LIST_SCAN_BUDGET - scanned);
             // One entry more than the chunk, unread, tells whether the
@@ -254,10 +259,9 @@ impl Store {
             for (i, ((entry, task_id), summary)) in entries.into_iter().zip(summaries).enumerate() {
                 scanned += 1;
                 last = Some(entry);
-                let Some(summary) = summary else { continue };
-                if status.is_some_and(|s| s != summary.status) {
+                let Some(summary) = summary.filter(|s| filter.keeps(s)) else {
                     continue;
-                }
+                };
                 tasks.push((
                     at(entry),
                     TaskSummary {
@@ -343,6 +347,64 @@ impl Store {
                 Ok(found)
             })
             .collect()
+    }
+}
+
+impl Store {
+    /// The name of each task `(key set, task id)` (`None` where its record
+    /// is gone), in one pipelined round trip of `HGET`s on one server; on a
+    /// cluster, where a pipeline reaches one node, one per key set (a
+    /// partition is one slot). For the task names of live events, which
+    /// the events stream leaves out to stay compact.
+    pub async fn task_names(
+        &self,
+        tasks: &[(&str, &str)],
+    ) -> Result<Vec<Option<String>>, StoreError> {
+        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+        let cluster = self.backend.is_cluster();
+        for (i, &(name, _)) in tasks.iter().enumerate() {
+            match groups.iter_mut().find(|(n, _)| !cluster || *n == name) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((name, vec![i])),
+            }
+        }
+        let mut names = vec![None; tasks.len()];
+        for (_, members) in groups {
+            let mut pipe = redis::pipe();
+            for &i in &members {
+                let (name, id) = tasks[i];
+                pipe.cmd("HGET")
+                    .arg(QueueKeys::new(name).task(id))
+                    .arg("task");
+            }
+            let found: Vec<Option<String>> = self
+                .trip("task_names", pipe.query_async(&mut self.conn.clone()))
+                .await?;
+            for (i, name) in members.into_iter().zip(found) {
+                names[i] = name.filter(|n| !n.is_empty());
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// What a listing keeps: tasks of a status, of a name, or both.
+#[derive(Debug, Clone, Copy)]
+struct Filter<'a> {
+    status: Option<TaskStatus>,
+    task: Option<&'a str>,
+}
+
+impl Filter<'_> {
+    /// Whether it leaves some tasks out (a page then reads larger chunks).
+    fn any(&self) -> bool {
+        self.status.is_some() || self.task.is_some()
+    }
+
+    /// Whether `summary` is one of the tasks asked for.
+    fn keeps(&self, summary: &TaskSummary) -> bool {
+        self.status.is_none_or(|s| s == summary.status)
+            && self.task.is_none_or(|t| t == summary.task)
     }
 }
 

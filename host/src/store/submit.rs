@@ -55,9 +55,11 @@ mod argv {
     pub(super) const PARTITIONS: usize = 12;
     /// The head of a carried message's `run` field, or `""`.
     pub(super) const RUN_HEAD: usize = 13;
+    /// The submission's W3C `traceparent`, or `""`.
+    pub(super) const TRACEPARENT: usize = 14;
     /// The first of the task hash's fields, as name, value pairs to the
     /// end; [`LEADING_FIELDS`](super::LEADING_FIELDS) first.
-    pub(super) const FIELDS: usize = 14;
+    pub(super) const FIELDS: usize = 15;
     /// The payload: the value of the pair `payload`, fifth of the
     /// leading fields, which the script also appends to a carried
     /// message's `run` field.
@@ -175,6 +177,8 @@ fn ingest_argv<'a>(
         argv::RUN_HEAD,
         carried::run_head(new).unwrap_or_default().into(),
     );
+    let traceparent = new.traceparent.as_deref().unwrap_or_default();
+    set(argv::TRACEPARENT, Cow::Borrowed(traceparent));
     for (name, value) in hash_fields(new) {
         args.push(Cow::Borrowed(name));
         args.push(value);
@@ -211,6 +215,9 @@ fn hash_fields(new: &NewTask) -> Vec<(&'static str, Cow<'_, str>)> {
     }
     if new.run_at > new.now {
         fields.push(("run_at", new.run_at.to_string().into()));
+    }
+    if let Some(traceparent) = &new.traceparent {
+        fields.push((carried::TRACEPARENT, Cow::Borrowed(traceparent)));
     }
     fields.push(("budget", max_attempts.into()));
     fields.push(("created_at", now.into()));
@@ -287,7 +294,7 @@ mod tests {
     use super::*;
 
     /// Every [`argv`] constant, by the name `ingest.lua` gives it.
-    const NAMED: [(&str, usize); 15] = [
+    const NAMED: [(&str, usize); 16] = [
         ("TASK_ID", argv::TASK_ID),
         ("NOW", argv::NOW),
         ("HAS_KEY", argv::HAS_KEY),
@@ -301,6 +308,7 @@ mod tests {
         ("EXPIRES_AT", argv::EXPIRES_AT),
         ("PARTITIONS", argv::PARTITIONS),
         ("RUN_HEAD", argv::RUN_HEAD),
+        ("TRACEPARENT", argv::TRACEPARENT),
         ("FIELDS", argv::FIELDS),
         ("PAYLOAD", argv::PAYLOAD),
     ];
@@ -318,6 +326,7 @@ mod tests {
             now: 1_000,
             run_at: 1_000,
             expires_at,
+            traceparent: None,
         }
     }
 
@@ -376,6 +385,7 @@ mod tests {
             assert_eq!(at(argv::PARTITIONS), "4");
             let head = carried::run_head(&new).unwrap_or_default();
             assert_eq!(at(argv::RUN_HEAD), head);
+            assert_eq!(at(argv::TRACEPARENT), "");
             assert_eq!(at(argv::PAYLOAD - 1), "payload");
             assert_eq!(at(argv::PAYLOAD), new.payload);
             let names: Vec<&str> = args[argv::FIELDS - 1..]

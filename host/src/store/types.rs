@@ -30,6 +30,10 @@ pub struct NewTask {
     pub run_at: u64,
     /// Expiry (ms since epoch) if not started by then.
     pub expires_at: Option<u64>,
+    /// The W3C `traceparent` of the submission (see [`crate::telemetry`]):
+    /// the parent of the task's attempts' spans. Set only when the API
+    /// traces or the submitter sent one, so that other tasks cost nothing.
+    pub traceparent: Option<String>,
 }
 
 /// What a submission did.
@@ -116,6 +120,9 @@ pub struct StartedTask {
     /// When a carried attempt started (ms since epoch): the attempt no
     /// `start` wrote, which its completion writes (see `Delivery::carried`).
     pub carried_at: Option<u64>,
+    /// The submission's W3C `traceparent`, when it was stored: the parent
+    /// of the attempt's span.
+    pub traceparent: Option<String>,
 }
 
 impl StartedTask {
@@ -140,6 +147,7 @@ impl StartedTask {
         let timeout_ms = next()?;
         let idempotency_key = next()?;
         let cancel_requested = next()?;
+        let traceparent = next()?;
         Ok(StartedTask {
             id: id.to_owned(),
             queue: queue.to_owned(),
@@ -151,6 +159,7 @@ impl StartedTask {
             idempotency_key: idempotency_key.filter(|k| !k.is_empty()),
             cancel_requested: cancel_requested.as_deref() == Some("1"),
             carried_at: None,
+            traceparent,
         })
     }
 }

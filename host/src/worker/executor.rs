@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
-use tracing::{Instrument, debug, debug_span, warn};
+use tracing::{Instrument, Span, debug, debug_span, warn};
 
 use super::completion::{Pending, backoff_ms};
 use super::{Registration, Shared};
@@ -20,6 +20,7 @@ use crate::base::now_ms;
 use crate::metrics::{TaskSeries, TrapClass, WorkerMetrics};
 use crate::sandbox::{Call, CallReport, CancelHandle, Outcome, TaskContext, Trap};
 use crate::store::{Completion, CompletionKind, Delivery, StartedTask, logical_queue};
+use crate::telemetry;
 
 /// Run each task on a tokio task of its own on the guest runtime (see
 /// [`Shared::guests`]); each permit and registration is held until its
@@ -36,11 +37,7 @@ pub(super) fn spawn(
         let shared = shared.clone();
         async move {
             for (delivery, task, permit, registration) in runs {
-                // At debug level: with the default filter a span per task
-                // would be formatted and stored for every task run. The
-                // warnings an attempt logs name its task themselves.
-                let span = debug_span!("task", task_id = %task.id, queue = %task.queue,
-                    task = %task.task, attempt = task.attempts);
+                let span = attempt_span(&task);
                 let run =
                     execute(shared.clone(), delivery, task, permit, registration).instrument(span);
                 shared.tracker.spawn(run);
@@ -48,6 +45,24 @@ pub(super) fn spawn(
         }
     };
     shared.guests.spawn(shared.tracker.track_future(batch));
+}
+
+/// The span of `task`'s attempt. Traced, the attempt's span of the trace
+/// (see [`crate::telemetry`]), its parent the submission's; else at debug
+/// level: with the default filter a span per task would be formatted and
+/// stored for every task run. The warnings an attempt logs name its task
+/// themselves.
+fn attempt_span(task: &StartedTask) -> Span {
+    if !telemetry::enabled() {
+        return debug_span!("task", task_id = %task.id, queue = %task.queue,
+            task = %task.task, attempt = task.attempts);
+    }
+    let span = tracing::info_span!(target: telemetry::TARGET, "attempt",
+        otel.kind = "consumer", task_id = %task.id, queue = %logical_queue(&task.queue),
+        task = %task.task, attempt = task.attempts, outcome = tracing::field::Empty,
+        trace_id = tracing::field::Empty);
+    telemetry::adopt(&span, task.traceparent.as_deref());
+    span
 }
 
 /// Run one task and hand over its completion, unless it was abandoned at
@@ -136,6 +151,10 @@ fn call_of(task: &mut StartedTask) -> Call {
 /// its call `report`ed; the attempt's end is logged here.
 fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport) -> Completion {
     let (kind, detail) = classify(report.outcome);
+    if telemetry::enabled() {
+        let outcome = super::completion::failure_label(kind, task.attempts, task.max_attempts);
+        Span::current().record("outcome", outcome);
+    }
     match kind {
         CompletionKind::Success => {
             debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded")

@@ -5,10 +5,12 @@
 //! whose entries hold one event each or, from a batch, several: `id:` the
 //! event's id (the entry's id, `<entry>.<k>` for the `k`-th event of an
 //! entry when more follow it there), `event:` the task's new status,
-//! `data:` `{task_id, status, attempt, at}`. A client resumes where it left
-//! off with the `Last-Event-ID` header (an `EventSource` sends it by itself
-//! when it reconnects) or `?since=<id>`; without either it gets only new
-//! events. `?task_id=` keeps one task's events. A partitioned queue has a
+//! `data:` `{task_id, task, status, attempt, at}`, where `task` (the task's
+//! name) is not in the stream but read from the task's record as the event
+//! is sent (`reader.rs`; null once the record is gone). A client resumes
+//! where it left off with the `Last-Event-ID` header (an `EventSource` sends
+//! it by itself when it reconnects) or `?since=<id>`; without either it gets
+//! only new events. `?task_id=` keeps one task's events. A partitioned queue has a
 //! stream per partition: `?partition=i` follows partition `i`'s, a
 //! `task_id` its task's, and neither every partition's, merged (each
 //! partition's events in their order; the event id is then where each
@@ -190,7 +192,8 @@ pub(super) async fn subscribe(
     let (parts, gaps, slot) = open(&shared, &names, since).await?;
     tracing::debug!(partitions = ?names, task_id = ?task, "event stream opened");
     let stop = stop.map(|Extension(stop)| stop.0).unwrap_or_default();
-    Ok(event_stream(gaps, Reader::new(parts, task, slot), stop))
+    let reader = Reader::new(shared.state.store.clone(), parts, task, slot);
+    Ok(event_stream(gaps, reader, stop))
 }
 
 /// The `task_id` filter, checked.

@@ -1,8 +1,16 @@
 //! A subscriber's reading of its streams: blocked in XREAD on connections
 //! of its own, retried with backoff while Redis fails, merged when it
-//! follows several partitions, filtered to one task if asked.
+//! follows several partitions, filtered to one task if asked, each event
+//! given its task's name.
+//!
+//! The events stream holds what changes (task id, status, attempt, time)
+//! and not the task name, so that the scripts that write an event per task
+//! stay small; a subscriber reads the names of a batch's tasks from their
+//! records in one pipelined round trip, and keeps the names it has read
+//! ([`MAX_CACHED_NAMES`]; a task's name never changes), so the usual
+//! QUEUED, then SUCCEEDED costs one read per task.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use axum::response::sse::Event;
@@ -20,6 +28,11 @@ const BLOCK: Duration = Duration::from_secs(10);
 /// a subscriber holds in memory (an entry of a completion batch holds up
 /// to a batch of events).
 const READ_COUNT: usize = 64;
+
+/// Task names a subscriber keeps, by task id: a batch that would pass it
+/// starts the cache afresh, so a subscriber holds at most this many (or
+/// one batch's, if more).
+const MAX_CACHED_NAMES: usize = 4_096;
 
 /// Longest pause between reads while Redis fails.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -96,6 +109,13 @@ pub(super) struct Reader {
     /// every partition stands, `<id 0>,<id 1>,...`, which a subscriber
     /// resumes from as it is.
     positions: Vec<EventId>,
+    /// The key set (partition) of each stream read, in `positions`' order:
+    /// where its events' task records are.
+    streams: Vec<String>,
+    /// For the task names.
+    store: Store,
+    /// The names read, by task id.
+    names: HashMap<String, String>,
     /// Events read and not yet sent.
     pending: VecDeque<Event>,
     /// The subscriber's slots, released with the reader.
@@ -118,11 +138,13 @@ enum Source {
 
 impl Reader {
     pub(super) fn new(
+        store: Store,
         mut parts: Vec<PartReader>,
         task: Option<String>,
         slot: OwnedSemaphorePermit,
     ) -> Self {
         let positions = parts.iter().flat_map(|p| p.after.clone()).collect();
+        let streams = parts.iter().flat_map(|p| p.queues.clone()).collect();
         let source = if parts.len() == 1 {
             Source::One(Box::new(parts.remove(0)))
         } else {
@@ -149,6 +171,9 @@ impl Reader {
             source,
             task,
             positions,
+            streams,
+            store,
+            names: HashMap::new(),
             pending: VecDeque::new(),
             _slot: slot,
         }
@@ -164,10 +189,19 @@ impl Reader {
                 Source::One(part) => part.read().await,
                 // The readers end only with this reader.
                 Source::Merged { events, .. } => match events.recv().await {
-                    Some(event) => vec![event],
+                    Some(first) => {
+                        let mut batch = vec![first];
+                        while batch.len() < READ_COUNT
+                            && let Ok(more) = events.try_recv()
+                        {
+                            batch.push(more);
+                        }
+                        batch
+                    }
                     None => return std::future::pending().await,
                 },
             };
+            let mut kept = Vec::with_capacity(read.len());
             for (i, event) in read {
                 self.positions[i] = event.id;
                 if self.task.as_ref().is_some_and(|t| *t != event.task_id) {
@@ -181,7 +215,46 @@ impl Reader {
                         .collect::<Vec<_>>()
                         .join(","),
                 };
-                self.pending.push_back(sse_event(&event, id));
+                kept.push((i, event, id));
+            }
+            self.read_names(&kept).await;
+            for (_, event, id) in kept {
+                let name = self.names.get(&event.task_id).map(String::as_str);
+                self.pending.push_back(sse_event(&event, name, id));
+            }
+        }
+    }
+
+    /// Read the names of the tasks of `events` not known yet, in one
+    /// round trip. A failure leaves them unknown (the events go out with a
+    /// null name rather than wait for Redis).
+    async fn read_names(&mut self, events: &[(usize, QueueEvent, String)]) {
+        // Cleared before the batch, not during it, so that every name the
+        // batch needs is kept or read.
+        if self.names.len() + events.len() > MAX_CACHED_NAMES {
+            self.names.clear();
+        }
+        let mut asked: Vec<(&str, &str)> = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, event, _) in events {
+            let id = event.task_id.as_str();
+            if !self.names.contains_key(id) && seen.insert(id) {
+                asked.push((self.streams[*i].as_str(), id));
+            }
+        }
+        if asked.is_empty() {
+            return;
+        }
+        match self.store.task_names(&asked).await {
+            Ok(found) => {
+                for ((_, id), name) in asked.into_iter().zip(found) {
+                    if let Some(name) = name {
+                        self.names.insert(id.to_owned(), name);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream: cannot read task names");
             }
         }
     }
@@ -193,10 +266,11 @@ fn backoff(failures: u32) -> Duration {
     (Duration::from_millis(100) * (1 << exp)).min(MAX_BACKOFF)
 }
 
-/// The SSE event of a stream entry, with event id `id`. Its name is the
-/// status; a status that could not be an event name (none is written) is
-/// sent as `unknown`.
-fn sse_event(event: &QueueEvent, id: String) -> Event {
+/// The SSE event of a stream entry, with event id `id`: its data the
+/// entry's fields and the task's name `task`. Its name is the status; a
+/// status that could not be an event name (none is written) is sent as
+/// `unknown`.
+fn sse_event(event: &QueueEvent, task: Option<&str>, id: String) -> Event {
     let name_ok = !event.status.is_empty()
         && event
             .status
@@ -209,12 +283,38 @@ fn sse_event(event: &QueueEvent, id: String) -> Event {
         } else {
             "unknown"
         })
-        .data(event.to_json().to_string())
+        .data(event_data(event, task).to_string())
+}
+
+/// The data of an event: `{task_id, task, status, attempt, at}`.
+fn event_data(event: &QueueEvent, task: Option<&str>) -> serde_json::Value {
+    let mut data = event.to_json();
+    if let Some(fields) = data.as_object_mut() {
+        fields.insert("task".into(), task.into());
+    }
+    data
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_carries_its_task_name_or_null() {
+        let event = QueueEvent {
+            id: EventId::default(),
+            task_id: "t1".into(),
+            status: "QUEUED".into(),
+            attempt: Some(0),
+            at: Some(5),
+            progress: None,
+        };
+        assert_eq!(
+            event_data(&event, Some("echo")),
+            serde_json::json!({"task_id": "t1", "task": "echo", "status": "QUEUED", "attempt": 0, "at": 5})
+        );
+        assert_eq!(event_data(&event, None)["task"], serde_json::Value::Null);
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap() {

@@ -46,11 +46,16 @@
                         name and what an attempt needs, see
                         store/carried.rs), to which the payload is appended;
                         "" for none: the message's one field is then `id`
-    FIELDS (14)         from here to the end, the task hash's fields as
+    TRACEPARENT (14)    the submission's W3C traceparent, or "" for none
+                        (the host sends one only when tracing is on or the
+                        submitter sent one); a carried message carries it
+                        in a field of that name, the hash in its field
+                        among FIELDS
+    FIELDS (15)         from here to the end, the task hash's fields as
                         name, value pairs (status and msg_id are set here):
                         attempts, updated_at, max_attempts, task and payload
                         first, in that order (the host's LEADING_FIELDS)
-    PAYLOAD (23)        the payload: the value of the fifth pair, `payload`
+    PAYLOAD (24)        the payload: the value of the fifth pair, `payload`
 
   Output (array, first element the code):
     {1, id, status}                CREATED
@@ -97,7 +102,9 @@
   message pending in the group (see store/carried.rs). The host asks for it
   for every task that goes straight to the stream without an expiry. The
   message's `run` field is RUN_HEAD followed by the payload, joined here:
-  the payload is sent once, for the hash, rather than twice.
+  the payload is sent once, for the hash, rather than twice. A traced
+  submission's carried message has a second field, `traceparent`, which a
+  worker reads with the task (an older worker ignores it).
 ]]
 local rcall = redis.call
 
@@ -115,8 +122,9 @@ local INDEX_MIN_ID = 10
 local EXPIRES_AT = 11
 local PARTITIONS = 12
 local RUN_HEAD = 13
-local FIELDS = 14
-local PAYLOAD = 23
+local TRACEPARENT = 14
+local FIELDS = 15
+local PAYLOAD = 24
 
 local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -126,7 +134,7 @@ local fingerprint, idemTtl = ARGV[FINGERPRINT], tonumber(ARGV[IDEM_TTL])
 local maxDepth, runAt = tonumber(ARGV[MAX_DEPTH]), tonumber(ARGV[RUN_AT])
 local eventsMaxLen, taskPrefix = ARGV[EVENTS_MAX_LEN], ARGV[TASK_PREFIX]
 local indexMinId, expiresAt = ARGV[INDEX_MIN_ID], ARGV[EXPIRES_AT]
-local runHead = ARGV[RUN_HEAD]
+local runHead, traceparent = ARGV[RUN_HEAD], ARGV[TRACEPARENT]
 
 local partitions = tonumber(rcall("GET", partitionsKey) or "1")
 if partitions ~= tonumber(ARGV[PARTITIONS]) then
@@ -180,7 +188,10 @@ if status == "SCHEDULED" then
   rcall("ZADD", delayedKey, runAt, taskId)
 else
   local msgId
-  if runHead ~= "" then
+  if runHead ~= "" and traceparent ~= "" then
+    msgId = rcall("XADD", streamKey, "*", "run", runHead .. ARGV[PAYLOAD],
+      "traceparent", traceparent)
+  elseif runHead ~= "" then
     msgId = rcall("XADD", streamKey, "*", "run", runHead .. ARGV[PAYLOAD])
   else
     msgId = rcall("XADD", streamKey, "*", "id", taskId)

@@ -57,8 +57,9 @@
     6, error    CORRUPT: its record is not a readable task; it is
                 DEAD_LETTERED (in the DLQ) with `error`, its message
                 acknowledged and deleted here
-  where task is the 7 values of `RETURNED` below, in that order, false for
-  a field the hash lacks (the host's `StartedTask` mirrors it). Flat,
+  where task is the 8 values of `RETURNED` below, in that order, false for
+  a field the hash lacks (the host's `StartedTask` mirrors it; the last,
+  `traceparent`, only a traced submission wrote). Flat,
   because Redis converts each table of a script's reply on its own (seven
   field lookups and a length written back): nested, the reply cost Redis
   5 500 instructions more per message.
@@ -72,13 +73,13 @@
   this script handed to a worker. Tasks without an expiry skip the ZREM.
 ]]
 local FIELDS = { "status", "attempts", "max_attempts", "expires_at", "task", "payload",
-  "timeout_ms", "idempotency_key", "cancel_requested", "worker", "msg_id" }
+  "timeout_ms", "idempotency_key", "cancel_requested", "worker", "msg_id", "traceparent" }
 local STATUS, ATTEMPTS, MAX_ATTEMPTS, EXPIRES_AT, TASK, PAYLOAD = 1, 2, 3, 4, 5, 6
 local WORKER, MSG_ID = 10, 11
 -- The fields that must be numbers when present.
 local NUMERIC = { 2, 3, 4, 7 }
 -- The fields the caller gets, as indexes into FIELDS.
-local RETURNED = { 2, 3, 5, 6, 7, 8, 9 }
+local RETURNED = { 2, 3, 5, 6, 7, 8, 9, 12 }
 
 local ARG_GROUP = 1
 local ARG_NOW = 2

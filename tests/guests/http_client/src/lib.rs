@@ -12,10 +12,13 @@
 //! | `{"op": "own_key", "url": U, "key": K, "json": V?}` | `POST U` with `Idempotency-Key: K` and JSON `V` (default `{}`), inside operation `own:K` | `{"status": n, "body": S}` |
 //! | `{"op": "operations", "url": U, "keys": [K…]}` | one `POST U` inside each operation `K` | `{"statuses": [n…]}` |
 //! | `{"op": "fail_after_post", "url": U, "key": K}` | inside operation `K`: `POST U`, then a retryable error while the attempt is below 2 (so the operation runs again on the retry) | `{"status": n, "attempt": n}` |
+//! | `{"op": "timed", "url": U, "connect_ms": a?, "first_byte_ms": b?, "between_bytes_ms": c?}` | `GET U` through `wasi:http` directly, with those `request-options` (`timed.rs`) | `{"status": n, "body": S}`, or `{"fallback": true, "error": code}` |
 //!
 //! A request that fails gives `{"error": S}` (S: the error's message) and
 //! the call still succeeds, so a test reads the message from the result.
 //! Response bodies are returned as text (lossily decoded).
+
+mod timed;
 
 use dtq_guest::http::{self, Method, Request, Response};
 use dtq_guest::idempotency::{self, Operation, Options};
@@ -56,6 +59,15 @@ enum Op {
     FailAfterPost {
         url: String,
         key: String,
+    },
+    Timed {
+        url: String,
+        #[serde(default)]
+        connect_ms: Option<u64>,
+        #[serde(default)]
+        first_byte_ms: Option<u64>,
+        #[serde(default)]
+        between_bytes_ms: Option<u64>,
     },
 }
 
@@ -131,6 +143,19 @@ fn http_client(ctx: Context, op: Op) -> Result<Value> {
                 other => return Err(Error::fatal(format!("operation {key}: {other:?}"))),
             }
         }
+        Op::Timed {
+            url,
+            connect_ms,
+            first_byte_ms,
+            between_bytes_ms,
+        } => timed::get(
+            &url,
+            &timed::Timeouts {
+                connect_ms,
+                first_byte_ms,
+                between_bytes_ms,
+            },
+        ),
     })
 }
 
