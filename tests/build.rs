@@ -31,6 +31,7 @@ const TEST_GUESTS: &[&str] = &[
     "http_client",
     "namespaced",
     "operations",
+    "progress",
     "versioned_v1",
     "versioned_v2",
     "waiter",

@@ -8,8 +8,8 @@
 //! `Cargo.toml` needs `crate-type = ["cdylib"]`, and
 //! `cargo build --release --target wasm32-wasip2` makes the `.wasm` a host
 //! worker runs. Inside the sandbox a handler reaches only what this crate
-//! offers: [`idempotent_operation`], a namespaced slice of Redis in [`kv`] and
-//! the task's [`log`].
+//! offers: [`idempotent_operation`], a namespaced slice of Redis in [`kv`],
+//! the task's [`log`], and [`progress`] reports for whoever watches the task.
 //!
 //! How a call ends decides what the host does with the task:
 //!
@@ -63,8 +63,8 @@
 //!
 //! The bindings compile on any target so that `cargo check` and doc tests
 //! work on the build machine, but the host imports exist only inside a dtq
-//! worker: calling [`kv`], [`log`], [`http`] or [`idempotent_operation`]
-//! outside one panics.
+//! worker: calling [`kv`], [`log`], [`http`], [`progress`] or
+//! [`idempotent_operation`] outside one panics.
 
 #![deny(missing_docs)]
 
@@ -75,11 +75,13 @@ pub mod idempotency;
 mod json;
 pub mod kv;
 pub mod log;
+mod progress;
 
 pub use context::Context;
 pub use error::{Error, Refusal, Result, ResultExt};
 pub use idempotency::{idempotent_operation, stored_result};
 pub use json::{FromJson, IntoJson, RawJson};
+pub use progress::progress;
 
 /// The bindings of the `dtq:handler` WIT world. Not a stable API: handlers use
 /// the rest of this crate, and [`handler!`] wires them to these.

@@ -315,6 +315,7 @@ function taskView(ctx, t, actions) {
       ['Group', t.group ?? '—'],
       ['Task', t.task],
       ['Attempts', `${t.attempts} of ${t.max_attempts}`],
+      ['Progress', progress(t.progress)],
       ['Idempotency key', t.idempotency_key ? h('code', {}, t.idempotency_key) : '—'],
       ['Handler digest', digest(t.handler_digest)],
       ['Timeout', duration(t.timeout_ms)],
@@ -331,6 +332,17 @@ function taskView(ctx, t, actions) {
     section('attempts', 'Attempts', attempts(t)),
     section('log', 'Log', t.log ? h('pre', { class: 'log' }, t.log) : h('p', {}, 'Nothing logged.')),
   ];
+}
+
+// The last attempt's progress, as its handler last reported it: a bar,
+// the percentage and the handler's message; '—' before any report.
+function progress(p) {
+  if (!p) return h('span', { id: 'task-progress' }, '—');
+  const pct = Math.round(Number(p.fraction) * 100);
+  return h('span', { id: 'task-progress' },
+    h('progress', { max: 100, value: pct, 'aria-label': `${pct}% done` }),
+    ` ${pct}%`, p.message ? ` — ${p.message}` : null,
+    p.updated_at ? h('span', { class: 'muted' }, ' (', when(p.updated_at), ')') : null);
 }
 
 function section(id, title, content) {

@@ -574,6 +574,47 @@ async fn a_handler_asks_for_a_namespace_in_every_language() -> Result<()> {
     same_in_every_language!(namespace)
 }
 
+// ---------------------------------------------------------------- progress
+
+/// Through the whole queue: the `progress` test guest reports, with a NaN
+/// and an out-of-range fraction and a message past the cap among its
+/// reports, and the task keeps its last report, made safe, after it ended.
+async fn progress_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let task = format!("progress-{lang}");
+    dtq.sandbox
+        .load(&task, &test_guest_wasm(lang, "progress")?)?;
+    let reports = json!([[0.25, "a quarter"], ["nan", "not a number"], [7, "é", 600]]);
+    let body = json!({"task": task, "payload": {"reports": reports}});
+    let id = dtq.submit_new("default", body, None).await?;
+    let t = dtq
+        .wait_for(
+            "default",
+            &id,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(t["status"], "SUCCEEDED", "{lang}: {t}");
+    let progress = &t["progress"];
+    assert_eq!(progress["fraction"].as_f64(), Some(1.0), "{lang}: {t}");
+    assert_eq!(
+        progress["message"].as_str().map(str::len),
+        Some(dtq_host::sandbox::MAX_PROGRESS_MESSAGE_BYTES),
+        "{lang}: {t}"
+    );
+    Ok(vec![
+        t["result"].clone(),
+        progress["fraction"].clone(),
+        progress["message"].clone(),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_reports_reach_the_task_in_every_language() -> Result<()> {
+    same_in_every_language!(progress_through_the_queue)
+}
+
 /// `scripts/build-python-handler` and `scripts/build-js-handler`, run from
 /// a directory outside the checkout, take the handler directory and a
 /// relative `--out-dir` from where they were run, and by default write

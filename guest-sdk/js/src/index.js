@@ -21,6 +21,7 @@ import * as log from './log.js';
 
 export { FatalError, HandlerError, RetryableError, http, kv, log };
 export { idempotentOperation, operation, storedResult } from './idempotency.js';
+export { progress } from './progress.js';
 
 /** A namespace: 1 to 64 ASCII letters, digits, `-`, `_` or `.`, as the host accepts. */
 export const NAMESPACE = /^[A-Za-z0-9_.-]{1,64}$/;

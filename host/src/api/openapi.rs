@@ -549,6 +549,20 @@ pub(super) mod schemas {
         attempt_digests: Vec<String>,
         /// The attempts it keeps (at most 20, the newest), oldest first.
         attempt_history: Vec<Attempt>,
+        /// Its last attempt's progress, as the handler last reported it,
+        /// while it runs and after; null when that attempt reported none.
+        progress: Option<Progress>,
+    }
+
+    /// How far an attempt is, as its handler reported it.
+    #[derive(ToSchema)]
+    pub(in crate::api) struct Progress {
+        /// 0 to 1.
+        fraction: f64,
+        /// The handler's message, at most 1024 bytes.
+        message: String,
+        /// When the handler reported it, ms since the Unix epoch.
+        updated_at: u64,
     }
 
     /// Why and until when a queue limit holds a task back.
@@ -664,6 +678,7 @@ pub(super) mod schemas {
         handler_digest: Option<String>,
         attempt_digests: Option<Vec<String>>,
         attempt_history: Option<Vec<Attempt>>,
+        progress: Option<Progress>,
     }
 
     /// A task as the listing shows it: without payload, result, error or
@@ -768,12 +783,15 @@ pub(super) mod schemas {
         /// The task's name (its handler), read from its record when the
         /// event is sent; null once the record is gone (expired, purged).
         task: Option<String>,
-        /// The task's new status.
+        /// The task's new status; or `PROGRESS`, a progress report of its
+        /// running attempt (with `--events all`).
         status: String,
         /// The attempt the event belongs to (0 before the first).
         attempt: Option<u64>,
         /// When it happened, ms since the Unix epoch.
         at: Option<u64>,
+        /// A `PROGRESS` event's report; absent from the others.
+        progress: Option<Progress>,
     }
 
     /// The `data:` of `event: gap`: the client resumed after an event

@@ -117,8 +117,17 @@ impl Config {
 
     /// The sandbox's configuration: one pool slot per execution slot.
     pub fn sandbox_config(&self) -> SandboxConfig {
-        self.sandbox
-            .sandbox_config(&self.submit, self.worker.concurrency)
+        let mut config = self
+            .sandbox
+            .sandbox_config(&self.submit, self.worker.concurrency);
+        // Progress events are written with every event only: at a few a
+        // second per running call, they would crowd status changes out
+        // of the capped stream.
+        let store = self.store_settings();
+        if store.running_events {
+            config.progress_events_max_len = store.events_max_len;
+        }
+        config
     }
 
     /// Check the values clap cannot; [`Config::check`] as text.

@@ -42,7 +42,8 @@ pub struct StoreConfig {
     /// from its stream message with no `start` script, as the first attempt
     /// of a task submitted to run now without an expiry does (status
     /// queries still show it RUNNING). `all`: every status change, every attempt through
-    /// `start` (more Redis work per task). `none`: no events at all (the
+    /// `start` (more Redis work per task), and the progress handlers
+    /// report, as `PROGRESS` events (a few a second per reporting call). `none`: no events at all (the
     /// least Redis work; the events endpoint answers 409 EVENTS_OFF). Give
     /// the API servers and the workers the same value.
     #[arg(long, env = "DTQ_EVENTS", value_enum, default_value_t = Events::Terminal)]
@@ -52,7 +53,7 @@ pub struct StoreConfig {
 /// Which lifecycle events are written (`--events`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Events {
-    /// Every status change of every attempt.
+    /// Every status change of every attempt, and progress reports.
     All,
     /// Every status change but a carried first attempt's RUNNING.
     Terminal,

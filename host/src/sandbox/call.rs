@@ -184,6 +184,10 @@ pub(crate) struct LoadedHandler {
     pub(crate) redis: crate::store::Conn,
     /// The sandbox's HTTP clients, for its outbound requests.
     pub(crate) http: Clients,
+    /// The cap of the events stream its progress reports are written to
+    /// as `PROGRESS` events; 0 for none
+    /// ([`SandboxConfig::progress_events_max_len`](super::SandboxConfig::progress_events_max_len)).
+    pub(crate) progress_events_max_len: u64,
 }
 
 /// The outcome, log and host-call count of one call.
@@ -242,6 +246,11 @@ pub(crate) async fn run(
         });
         interruptible(guest, deadline_at, cancel).await
     };
+    // The last progress report is written before the completion, which
+    // would refuse it once the task no longer runs.
+    if let Some(progress) = store.data_mut().host.progress.take() {
+        (*progress).finish().await;
+    }
     let denied = store
         .data()
         .outbound
@@ -278,6 +287,7 @@ impl TaskState {
                 log: log.clone(),
                 host_calls: 0,
                 caller: Caller {
+                    queue: ctx.queue.clone(),
                     task_id: ctx.task_id.clone(),
                     attempt: ctx.attempt,
                     token: None,
@@ -285,6 +295,7 @@ impl TaskState {
                 deadline_at,
                 operation: None,
                 http_requests: None,
+                progress: None,
             },
             http: WasiHttpCtx::new(),
             outbound: None,

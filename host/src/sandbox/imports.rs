@@ -1,4 +1,5 @@
-//! The host side of the WIT imports: `kv`, `idempotency` and `log`.
+//! The host side of the WIT imports: `kv`, `idempotency` and `log`
+//! (`progress` is in `progress.rs`).
 //!
 //! Two error layers, as in wasmtime's own WASI: every import returns
 //! `wasmtime::Result<…>`, whose `Err` traps the guest (a host-enforced limit
@@ -24,6 +25,7 @@ use super::call::LoadedHandler;
 use super::limits::{Limit, LimitTrap};
 use super::log::TaskLog;
 use super::operation::{Operation, Staged};
+use super::progress::Reporter;
 use super::quota;
 use crate::store::Conn;
 use crate::store::scripts::ArgvLayout;
@@ -84,6 +86,8 @@ enum KvWrite<'a> {
 /// Who is calling: the task attempt a call runs, as an idempotency claim
 /// records its owner.
 pub(crate) struct Caller {
+    /// The queue the task was submitted to.
+    pub(crate) queue: String,
     pub(crate) task_id: String,
     pub(crate) attempt: u32,
     /// Unique to this call; made on the first `begin`, so calls that open no
@@ -110,6 +114,9 @@ pub(crate) struct HostCtx {
     /// Outbound HTTP requests sent, which count as host calls too; made
     /// with the call's outbound HTTP, on its first request.
     pub(crate) http_requests: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// The writer of the call's progress, started by its first report
+    /// (`progress.rs`). Boxed, as `operation` is: most calls report none.
+    pub(crate) progress: Option<Box<Reporter>>,
 }
 
 pub(crate) type HostResult<T> = wasmtime::Result<Result<T, HostError>>;

@@ -34,6 +34,7 @@
 //! | instruction budget (deterministic) | [`Limits::fuel`], off by default | [`Limit::Fuel`] |
 //! | huge payload / result | [`Limits::max_payload_bytes`] (checked before instantiating) / [`Limits::max_result_bytes`] | [`Limit::Payload`] / [`Limit::Result`] |
 //! | log flooding | [`Limits::max_log_bytes`] | truncated with a marker, not a failure |
+//! | progress flooding (a report in a tight loop, a huge message) | the call's latest report written at most every [`PROGRESS_WRITE_EVERY`], its message cut at [`MAX_PROGRESS_MESSAGE_BYTES`] (`progress.rs`) | coalesced and cut, not a failure |
 //! | Redis flooding | [`Limits::max_host_calls`], [`Limits::max_key_bytes`], [`Limits::max_value_bytes`] | [`Limit::HostCalls`] trap; `invalid-key` / `value-too-large` WIT errors |
 //! | reaching other keys | every key is a suffix of `dtq:guest:<namespace>:` | — |
 //! | filling Redis through kv or claims | [`Limits::kv_quota_bytes`] charging keys, claims and kept results with their per-key overhead, [`Limits::max_live_claims`] (`quota.rs`) | `quota-exceeded`; nothing written |
@@ -59,6 +60,8 @@
 //! - `limits.rs`: [`Limits`] and the store's resource limiter.
 //! - `imports.rs`: the WIT bindings and the host side of `kv`,
 //!   `idempotency` and `log`.
+//! - `progress.rs`: the host side of `progress`: a call's reports,
+//!   coalesced and written to its task by a writer of its own.
 //! - `allow.rs`: the allow-list of outbound HTTP, and which addresses are
 //!   public.
 //! - `http.rs`: outbound HTTP (`wasi:http/outgoing-handler`): the
@@ -88,6 +91,7 @@ mod log;
 mod namespace;
 mod operation;
 mod outcome;
+mod progress;
 mod quota;
 mod settings;
 mod timeouts;
@@ -110,6 +114,7 @@ pub use http::IDEMPOTENCY_KEY;
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
 pub use outcome::{CallReport, Outcome, Trap};
+pub use progress::{MAX_PROGRESS_MESSAGE_BYTES, WRITE_EVERY as PROGRESS_WRITE_EVERY};
 pub use quota::{CLAIM_OVERHEAD_BYTES, KEY_OVERHEAD_BYTES};
 pub use settings::{HandlerSettings, SandboxConfig};
 
@@ -164,6 +169,8 @@ struct Inner {
     linker: Linker<TaskState>,
     limits: Arc<Limits>,
     settings: HashMap<String, HandlerSettings>,
+    /// See [`SandboxConfig::progress_events_max_len`].
+    progress_events_max_len: u64,
     cache: ArtifactCache,
     redis: crate::store::Conn,
     http: http::Clients,
@@ -230,6 +237,7 @@ impl Sandbox {
                 linker,
                 limits: Arc::new(config.limits),
                 settings: config.handlers,
+                progress_events_max_len: config.progress_events_max_len,
                 cache,
                 redis,
                 http,
@@ -409,6 +417,7 @@ impl Sandbox {
             task: task.into(),
             redis: self.inner.redis.clone(),
             http: self.inner.http.clone(),
+            progress_events_max_len: self.inner.progress_events_max_len,
         });
         let report = LoadReport {
             task: task.to_string(),

@@ -41,6 +41,11 @@ pub struct SandboxConfig {
     /// the same for every process of the fleet. Default `None`: the
     /// fleet's own, made once in Redis ([`FLEET_SECRET_KEY`]).
     pub fleet_secret_file: Option<PathBuf>,
+    /// The cap of each queue's events stream where a handler's progress
+    /// reports are also written as `PROGRESS` events; 0 (the default)
+    /// writes none, the reports still reach the task's record. A server
+    /// sets it from `--events` (`all` only).
+    pub progress_events_max_len: u64,
 }
 
 /// What the operator decides for one task's handler, whatever its component
@@ -117,6 +122,7 @@ impl Default for SandboxConfig {
             handlers: HashMap::new(),
             madvise_slot_reset: false,
             fleet_secret_file: None,
+            progress_events_max_len: 0,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! subscribers of `GET /v1/queues/{q}/events` read it.
 //!
 //! An entry holds one event, with its four fields (`task_id`, `status`,
-//! `attempt`, `at`), or several: `complete` and `start` write one entry per
+//! `attempt`, `at`; a `PROGRESS` event also `fraction` and `message`, see
+//! `progress.rs`), or several: `complete` and `start` write one entry per
 //! batch, a pair per event (the task id, then `<status> <attempt> <at>`),
 //! which saves Redis an XADD per task. An event's id ([`EventId`]) is its
 //! entry's id, with the event's place in the entry when more events follow
@@ -97,8 +98,9 @@ impl fmt::Display for EventId {
     }
 }
 
-/// One lifecycle event: a task reached `status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One lifecycle event: a task reached `status`; or, with status
+/// `PROGRESS`, its running attempt reported how far it is.
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueEvent {
     /// Where it is in the events stream.
     pub id: EventId,
@@ -110,17 +112,26 @@ pub struct QueueEvent {
     pub attempt: Option<u64>,
     /// When it happened (ms since epoch, the writer's clock).
     pub at: Option<u64>,
+    /// A `PROGRESS` event's fraction (0 to 1) and message.
+    pub progress: Option<(f64, String)>,
 }
 
 impl QueueEvent {
-    /// The event as the API sends it: `{task_id, status, attempt, at}`.
+    /// The event as the API sends it: `{task_id, status, attempt, at}`,
+    /// and a `PROGRESS` event's `progress: {fraction, message,
+    /// updated_at}`, as the task shows it.
     pub fn to_json(&self) -> Json {
-        json!({
+        let mut event = json!({
             "task_id": self.task_id,
             "status": self.status,
             "attempt": self.attempt,
             "at": self.at,
-        })
+        });
+        if let Some((fraction, message)) = &self.progress {
+            event["progress"] =
+                json!({"fraction": fraction, "message": message, "updated_at": self.at});
+        }
+        event
     }
 
     /// The events of stream entry `id`, whose body is `[field, value,
@@ -134,17 +145,23 @@ impl QueueEvent {
         let mut pairs = body.into_iter();
         // (task id, status, attempt, at) of each event, in order.
         let mut found = Vec::new();
+        // A PROGRESS event's (fraction, message): a single event's.
+        let mut progress = None;
         if single {
             let (mut task_id, mut status, mut attempt, mut at) = (None, None, None, None);
+            let (mut fraction, mut message) = (None, None);
             while let (Some(field), Some(value)) = (pairs.next(), pairs.next()) {
                 match field.as_str() {
                     "task_id" => task_id = Some(value),
                     "status" => status = Some(value),
                     "attempt" => attempt = value.parse().ok(),
                     "at" => at = value.parse().ok(),
+                    "fraction" => fraction = value.parse::<f64>().ok(),
+                    "message" => message = Some(value),
                     _ => {}
                 }
             }
+            progress = fraction.map(|f| (f, message.unwrap_or_default()));
             found.extend(task_id.zip(status).map(|(t, s)| (t, s, attempt, at)));
         } else {
             while let (Some(task_id), Some(value)) = (pairs.next(), pairs.next()) {
@@ -170,6 +187,7 @@ impl QueueEvent {
                 status,
                 attempt,
                 at,
+                progress: progress.take(),
             })
             .collect()
     }
@@ -486,6 +504,23 @@ mod tests {
         assert_eq!(
             events[0].to_json(),
             json!({"task_id": "t1", "status": "RUNNING", "attempt": 2, "at": 99})
+        );
+        // A progress event: its fraction and message beside the four.
+        let events = QueueEvent::from_entry(
+            id,
+            body(&[
+                ("task_id", "t1"),
+                ("status", "PROGRESS"),
+                ("attempt", "1"),
+                ("at", "99"),
+                ("fraction", "0.25"),
+                ("message", "a quarter"),
+            ]),
+        );
+        assert_eq!(
+            events[0].to_json(),
+            json!({"task_id": "t1", "status": "PROGRESS", "attempt": 1, "at": 99,
+                "progress": {"fraction": 0.25, "message": "a quarter", "updated_at": 99}})
         );
         // An expired task's event has no attempt.
         let events = QueueEvent::from_entry(

@@ -15,6 +15,8 @@
 //!   messages of dead workers (`reclaim.rs`), promoting delayed tasks
 //!   (`promote.rs`), expiring waiting tasks on time (`expiry.rs`), a
 //!   queue's periodic tasks (`schedules.rs`);
+//! - a handler's progress, which the sandbox reports on its own connection
+//!   (`progress.rs`);
 //! - outside the worker: reading tasks by id (`task_read.rs`), cancelling
 //!   (`cancel.rs`), the DLQ (`dlq.rs`), counts and queue names
 //!   (`stats.rs`), pausing a queue (`pause.rs`), its limits and the
@@ -44,6 +46,7 @@ mod listing;
 mod lookup;
 mod partitions;
 mod pause;
+mod progress;
 mod promote;
 mod reclaim;
 mod schedules;
@@ -81,6 +84,7 @@ pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, Task
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
 pub use pause::PAUSE_POLL;
+pub use progress::{ProgressReport, ReportingAttempt, TaskProgress, write_progress};
 pub use reclaim::Reclaimed;
 pub use schedules::{
     CronExpr, FiredTick, InvalidCron, MAX_SCHEDULE_NAME_BYTES, Schedule, ScheduleDef, TIMEZONE,

@@ -1,7 +1,9 @@
 //! The store's Lua scripts, the codes they return, and the way every room
 //! composes a script from shared fragments.
 //!
-//! One file per operation under `lua/`, loaded here ([`Scripts`]); the
+//! One file per operation under `lua/`, loaded here ([`Scripts`]) but for
+//! `progress.lua`, which the sandbox runs on its own connection, loaded in
+//! `progress.rs`; the
 //! sandbox's scripts live in `sandbox/lua/` and the handler registry's in
 //! `deploy/lua/`, each loaded by the code that calls it. A fragment under
 //! a room's `lua/include/` is text prepended to the scripts that use it,
@@ -323,6 +325,7 @@ mod tests {
         "schedule_advance",
         "partitions_raise",
         "queue_register",
+        "progress",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -497,7 +500,8 @@ mod tests {
     /// Every layout of the store's scripts, with its script's text.
     fn layouts() -> Vec<(&'static ArgvLayout, String)> {
         use super::super::{
-            QUEUE_REGISTER_ARGV, cancel, complete, dlq, expiry, limits, partitions, promote,
+            QUEUE_REGISTER_ARGV, cancel, complete, dlq, expiry, limits, partitions, progress,
+            promote,
             reclaim, schedules, start, task_read,
         };
         let text = |file: &str| argv_check::text("store", &[file]);
@@ -520,6 +524,7 @@ mod tests {
             (&task_read::TASK_READ_ARGV, text("task_read")),
             (&QUEUE_REGISTER_ARGV, text("queue_register")),
             (&limits::ADMIT_ARGV, text("admit")),
+            (&progress::PROGRESS_ARGV, text("progress")),
         ]
     }
 

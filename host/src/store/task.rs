@@ -20,7 +20,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::StoreError;
+use super::{StoreError, TaskProgress};
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -158,6 +158,10 @@ pub struct TaskRecord {
     /// What holds it while it waits SCHEDULED under a queue limit (`rate`
     /// or `group`), and until when (ms): see `store::limits`.
     pub held: Option<(String, u64)>,
+    /// The last progress a handler reported, of whichever attempt
+    /// reported it (`progress.rs`); [`TaskRecord::progress`] shows the last
+    /// attempt's.
+    pub reported_progress: Option<TaskProgress>,
 }
 
 /// How many attempts a task's history keeps: the scripts keep this many
@@ -275,6 +279,7 @@ impl TaskRecord {
                 (Some(by), Some(until)) if status == TaskStatus::Scheduled => Some((by, until)),
                 _ => None,
             },
+            reported_progress: take("progress").as_deref().and_then(TaskProgress::parse),
             id,
         })
     }
@@ -321,7 +326,17 @@ impl TaskRecord {
                 .iter()
                 .map(AttemptRecord::to_json)
                 .collect::<Vec<_>>(),
+            "progress": self.progress().map(TaskProgress::to_json),
         })
+    }
+
+    /// The progress its last attempt reported, while it runs and after:
+    /// none once another attempt began (a retry starts without progress
+    /// until its handler reports).
+    pub fn progress(&self) -> Option<&TaskProgress> {
+        self.reported_progress
+            .as_ref()
+            .filter(|p| self.attempts > 0 && p.attempt == self.attempts)
     }
 
     /// Every attempt the task keeps, oldest first: the archived ones and
@@ -575,6 +590,39 @@ mod tests {
         assert_eq!(history.len(), MAX_ATTEMPT_HISTORY);
         assert_eq!(history.first().map(|a| a.0), Some(12));
         assert_eq!(history.last().map(|a| a.0), Some(31));
+    }
+
+    #[test]
+    fn a_task_shows_the_progress_of_its_last_attempt_only() {
+        let progress = r#"{"fraction":0.25,"message":"a quarter","updated_at":7,"attempt":2}"#;
+        let with = |status: &str, attempts: &str| {
+            let mut fields = hash(&[("status", status), ("progress", progress)]);
+            fields.insert("attempts".into(), attempts.into());
+            TaskRecord::from_fields(fields).expect("parses")
+        };
+        for (status, attempts) in [("RUNNING", "2"), ("SUCCEEDED", "2"), ("RETRYING", "2")] {
+            assert_eq!(
+                with(status, attempts).to_json()["progress"],
+                json!({"fraction": 0.25, "message": "a quarter", "updated_at": 7}),
+                "{status}"
+            );
+        }
+        // The next attempt runs: attempt 2's report is not its progress.
+        assert_eq!(with("RUNNING", "3").to_json()["progress"], Value::Null);
+        assert!(with("RUNNING", "3").reported_progress.is_some());
+        // None reported, or a field that does not read: none shown.
+        assert_eq!(
+            record("RUNNING", 1, &[], "").to_json()["progress"],
+            Value::Null
+        );
+        let mut bad = hash(&[("status", "RUNNING"), ("attempts", "1"), ("progress", "{")]);
+        bad.insert("attempts".into(), "1".into());
+        assert_eq!(
+            TaskRecord::from_fields(bad)
+                .map(|t| t.progress().cloned())
+                .ok(),
+            Some(None)
+        );
     }
 
     #[test]

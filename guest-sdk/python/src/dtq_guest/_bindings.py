@@ -19,6 +19,7 @@ MODULES = (
     "idempotency",
     "kv",
     "log",
+    "progress",
     "wasi_http_types",
     "outgoing_handler",
     "streams",

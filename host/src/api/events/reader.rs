@@ -307,6 +307,7 @@ mod tests {
             status: "QUEUED".into(),
             attempt: Some(0),
             at: Some(5),
+            progress: None,
         };
         assert_eq!(
             event_data(&event, Some("echo")),
