@@ -501,8 +501,7 @@ mod tests {
     fn layouts() -> Vec<(&'static ArgvLayout, String)> {
         use super::super::{
             QUEUE_REGISTER_ARGV, cancel, complete, dlq, expiry, limits, partitions, progress,
-            promote,
-            reclaim, schedules, start, task_read,
+            promote, reclaim, schedules, start, task_read,
         };
         let text = |file: &str| argv_check::text("store", &[file]);
         vec![
