@@ -646,6 +646,10 @@ async fn the_document_declares_the_tokens_the_server_takes() -> Result<()> {
     let doc = document(&admin_only).await?;
     let admin_ops: BTreeSet<(String, String)> = [
         ("put", "/v1/queues/{queue}/partitions"),
+        ("post", "/v1/queues/{queue}/pause"),
+        ("post", "/v1/queues/{queue}/resume"),
+        ("put", "/v1/queues/{queue}/limits"),
+        ("delete", "/v1/queues/{queue}/limits"),
         ("post", "/v1/queues/{queue}/dlq/{id}/requeue"),
         ("post", "/v1/queues/{queue}/dlq/requeue"),
         ("delete", "/v1/queues/{queue}/dlq"),

@@ -47,7 +47,7 @@ const MAX_GROUP_CONCURRENCY: u32 = 100_000;
         (status = 413, description = "`PAYLOAD_TOO_LARGE`", body = ErrorBody),
         (status = 415, description = "`UNSUPPORTED_MEDIA_TYPE`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn put(
     State(shared): State<Shared>,
@@ -90,7 +90,7 @@ pub(super) async fn put(
         (status = 200, description = "The queue's limits (`{}`: none)", body = schemas::LimitsState),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["read"])),
 )]
 pub(super) async fn get(
     State(shared): State<Shared>,
@@ -118,7 +118,7 @@ pub(super) async fn get(
         (status = 200, description = "Every limit lifted", body = schemas::LimitsState),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn delete(
     State(shared): State<Shared>,

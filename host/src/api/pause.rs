@@ -28,7 +28,7 @@ use crate::base::now_ms;
         (status = 200, description = "Paused (`changed`: it was running)", body = schemas::PauseState),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn pause(
     State(shared): State<Shared>,
@@ -49,7 +49,7 @@ pub(super) async fn pause(
         (status = 200, description = "Running (`changed`: it was paused)", body = schemas::PauseState),
         (status = 400, description = "`INVALID_QUEUE_NAME`, `INVALID_PATH`", body = ErrorBody),
     ),
-    security(("bearer" = [])),
+    security(("bearer" = ["admin"])),
 )]
 pub(super) async fn resume(
     State(shared): State<Shared>,
