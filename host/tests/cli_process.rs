@@ -8,11 +8,11 @@
 //! flight, the warning of a queue no worker consumes, and a Redis that
 //! refuses connections said as such.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dtq_tests::process::DtqProcess;
+use dtq_tests::process::{self, DtqProcess, expect_code, stderr_text as stderr, stdout_json};
 use dtq_tests::{ApiClient, RedisServer, TempDir, free_port, guests};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -67,46 +67,12 @@ async fn start(
 
 /// A `dtq` client command, its output piped, killed if dropped.
 fn command(args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::from(dtq_tests::process::dtq_command(DTQ));
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
+    process::client_command(DTQ, args)
 }
 
-/// Run a `dtq` client command to completion (at most 30 s).
+/// Run a `dtq` client command to completion (at most [`WAIT`]).
 async fn run(args: &[&str]) -> Result<Output> {
-    tokio::time::timeout(WAIT, command(args).output())
-        .await
-        .with_context(|| format!("dtq {args:?} did not finish within {WAIT:?}"))?
-        .with_context(|| format!("cannot run dtq {args:?}"))
-}
-
-/// The exit code, with the output in the message when it is not `want`.
-fn expect_code(out: &Output, want: i32, what: &str) -> Result<()> {
-    ensure!(
-        out.status.code() == Some(want),
-        "{what}: exit {:?}, want {want}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn stdout_json(out: &Output) -> Result<Value> {
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "stdout is not one JSON value: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    process::run_client(DTQ, args, WAIT).await
 }
 
 /// Wait until the fleet report shows a live worker consuming `queue`.

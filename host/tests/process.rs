@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use dtq_tests::process::DtqProcess;
+use dtq_tests::process::{self, DtqProcess, expect_code, stderr_text as stderr, stdout_json};
 use dtq_tests::{ApiClient, RedisServer, TempDir, free_port, guests};
 use serde_json::{Value, json};
 
@@ -358,41 +358,7 @@ async fn past_the_grace_period_the_task_is_abandoned_and_reclaimed() -> Result<(
 
 /// Run a `dtq` client command to completion (at most 30 s).
 async fn run(args: &[&str]) -> Result<Output> {
-    let mut cmd = tokio::process::Command::from(dtq_command());
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    tokio::time::timeout(Duration::from_secs(30), cmd.output())
-        .await
-        .with_context(|| format!("dtq {args:?} did not finish within 30 s"))?
-        .with_context(|| format!("cannot run dtq {args:?}"))
-}
-
-/// The exit code, with the output in the message when it is not `want`.
-fn expect_code(out: &Output, want: i32, what: &str) -> Result<()> {
-    ensure!(
-        out.status.code() == Some(want),
-        "{what}: exit {:?}, want {want}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn stdout_json(out: &Output) -> Result<Value> {
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "stdout is not one JSON value: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    process::run_client(DTQ, args, Duration::from_secs(30)).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

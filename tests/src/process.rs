@@ -188,3 +188,54 @@ impl Drop for DtqProcess {
         }
     }
 }
+
+/// A `dtq` client command of binary `bin` (`dtq submit ...`), as a script
+/// runs it: no stdin, stdout and stderr piped, killed if dropped.
+pub fn client_command(bin: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::from(dtq_command(bin));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Run [`client_command`] to completion, within `within`.
+pub async fn run_client(
+    bin: &str,
+    args: &[&str],
+    within: Duration,
+) -> Result<std::process::Output> {
+    tokio::time::timeout(within, client_command(bin, args).output())
+        .await
+        .with_context(|| format!("dtq {args:?} did not finish within {within:?}"))?
+        .with_context(|| format!("cannot run dtq {args:?}"))
+}
+
+/// `out`'s exit code is `want`; otherwise an error with its output.
+pub fn expect_code(out: &std::process::Output, want: i32, what: &str) -> Result<()> {
+    ensure!(
+        out.status.code() == Some(want),
+        "{what}: exit {:?}, want {want}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// `out`'s stdout as one JSON value.
+pub fn stdout_json(out: &std::process::Output) -> Result<serde_json::Value> {
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "stdout is not one JSON value: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// `out`'s stderr as text.
+pub fn stderr_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
