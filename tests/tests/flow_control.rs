@@ -488,6 +488,7 @@ async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
         (json!({"group_concurrency": 0}), "INVALID_LIMITS"),
         (json!({"rate": {"limit": 5}}), "INVALID_REQUEST"),
         (json!({"burst": 1}), "INVALID_REQUEST"),
+        (json!([null, null]), "INVALID_REQUEST"),
     ] {
         let r = dtq
             .call(Method::PUT, path, Some(bad.clone()), &admin)

@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
-use super::routes::{authorized, read_limited, require_json, store_call};
+use super::routes::{authorized, json_body, store_call};
 use crate::base::ErrorCode;
 use crate::store::Limits;
 
@@ -56,16 +56,7 @@ pub(super) async fn put(
     body: Body,
 ) -> Result<Response, ApiError> {
     authorized(&shared.auth, &headers, Scope::Admin, &queue)?;
-    require_json(&headers)?;
-    let too_large = || {
-        ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")
-            .with_details(json!({"limit": BODY_LIMIT}))
-    };
-    let bytes = read_limited(&shared, &headers, body, BODY_LIMIT, too_large).await?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body: {e}")))?;
-    let limits: Limits = serde_json::from_value(value)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))?;
+    let limits: Limits = json_body(&shared, &headers, body, BODY_LIMIT).await?;
     check(&limits)?;
     let (store, q) = (shared.state.store.clone(), queue.clone());
     store_call(&shared, async move {
@@ -168,6 +159,7 @@ pub(super) mod schemas {
     /// At most `limit` task starts per window of `per_ms`, across the
     /// fleet.
     #[derive(ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub(in crate::api) struct RateLimit {
         /// Starts per window, 1 to 1,000,000.
         #[schema(minimum = 1, maximum = 1_000_000)]
@@ -179,6 +171,7 @@ pub(super) mod schemas {
 
     /// A queue's limits; a limit left out is lifted.
     #[derive(ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub(in crate::api) struct QueueLimits {
         rate: Option<RateLimit>,
         /// Running tasks of one `group` (a submission field) at once,

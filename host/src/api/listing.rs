@@ -46,6 +46,7 @@ pub(super) struct TaskListParams {
     limit: Option<String>,
     /// Only tasks of this name (the handler's), exactly. Read from each
     /// task's record like the status, within the same scan budget.
+    #[param(schema_with = super::openapi::name_schema)]
     task: Option<String>,
     /// A previous page's `next_cursor`, as it is.
     #[param(pattern = r"^(?!0*(-0*)?(\.|$))[0-9]{1,19}(-[0-9]{1,19})?(\.[1-9][0-9]{0,8})?$")]

@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::extract::ApiPath;
 use super::openapi::ErrorBody;
 use super::openapi::schemas::QueuePath;
-use super::routes::{checked_queue, read_limited, require_json, store_call};
+use super::routes::{checked_queue, json_body, store_call};
 use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::store::MAX_PARTITIONS;
@@ -56,16 +56,7 @@ pub(super) async fn raise(
 ) -> Result<Response, ApiError> {
     shared.auth.authorize_every_queue(&headers, &queue)?;
     checked_queue(&queue)?;
-    require_json(&headers)?;
-    let too_large = || {
-        ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")
-            .with_details(json!({"limit": BODY_LIMIT}))
-    };
-    let bytes = read_limited(&shared, &headers, body, BODY_LIMIT, too_large).await?;
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body: {e}")))?;
-    let RaiseBody { count } = serde_json::from_value(value)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))?;
+    let RaiseBody { count } = json_body(&shared, &headers, body, BODY_LIMIT).await?;
     if !(1..=MAX_PARTITIONS).contains(&count) {
         return Err(ApiError::new(
             ErrorCode::InvalidPartitions,

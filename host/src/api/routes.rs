@@ -137,6 +137,35 @@ pub(super) async fn read_limited(
     }
 }
 
+/// A small JSON body of an admin route, read whole as [`read_limited`]
+/// does within `limit` bytes: 415 unless declared JSON, 413 past the
+/// limit, 400 `INVALID_JSON` when it is not JSON, 400 `INVALID_REQUEST`
+/// when it is not an object that is a `T`.
+pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    require_json(headers)?;
+    let too_large = || {
+        ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large")
+            .with_details(json!({"limit": limit}))
+    };
+    let bytes = read_limited(shared, headers, body, limit, too_large).await?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("request body: {e}")))?;
+    // serde would read a struct from an array of its fields, in order.
+    if !value.is_object() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "request body must be a JSON object",
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("request body: {e}")))
+}
+
 fn body_timeout(timeout: Duration) -> ApiError {
     let ms = timeout.as_millis() as u64;
     ApiError::new(

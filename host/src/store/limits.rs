@@ -31,8 +31,10 @@ const GROUP_RETRY: Duration = Duration::from_millis(100);
 #[serde(deny_unknown_fields)]
 pub struct Rate {
     /// Starts per window.
+    #[serde(deserialize_with = "whole")]
     pub limit: u32,
     /// The window (ms).
+    #[serde(deserialize_with = "whole")]
     pub per_ms: u64,
 }
 
@@ -44,8 +46,41 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<Rate>,
     /// Running tasks of one `group` across the fleet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "whole_or_null"
+    )]
     pub group_concurrency: Option<u32>,
+}
+
+/// A whole number, also when written as one with a zero fraction (`20.0`,
+/// which JSON Schema counts as an integer).
+fn whole<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not a whole number in range")))
+}
+
+/// [`whole`], or `null`.
+fn whole_or_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    #[derive(Deserialize)]
+    struct Whole<T: TryFrom<u64>>(#[serde(deserialize_with = "whole")] T);
+    Ok(Option::<Whole<T>>::deserialize(d)?.map(|Whole(n)| n))
 }
 
 impl Limits {
@@ -201,5 +236,41 @@ impl Store {
                 other => Err(StoreError::Protocol(format!("admit answered code {other}"))),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Limits, Rate};
+
+    #[test]
+    fn limits_read_whole_numbers_written_either_way() {
+        let read = |text: &str| serde_json::from_str::<Limits>(text);
+        let want = Limits {
+            rate: Some(Rate {
+                limit: 20,
+                per_ms: 1000,
+            }),
+            group_concurrency: Some(2),
+        };
+        for text in [
+            r#"{"rate": {"limit": 20, "per_ms": 1000}, "group_concurrency": 2}"#,
+            r#"{"rate": {"limit": 20.0, "per_ms": 1000.0}, "group_concurrency": 2.0}"#,
+        ] {
+            assert_eq!(read(text).expect(text), want);
+        }
+        assert_eq!(
+            read(r#"{"group_concurrency": null}"#).expect("null"),
+            Limits::default()
+        );
+        for bad in [
+            r#"{"rate": {"limit": 2.5, "per_ms": 1000}}"#,
+            r#"{"rate": {"limit": -1, "per_ms": 1000}}"#,
+            r#"{"rate": {"limit": 5000000000, "per_ms": 1000}}"#,
+            r#"{"group_concurrency": "2"}"#,
+            r#"{"rate": {"limit": 1, "per_ms": 1, "burst": 1}}"#,
+        ] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
     }
 }
