@@ -123,40 +123,64 @@ local function hold(taskKey, taskId, msgId, by, untilMs, count)
   redis.call("ZADD", delayedKey, untilMs, taskId)
 end
 
+-- Under a rate limit alone, a message within the window's count is
+-- admitted without reading its task: a batch costs the window's read and
+-- write, not a read per task. Only one past the count is read, to hold it
+-- if it waits (QUEUED).
+local function admitByRate(taskKey, taskId, msgId)
+  if counted < rateLimit then
+    counted = counted + 1
+    return ADMITTED
+  end
+  local f = redis.pcall("HMGET", taskKey, "status", "held_count")
+  if f.err or f[1] ~= "QUEUED" then
+    return ADMITTED
+  end
+  hold(taskKey, taskId, msgId, "rate", nextWindow, (tonumber(f[2]) or 0) + 1)
+  return HELD_RATE
+end
+
+-- Under a group limit (and a rate limit, if any).
+local function admitByGroup(taskKey, taskId, msgId)
+  local f = redis.pcall("HMGET", taskKey, "status", "group", "held_by", "held_count")
+  if f.err or f[1] ~= "QUEUED" then
+    return ADMITTED
+  end
+  local name, holds = f[2], tonumber(f[4]) or 0
+  local slotted = false
+  if name and name ~= "" then
+    if not takeSlot(name, taskId) then
+      local delay = groupRetryMs * 2 ^ math.min(holds, 4)
+      hold(taskKey, taskId, msgId, "group", clock + delay, holds + 1)
+      return HELD_GROUP
+    end
+    slotted = true
+  end
+  if rateLimit > 0 then
+    if counted >= rateLimit then
+      if slotted then
+        redis.call("ZREM", groupPrefix .. name, taskId)
+      end
+      hold(taskKey, taskId, msgId, "rate", nextWindow, holds + 1)
+      return HELD_RATE
+    end
+    counted = counted + 1
+  end
+  if f[3] then
+    redis.call("HDEL", taskKey, "held_by", "held_until", "held_count")
+  end
+  return ADMITTED
+end
+
 local out = {}
 for i = 4, #KEYS do
   local d = ARG_DELIVERIES + 2 * (i - 4)
   local taskKey, msgId, taskId = KEYS[i], ARGV[d], ARGV[d + 1]
-  local f = redis.pcall("HMGET", taskKey, "status", "group", "held_by", "held_count")
-  local code = ADMITTED
-  if not f.err and f[1] == "QUEUED" then
-    local name, holds = f[2], tonumber(f[4]) or 0
-    local slotted = false
-    if groupLimit > 0 and name and name ~= "" then
-      if takeSlot(name, taskId) then
-        slotted = true
-      else
-        local delay = groupRetryMs * 2 ^ math.min(holds, 4)
-        hold(taskKey, taskId, msgId, "group", clock + delay, holds + 1)
-        code = HELD_GROUP
-      end
-    end
-    if code == ADMITTED and rateLimit > 0 then
-      if counted < rateLimit then
-        counted = counted + 1
-      else
-        if slotted then
-          redis.call("ZREM", groupPrefix .. name, taskId)
-        end
-        hold(taskKey, taskId, msgId, "rate", nextWindow, holds + 1)
-        code = HELD_RATE
-      end
-    end
-    if code == ADMITTED and f[3] then
-      redis.call("HDEL", taskKey, "held_by", "held_until", "held_count")
-    end
+  if groupLimit > 0 then
+    out[#out + 1] = admitByGroup(taskKey, taskId, msgId)
+  else
+    out[#out + 1] = admitByRate(taskKey, taskId, msgId)
   end
-  out[#out + 1] = code
 end
 if counted > started then
   redis.call("HSET", rateKey, "w", window, "n", counted)
