@@ -8,7 +8,7 @@
 //!
 //! Requests and answers use the server's own types where it has them
 //! ([`SubmitRequest`], [`TaskStatus`](crate::store::TaskStatus),
-//! [`BulkRequeue`], [`FleetReport`](crate::deploy::FleetReport),
+//! [`BulkRequeue`], [`FleetReport`],
 //! [`DeploySettings`]) and [`types`] where it builds its answer in the
 //! route. A refusal is a [`ClientError::Api`] with the API's error body.
 //!

@@ -281,7 +281,7 @@ pub enum Conn {
     /// hand: [`Backend::connect`] makes a [`Conn::Server`]).
     Single(ConnectionManager),
     /// To a single server at the address it holds, which a refused
-    /// connection's error names ([`explain_refusal`]).
+    /// connection's error names (`explain_refusal`).
     Server(ConnectionManager, Arc<str>),
     /// To the master behind Sentinel.
     Sentinel(SentinelConn),
