@@ -520,3 +520,78 @@ async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
     assert_eq!(dtq.task("lim", &id).await?["group"], "g".repeat(128));
     Ok(())
 }
+
+/// The consumers a queue's pending messages are on (XPENDING's summary).
+async fn pending_consumers(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
+    let reply: (
+        u64,
+        Option<String>,
+        Option<String>,
+        Option<Vec<(String, String)>>,
+    ) = redis::cmd("XPENDING")
+        .arg(dtq_host::store::QueueKeys::new(queue).stream)
+        .arg(dtq_host::store::GROUP)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    Ok(reply
+        .3
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect())
+}
+
+/// A worker killed (dropped without a shutdown) while its task runs on a
+/// paused queue: another worker reclaims the message but does not start
+/// it while the queue is paused; once resumed, it reads the message back
+/// and runs the task's next attempt. Nothing is lost and nothing starts
+/// during the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_workers_task_on_a_paused_queue_waits_for_the_resume() -> Result<()> {
+    let q = "paused-crash";
+    let dtq = Dtq::start(false, &["--queues", q, "--admin-token", ADMIN]).await?;
+    let id = dtq
+        .submit_new(
+            q,
+            json!({"task": "sleep", "payload": {"ms": 3_000}, "max_attempts": 3}),
+            None,
+        )
+        .await?;
+    let stop = CancellationToken::new();
+    let doomed = spawn_worker(&dtq, &stop);
+    dtq.wait_for(q, &id, &["RUNNING"], WAIT).await?;
+    let dead = pending_consumers(&dtq, q).await?;
+    ensure!(dead.len() == 1, "{dead:?}");
+    set_paused(&dtq, q, true).await?;
+    doomed.abort();
+    let _ = doomed.await;
+
+    let survivor = spawn_worker(&dtq, &stop);
+    // The reclaim moves the message to the survivor after the visibility
+    // timeout.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = pending_consumers(&dtq, q).await?;
+        if !now.is_empty() && now != dead {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "never reclaimed: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let task = dtq.task(q, &id).await?;
+    ensure!(
+        task["attempts"] == 1 && task["status"] != "SUCCEEDED",
+        "a paused queue started a reclaimed task: {task}"
+    );
+
+    set_paused(&dtq, q, false).await?;
+    let done = dtq.wait_for(q, &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(done["attempts"], 2, "{done}");
+    stop.cancel();
+    survivor.await?;
+    Ok(())
+}
