@@ -521,14 +521,18 @@ async fn limits_are_set_read_and_lifted_and_bad_ones_refused() -> Result<()> {
     Ok(())
 }
 
+/// XPENDING's summary: the count, the lowest and highest ids, and each
+/// consumer with its count.
+type PendingSummary = (
+    u64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
 /// The consumers a queue's pending messages are on (XPENDING's summary).
 async fn pending_consumers(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
-    let reply: (
-        u64,
-        Option<String>,
-        Option<String>,
-        Option<Vec<(String, String)>>,
-    ) = redis::cmd("XPENDING")
+    let reply: PendingSummary = redis::cmd("XPENDING")
         .arg(dtq_host::store::QueueKeys::new(queue).stream)
         .arg(dtq_host::store::GROUP)
         .query_async(&mut dtq.redis.conn().await?)
