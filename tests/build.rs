@@ -23,6 +23,8 @@ const EXAMPLES: &[&str] = &[
     "flaky",
     "sleep",
     "order_total",
+    "fan_out",
+    "square",
 ];
 
 /// Test guests in `guests/`.
@@ -31,6 +33,7 @@ const TEST_GUESTS: &[&str] = &[
     "http_client",
     "namespaced",
     "operations",
+    "flows",
     "progress",
     "versioned_v1",
     "versioned_v2",

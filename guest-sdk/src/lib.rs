@@ -9,7 +9,9 @@
 //! `cargo build --release --target wasm32-wasip2` makes the `.wasm` a host
 //! worker runs. Inside the sandbox a handler reaches only what this crate
 //! offers: [`idempotent_operation`], a namespaced slice of Redis in [`kv`],
-//! the task's [`log`], and [`progress`] reports for whoever watches the task.
+//! the task's [`log`], [`progress`] reports for whoever watches the task,
+//! and [`tasks`] it submits (flows: exactly once, and a parent that waits
+//! for its children).
 //!
 //! How a call ends decides what the host does with the task:
 //!
@@ -76,6 +78,7 @@ mod json;
 pub mod kv;
 pub mod log;
 mod progress;
+pub mod tasks;
 
 pub use context::Context;
 pub use error::{Error, Refusal, Result, ResultExt};

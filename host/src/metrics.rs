@@ -139,7 +139,7 @@ impl AttemptOutcome {
             TaskStatus::Cancelled => AttemptOutcome::Cancelled,
             TaskStatus::Expired => AttemptOutcome::Expired,
             TaskStatus::Scheduled => AttemptOutcome::Deferred,
-            TaskStatus::Queued | TaskStatus::Running => return None,
+            TaskStatus::Queued | TaskStatus::Running | TaskStatus::Waiting => return None,
         })
     }
 }

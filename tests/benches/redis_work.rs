@@ -250,6 +250,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 now: dtq_host::base::now_ms(),
                 digest: None,
                 carried_at: task.carried_at,
+                staged: Vec::new(),
             })
             .collect();
         let outcomes = store.complete(&completions).await?;

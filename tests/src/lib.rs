@@ -606,6 +606,7 @@ pub fn completion(
         now: dtq_host::base::now_ms(),
         digest: None,
         carried_at: task.carried_at,
+        staged: Vec::new(),
     }
 }
 

@@ -89,6 +89,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
         now: dtq_host::base::now_ms(),
         digest: None,
         carried_at: None,
+        staged: Vec::new(),
     }
 }
 
@@ -97,6 +98,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
 fn finish(task: &StartedTask, delivery: &Delivery, attempt: u32, result: &str) -> Completion {
     Completion {
         carried_at: task.carried_at,
+        staged: Vec::new(),
         ..success(&task.queue, delivery, attempt, result)
     }
 }

@@ -343,6 +343,7 @@ fn raw_task(queue: &str, task: &str) -> NewTask {
         expires_at: None,
         group: None,
         traceparent: None,
+        parent: None,
     }
 }
 

@@ -171,6 +171,21 @@ impl Limits {
                 details: json!({"scope": "deploy", "task": task, "namespace": namespace}),
             });
         }
+        // What a handler may submit reaches other queues and their
+        // tenants: the operator's to grant, never a deploy grant's.
+        if let Some(grants) = settings
+            .submit_to
+            .as_deref()
+            .filter(|g| !g.trim().is_empty())
+        {
+            return Some(Uncovered {
+                message: format!(
+                    "submit_to={grants:?} needs the fleet operator's token: a deploy grant \
+                     cannot let a handler submit to queues"
+                ),
+                details: json!({"scope": "deploy", "task": task, "submit_to": grants}),
+            });
+        }
         if let Some(host) = self.uncovered_host(settings) {
             return Some(Uncovered {
                 message: format!(

@@ -403,7 +403,8 @@ impl PartialSchema for TaskStatus {
             .enum_values(Some(TaskStatus::ALL.iter().map(|s| s.as_str())))
             .description(Some(
                 "Where a task is in its life. SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED \
-                 and EXPIRED are terminal (a dead-lettered task may be requeued).",
+                 and EXPIRED are terminal (a dead-lettered task may be requeued). WAITING: \
+                 it ran and waits for its children (flows), holding no slot.",
             ))
             .into()
     }
@@ -552,6 +553,33 @@ pub(super) mod schemas {
         /// Its last attempt's progress, as the handler last reported it,
         /// while it runs and after; null when that attempt reported none.
         progress: Option<Progress>,
+        /// The task that submitted it as a child (flows); null for none.
+        parent: Option<TaskRef>,
+        /// The children it submitted (flows), in submission order, each
+        /// with its status now.
+        children: Vec<ChildTask>,
+    }
+
+    /// A task named by its queue and id.
+    #[derive(ToSchema)]
+    pub(in crate::api) struct TaskRef {
+        queue: String,
+        task_id: String,
+    }
+
+    /// A child of a task (flows), as it is now.
+    #[derive(ToSchema)]
+    pub(in crate::api) struct ChildTask {
+        /// Its id; empty for a child whose submission was refused.
+        task_id: String,
+        queue: String,
+        task: String,
+        /// A task status, `REFUSED` (its submission was refused when
+        /// applied: `error` says why), or `MISSING` (its record is gone,
+        /// past its retention).
+        status: String,
+        /// Why it failed, or why its submission was refused.
+        error: Option<String>,
     }
 
     /// How far an attempt is, as its handler reported it.
@@ -759,6 +787,9 @@ pub(super) mod schemas {
         queue: String,
         status: TaskStatus,
         cancel_requested: Option<bool>,
+        /// Its children (flows) that had not ended, and theirs, cancelled
+        /// with it (or asked to stop, when running).
+        cancelled_children: Vec<String>,
     }
 
     /// The answer to a requeue: the task is `QUEUED` again.
@@ -825,6 +856,10 @@ pub(super) mod schemas {
         /// Hosts it may send HTTP requests to, comma-separated
         /// `scheme://host[:port]` patterns; none by default.
         allow_hosts: Option<String>,
+        /// Queues it may submit tasks to (flows), comma-separated
+        /// `QUEUE[:TASK...]`; none by default. Only the fleet operator's
+        /// token may set it.
+        submit_to: Option<String>,
     }
 
     /// What a registry change did.
@@ -967,6 +1002,7 @@ mod tests {
             max_attempts: Some(0),
             kv_quota_mib: Some(0),
             allow_hosts: Some(String::new()),
+            submit_to: Some(String::new()),
         };
         let fields: BTreeSet<String> = serde_json::to_value(all)
             .expect("serializes")

@@ -30,7 +30,7 @@ use super::{ApiState, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, Shared};
 use crate::base::ErrorCode;
 use crate::base::now_ms;
 use crate::ingest::{self, Deployed, Handlers, KeyHeader, Submitter, validate_queue_name};
-use crate::store::{CancelOutcome, RequeueOutcome};
+use crate::store::{CancelOutcome, RequeueOutcome, StoreError};
 use crate::telemetry;
 use tracing::Instrument as _;
 
@@ -323,8 +323,25 @@ pub(super) async fn get_task(
 ) -> ApiResult {
     authorized(&shared.auth, &headers, Scope::Read, &queue)?;
     let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
-    match store_call(&shared, async move { store.task(&q, &i).await }).await? {
-        Some(task) => Ok(Json(task.to_json()).into_response()),
+    let read = async move {
+        let Some(task) = store.task(&q, &i).await? else {
+            return Ok(None);
+        };
+        let children = store.children(&q, &i).await?;
+        Ok::<_, StoreError>(Some((task, children)))
+    };
+    match store_call(&shared, read).await? {
+        Some((task, children)) => {
+            let mut json = task.to_json();
+            json["children"] = children
+                .iter()
+                .map(|c| {
+                    json!({"task_id": c.task_id, "queue": c.queue, "task": c.task,
+                        "status": c.status, "error": c.error})
+                })
+                .collect();
+            Ok(Json(json).into_response())
+        }
         None => Err(task_not_found(&queue, &id)),
     }
 }
@@ -350,14 +367,27 @@ pub(super) async fn cancel(
 ) -> ApiResult {
     authorized(&shared.auth, &headers, Scope::Cancel, &queue)?;
     let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
-    let outcome = store_call(&shared, async move { store.cancel(&q, &i, now_ms()).await }).await?;
+    // A cancelled parent (flows) takes its children that have not ended
+    // with it, and theirs.
+    let cancel = async move {
+        let outcome = store.cancel(&q, &i, now_ms()).await?;
+        let children = match outcome {
+            CancelOutcome::Cancelled | CancelOutcome::Requested => {
+                store.cancel_children(&q, &i).await?
+            }
+            CancelOutcome::Terminal(_) | CancelOutcome::NotFound => Vec::new(),
+        };
+        Ok::<_, StoreError>((outcome, children))
+    };
+    let (outcome, children) = store_call(&shared, cancel).await?;
     match outcome {
-        CancelOutcome::Cancelled => {
-            Ok(Json(json!({"task_id": id, "queue": queue, "status": "CANCELLED"})).into_response())
-        }
+        CancelOutcome::Cancelled => Ok(Json(json!({"task_id": id, "queue": queue,
+            "status": "CANCELLED", "cancelled_children": children}))
+        .into_response()),
         CancelOutcome::Requested => Ok((
             StatusCode::ACCEPTED,
-            Json(json!({"task_id": id, "queue": queue, "status": "RUNNING", "cancel_requested": true})),
+            Json(json!({"task_id": id, "queue": queue, "status": "RUNNING",
+                "cancel_requested": true, "cancelled_children": children})),
         )
             .into_response()),
         CancelOutcome::Terminal(status) => Err(ApiError::new(

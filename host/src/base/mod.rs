@@ -28,3 +28,21 @@ pub fn new_task_id() -> String {
 pub fn unique_token() -> String {
     uuid::Uuid::now_v7().simple().to_string()
 }
+
+/// The id of the task a handler submits to `queue` with idempotency key
+/// `key` (flows): a UUID (version 8) made from the two, so that every run
+/// of a handler that stages the same submission names the same task.
+pub fn derived_task_id(queue: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"dtq flow task\n")
+        .chain_update(queue.as_bytes())
+        .chain_update(b"\n")
+        .chain_update(key.as_bytes())
+        .finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes)
+        .into_uuid()
+        .to_string()
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{ConfigError, SubmitConfig, at_least};
-use crate::sandbox::{AllowList, HandlerSettings, Limits, SandboxConfig};
+use crate::sandbox::{AllowList, HandlerSettings, Limits, SandboxConfig, SubmitGrants};
 
 /// What handler calls run by: the sandbox's flags.
 #[derive(Debug, Clone, Args)]
@@ -74,6 +74,21 @@ pub struct GuestConfig {
     )]
     pub allow_hosts: Vec<(String, String)>,
 
+    /// Let TASK's handler submit tasks (flows, `dtq_guest::tasks`) to
+    /// QUEUE: any task there, or only the TASKs named after it
+    /// (`--submit-to fan_out=default:square`). Repeatable, or
+    /// comma-separated in the variable. For handlers of the --handlers
+    /// directory; a deployed handler has its own (`dtq deploy
+    /// --submit-to`). Without one, a handler may submit nothing.
+    #[arg(
+        long = "submit-to",
+        env = "DTQ_SUBMIT_TO",
+        value_name = "TASK=QUEUE[:TASK...]",
+        value_delimiter = ',',
+        value_parser = parse_submit_to
+    )]
+    pub submit_to: Vec<(String, SubmitGrants)>,
+
     /// Longest an outbound HTTP request of a handler may take (ms); the
     /// task's remaining deadline caps it too.
     #[arg(long, env = "DTQ_HTTP_TIMEOUT_MS", default_value_t = 10_000)]
@@ -96,6 +111,15 @@ fn parse_allow_host(text: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{text:?} is not TASK=PATTERN"))?;
     AllowList::parse(pattern).map_err(|e| e.to_string())?;
     Ok((task.to_string(), pattern.to_string()))
+}
+
+/// `TASK=QUEUE[:TASK...]`, the grant checked.
+fn parse_submit_to(text: &str) -> Result<(String, SubmitGrants), String> {
+    let (task, grant) = text
+        .split_once('=')
+        .filter(|(task, grant)| !task.is_empty() && !grant.is_empty())
+        .ok_or_else(|| format!("{text:?} is not TASK=QUEUE[:TASK...]"))?;
+    Ok((task.to_string(), SubmitGrants::parse(grant)?))
 }
 
 /// `TASK=NS`.
@@ -144,7 +168,7 @@ impl GuestConfig {
     }
 
     /// The settings of the handlers of the --handlers directory, from
-    /// `--namespace` and `--allow-host`, by task.
+    /// `--namespace`, `--allow-host` and `--submit-to`, by task.
     fn handler_settings(&self) -> HashMap<String, HandlerSettings> {
         let mut settings: HashMap<String, HandlerSettings> = HashMap::new();
         for (task, namespace) in &self.namespaces {
@@ -159,6 +183,13 @@ impl GuestConfig {
                     .allow_hosts
                     .extend(list);
             }
+        }
+        for (task, grants) in &self.submit_to {
+            settings
+                .entry(task.clone())
+                .or_default()
+                .submit_to
+                .extend(grants);
         }
         settings
     }

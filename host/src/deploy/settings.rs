@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::MAX_ATTEMPTS_LIMIT;
-use crate::sandbox::{AllowList, HandlerSettings, validate_namespace};
+use crate::sandbox::{AllowList, HandlerSettings, SubmitGrants, validate_namespace};
 
 /// Largest `memory_mib` a handler may be given (4 GiB: a wasm32 memory's
 /// size).
@@ -57,6 +57,13 @@ pub struct DeploySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub allow_hosts: Option<String>,
+    /// Queues it may submit tasks to (flows), comma-separated
+    /// `QUEUE[:TASK...]`: `orders:pick:charge` grants tasks `pick` and
+    /// `charge` of queue `orders`, `mail` any task of queue `mail`; none
+    /// by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub submit_to: Option<String>,
 }
 
 /// A setting that cannot be used.
@@ -148,6 +155,11 @@ impl DeploySettings {
         {
             return error("allow_hosts", e.to_string());
         }
+        if let Some(grants) = &self.submit_to
+            && let Err(e) = SubmitGrants::parse(grants)
+        {
+            return error("submit_to", e);
+        }
         Ok(())
     }
 
@@ -165,6 +177,13 @@ impl DeploySettings {
                 .allow_hosts
                 .as_deref()
                 .and_then(|hosts| AllowList::parse(hosts).ok())
+                .unwrap_or_default(),
+            // Checked at deploy too; a grant that does not parse grants
+            // nothing.
+            submit_to: self
+                .submit_to
+                .as_deref()
+                .and_then(|grants| SubmitGrants::parse(grants).ok())
                 .unwrap_or_default(),
         }
     }

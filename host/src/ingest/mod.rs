@@ -55,11 +55,13 @@
 //! whole, and a later item sees what an earlier one wrote, as a later
 //! submission would.
 
+mod flow;
 mod handlers;
 mod request;
 mod run_at;
 mod validate;
 
+pub use flow::{Applied, apply_outbox, child_ended, repair};
 pub use handlers::{Deployed, Handlers};
 pub use request::{
     BatchRequest, KeyHeader, RunAt, SubmitRequest, parse_batch_body, parse_submit_body,
@@ -415,6 +417,7 @@ fn prepare(
         expires_at,
         group: req.group,
         traceparent: None,
+        parent: None,
     })
 }
 

@@ -184,6 +184,8 @@ pub(crate) struct LoadedHandler {
     pub(crate) redis: crate::store::Conn,
     /// The sandbox's HTTP clients, for its outbound requests.
     pub(crate) http: Clients,
+    /// The queues and tasks it may submit to (flows).
+    pub(crate) submit_to: super::tasks::SubmitGrants,
     /// The cap of the events stream its progress reports are written to
     /// as `PROGRESS` events; 0 for none
     /// ([`SandboxConfig::progress_events_max_len`](super::SandboxConfig::progress_events_max_len)).
@@ -195,6 +197,8 @@ pub(crate) struct RunResult {
     pub(crate) outcome: Outcome,
     pub(crate) log: String,
     pub(crate) host_calls: u64,
+    /// What the call staged (flows).
+    pub(crate) flow: Option<Box<super::tasks::FlowCall>>,
 }
 
 /// A WASI context with nothing in it: no preopened directories, no
@@ -231,6 +235,7 @@ pub(crate) async fn run(
                 outcome: Outcome::Trapped(Trap::Other(e.to_string())),
                 log: log.finish(),
                 host_calls: 0,
+                flow: None,
             };
         }
     };
@@ -264,6 +269,7 @@ pub(crate) async fn run(
         outcome,
         log: log.finish(),
         host_calls: store.data().host.calls(),
+        flow: store.data_mut().host.flow.take(),
     }
 }
 
@@ -296,6 +302,7 @@ impl TaskState {
                 operation: None,
                 http_requests: None,
                 progress: None,
+                flow: None,
             },
             http: WasiHttpCtx::new(),
             outbound: None,

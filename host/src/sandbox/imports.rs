@@ -1,5 +1,5 @@
 //! The host side of the WIT imports: `kv`, `idempotency` and `log`
-//! (`progress` is in `progress.rs`).
+//! (`progress` is in `progress.rs`, `tasks` in `tasks.rs`).
 //!
 //! Two error layers, as in wasmtime's own WASI: every import returns
 //! `wasmtime::Result<…>`, whose `Err` traps the guest (a host-enforced limit
@@ -117,6 +117,9 @@ pub(crate) struct HostCtx {
     /// The writer of the call's progress, started by its first report
     /// (`progress.rs`). Boxed, as `operation` is: most calls report none.
     pub(crate) progress: Option<Box<Reporter>>,
+    /// What the call staged (flows, `tasks.rs`). Boxed: most calls stage
+    /// nothing.
+    pub(crate) flow: Option<Box<super::tasks::FlowCall>>,
 }
 
 pub(crate) type HostResult<T> = wasmtime::Result<Result<T, HostError>>;

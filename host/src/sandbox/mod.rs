@@ -94,6 +94,7 @@ mod outcome;
 mod progress;
 mod quota;
 mod settings;
+mod tasks;
 mod timeouts;
 
 use std::collections::HashMap;
@@ -113,10 +114,11 @@ pub use fleet_secret::{FLEET_SECRET_KEY, HOST_KEY_PREFIX};
 pub use http::IDEMPOTENCY_KEY;
 pub use limits::{Limit, Limits};
 pub use namespace::{CLAIM_KEY_PREFIX, GUEST_KEY_PREFIX, MAX_NAMESPACE_BYTES, NAMESPACE_SECTION};
-pub use outcome::{CallReport, Outcome, Trap};
+pub use outcome::{CallReport, FlowReport, Outcome, Trap};
 pub use progress::{MAX_PROGRESS_MESSAGE_BYTES, WRITE_EVERY as PROGRESS_WRITE_EVERY};
 pub use quota::{CLAIM_OVERHEAD_BYTES, KEY_OVERHEAD_BYTES};
 pub use settings::{HandlerSettings, SandboxConfig};
+pub use tasks::{SubmitGrant, SubmitGrants};
 
 use cache::ArtifactCache;
 use call::{LoadedHandler, TaskState};
@@ -413,6 +415,7 @@ impl Sandbox {
             digest: sha256.as_str().into(),
             limits,
             allow: settings.allow_hosts.clone(),
+            submit_to: settings.submit_to.clone(),
             namespace: namespace.clone(),
             task: task.into(),
             redis: self.inner.redis.clone(),
@@ -516,10 +519,11 @@ impl Sandbox {
                 elapsed: started.elapsed(),
                 digest: None,
                 task: None,
+                flow: None,
             };
         };
         let limits = &handler.limits;
-        let report = |outcome: Outcome, log: String, host_calls: u64| {
+        let report = |outcome: Outcome, log: String, host_calls: u64, flow| {
             tracing::debug!(
                 outcome = %outcome,
                 host_calls,
@@ -533,6 +537,7 @@ impl Sandbox {
                 elapsed: started.elapsed(),
                 digest: Some(handler.digest.clone()),
                 task: Some(handler.task.clone()),
+                flow: FlowReport::of(flow),
             }
         };
 
@@ -541,9 +546,10 @@ impl Sandbox {
                 Outcome::Trapped(Trap::LimitExceeded(Limit::Payload)),
                 String::new(),
                 0,
+                None,
             );
         }
-        let cancelled = || report(Outcome::Trapped(Trap::Cancelled), String::new(), 0);
+        let cancelled = || report(Outcome::Trapped(Trap::Cancelled), String::new(), 0, None);
         if cancel.is_cancelled() {
             return cancelled();
         }
@@ -561,6 +567,7 @@ impl Sandbox {
                         Outcome::Trapped(Trap::LimitExceeded(Limit::Concurrency)),
                         String::new(),
                         0,
+                        None,
                     ),
                 },
             },
@@ -570,6 +577,6 @@ impl Sandbox {
             .deadline
             .map_or(limits.deadline, |d| d.min(limits.deadline));
         let result = call::run(&self.inner.engine, &handler, call, budget, cancel).await;
-        report(result.outcome, result.log, result.host_calls)
+        report(result.outcome, result.log, result.host_calls, result.flow)
     }
 }

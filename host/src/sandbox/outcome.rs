@@ -25,6 +25,31 @@ pub struct CallReport {
     /// calls (a known task, so the `task` label `/metrics` gives it);
     /// `None` when no handler of the task was loaded.
     pub task: Option<std::sync::Arc<str>>,
+    /// What the call staged (flows): `None` when it staged nothing and did
+    /// not ask to wait.
+    pub flow: Option<Box<FlowReport>>,
+}
+
+/// What a call staged through the `tasks` import (flows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowReport {
+    /// Its staged submissions, as the flow's outbox keeps them (JSON, see
+    /// [`crate::store::Staged`]).
+    pub staged: Vec<String>,
+    /// Whether it asked to wait for its children.
+    pub wait: bool,
+}
+
+impl FlowReport {
+    /// The report of a call's flow state.
+    pub(crate) fn of(flow: Option<Box<super::tasks::FlowCall>>) -> Option<Box<FlowReport>> {
+        flow.map(|f| {
+            Box::new(FlowReport {
+                staged: f.staged,
+                wait: f.wait,
+            })
+        })
+    }
 }
 
 /// How a call ended.

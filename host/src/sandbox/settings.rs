@@ -73,6 +73,8 @@ pub struct HandlerSettings {
     pub fuel: Option<u64>,
     /// The hosts it may send HTTP requests to; none by default.
     pub allow_hosts: AllowList,
+    /// The queues and tasks it may submit to (flows); none by default.
+    pub submit_to: super::SubmitGrants,
 }
 
 impl HandlerSettings {

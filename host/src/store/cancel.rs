@@ -60,7 +60,10 @@ impl Store {
             .key(&keys.delayed)
             .key(&keys.events)
             .key(keys.idempotency(idem_key.as_deref()))
-            .key(&keys.stream);
+            .key(&keys.stream)
+            .key(keys.settle())
+            .key(keys.flow(id))
+            .key(keys.flows());
         Argv::new(&mut inv, &CANCEL_ARGV)
             .put("TASK_ID", id)
             .put("NOW", now)

@@ -116,8 +116,13 @@ impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
 /// escaping.
 pub(super) fn run_head(new: &NewTask) -> Option<String> {
     // A grouped task is admitted by its hash (`lua/admit.lua`), so it goes
-    // through `start` like any attempt after the first.
-    if new.expires_at.is_some() || new.run_at > new.now || new.group.is_some() {
+    // through `start` like any attempt after the first; so does a child
+    // (flows), whose completion reads its parent from its hash.
+    if new.expires_at.is_some()
+        || new.run_at > new.now
+        || new.group.is_some()
+        || new.parent.is_some()
+    {
         return None;
     }
     let timeout = new.timeout_ms.map(|t| t.to_string()).unwrap_or_default();
@@ -263,6 +268,7 @@ mod tests {
             expires_at: None,
             group: None,
             traceparent: None,
+            parent: None,
         }
     }
 

@@ -89,6 +89,10 @@ impl Store {
                         batch.len()
                     ))
                 })?;
+                // `^<parent>` after the status: a child that ended.
+                let (word, parent) = word
+                    .split_once('^')
+                    .map_or((word, None), |(w, p)| (w, Some(p)));
                 let (code, status) = match word.split_once(':') {
                     None => (Code::Ok, word),
                     Some((code, status)) => {
@@ -99,10 +103,14 @@ impl Store {
                         (code, status)
                     }
                 };
-                outcomes[i] = Some(match code {
-                    Code::Ok => CompleteOutcome::Done(status.parse()?),
-                    Code::Stale => CompleteOutcome::Stale(status.to_owned()),
-                    other => return Err(unexpected("complete", other)),
+                outcomes[i] = Some(match (code, parent) {
+                    (Code::Ok, Some(parent)) => CompleteOutcome::Ended {
+                        status: status.parse()?,
+                        parent: parent.to_owned(),
+                    },
+                    (Code::Ok, None) => CompleteOutcome::Done(status.parse()?),
+                    (Code::Stale, _) => CompleteOutcome::Stale(status.to_owned()),
+                    (other, _) => return Err(unexpected("complete", other)),
                 });
             }
             if reply.next().is_some() {
@@ -155,19 +163,26 @@ impl Store {
     fn completion_call(&self, queue: &str, batch: &[&Completion]) -> redis::Cmd {
         let keys = QueueKeys::new(queue);
         let keyed = batch.iter().filter(|c| c.idempotency_key.is_some()).count();
+        let staging = batch.iter().filter(|c| c.stages()).count();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.scripts.complete.get_hash())
-            .arg(4 + batch.len() + keyed)
+            .arg(6 + batch.len() + keyed + staging)
             .arg(&keys.stream)
             .arg(&keys.delayed)
             .arg(&keys.dlq)
-            .arg(&keys.events);
+            .arg(&keys.events)
+            .arg(keys.flows())
+            .arg(keys.settle());
         for c in batch {
             cmd.arg(keys.task(&c.task_id));
         }
-        // Only the completions with a key name a record (complete.lua).
+        // Only the completions with a key name a record (complete.lua),
+        // and only those that stage or wait their flow.
         for key in batch.iter().filter_map(|c| c.idempotency_key.as_deref()) {
             cmd.arg(keys.idempotency(Some(key)));
+        }
+        for c in batch.iter().filter(|c| c.stages()) {
+            cmd.arg(keys.flow(&c.task_id));
         }
         Argv::new(&mut cmd, &COMPLETE_ARGV)
             .put("GROUP", GROUP)
@@ -179,7 +194,7 @@ impl Store {
             let argv = Argv::new(&mut cmd, &COMPLETION_ARGV)
                 .put("TASK_ID", &c.task_id)
                 .put("MSG_ID", &c.msg_id)
-                .put("OUTCOME", c.kind.as_str())
+                .put("OUTCOME", c.outcome())
                 .put("DETAIL", &c.detail)
                 .put("LOG", &c.log)
                 .put("NOW", c.now)
@@ -211,6 +226,13 @@ impl Store {
                     call.arg(c.defer_limit_ms);
                 }
                 _ => {}
+            }
+            // The staged submissions of a success that staged, or a wait.
+            if c.stages() {
+                call.arg(c.staged.len());
+                for staged in &c.staged {
+                    call.arg(staged.as_str());
+                }
             }
         }
         cmd

@@ -75,7 +75,8 @@ impl Store {
         inv.key(&keys.expiry)
             .key(&keys.delayed)
             .key(&keys.stream)
-            .key(&keys.events);
+            .key(&keys.events)
+            .key(keys.settle());
         Argv::new(&mut inv, &EXPIRE_ARGV)
             .put("NOW", now)
             .put("RETENTION", self.settings.task_retention_s)

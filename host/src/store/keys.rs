@@ -177,6 +177,25 @@ impl QueueKeys {
         format!("{}{id}", self.task_prefix)
     }
 
+    /// The flow of task `id` (flows: its staged submissions and its
+    /// children, see `lua/include/flow.lua`).
+    pub fn flow(&self, id: &str) -> String {
+        format!("dtq:flow:{{{}}}:{id}", self.queue)
+    }
+
+    /// The index of this key set's flows that have staged submissions or
+    /// a waiting task, by when they last changed (ms): the sweeper's work
+    /// list (`store/flow.rs`).
+    pub fn flows(&self) -> String {
+        format!("dtq:flows:{{{}}}", self.queue)
+    }
+
+    /// The tasks with a parent that ended and whose parent may not have
+    /// been told yet, by when they ended (ms).
+    pub fn settle(&self) -> String {
+        format!("dtq:settle:{{{}}}", self.queue)
+    }
+
     /// The prefix of every task hash of this queue.
     pub fn task_prefix(&self) -> &str {
         &self.task_prefix

@@ -39,6 +39,7 @@ mod dlq;
 mod entries;
 mod events;
 mod expiry;
+mod flow;
 mod keys;
 mod latency;
 mod limits;
@@ -75,6 +76,9 @@ pub use entries::OwnPending;
 pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
+pub use flow::{
+    Child, FlowState, REFUSED, Staged, children, children_of, parse_task_ref, read_flow, task_ref,
+};
 pub use keys::{
     GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue,
     partitioned_id,

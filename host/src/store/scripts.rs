@@ -173,9 +173,9 @@ impl Scripts {
         Scripts {
             ingest: script!("ingest"),
             start: script!("start"),
-            complete: script!("complete", "carried", "attempts"),
+            complete: script!("complete", "carried", "attempts", "flow"),
             promote: script!("promote"),
-            cancel: script!("cancel", "carried"),
+            cancel: script!("cancel", "carried", "flow"),
             requeue: script!("requeue", "attempts"),
             heartbeat: script!("heartbeat", "clock", "liveness", "carried"),
             reclaim: script!("reclaim", "clock", "liveness", "carried", "attempts"),
@@ -326,6 +326,7 @@ mod tests {
         "partitions_raise",
         "queue_register",
         "progress",
+        "flow_record",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -500,7 +501,7 @@ mod tests {
     /// Every layout of the store's scripts, with its script's text.
     fn layouts() -> Vec<(&'static ArgvLayout, String)> {
         use super::super::{
-            QUEUE_REGISTER_ARGV, cancel, complete, dlq, expiry, limits, partitions, progress,
+            QUEUE_REGISTER_ARGV, cancel, complete, dlq, expiry, flow, limits, partitions, progress,
             promote, reclaim, schedules, start, task_read,
         };
         let text = |file: &str| argv_check::text("store", &[file]);
@@ -524,6 +525,7 @@ mod tests {
             (&QUEUE_REGISTER_ARGV, text("queue_register")),
             (&limits::ADMIT_ARGV, text("admit")),
             (&progress::PROGRESS_ARGV, text("progress")),
+            (&flow::FLOW_RECORD_ARGV, text("flow_record")),
         ]
     }
 

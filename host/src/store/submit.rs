@@ -222,6 +222,9 @@ fn hash_fields(new: &NewTask) -> Vec<(&'static str, Cow<'_, str>)> {
     if let Some(traceparent) = &new.traceparent {
         fields.push((carried::TRACEPARENT, Cow::Borrowed(traceparent)));
     }
+    if let Some(parent) = &new.parent {
+        fields.push(("parent", Cow::Borrowed(parent)));
+    }
     fields.push(("budget", max_attempts.into()));
     fields.push(("created_at", now.into()));
     fields.push(("id", Cow::Borrowed(&new.id)));
@@ -331,6 +334,7 @@ mod tests {
             expires_at,
             group: None,
             traceparent: None,
+            parent: None,
         }
     }
 

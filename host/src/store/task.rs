@@ -44,11 +44,14 @@ pub enum TaskStatus {
     Cancelled,
     /// Not started before its expiry.
     Expired,
+    /// Ran, and waits for its children (flows) to end, holding no slot;
+    /// it runs again, as the same attempt, once they all have.
+    Waiting,
 }
 
 impl TaskStatus {
     /// Every status, for listings and tests.
-    pub const ALL: [TaskStatus; 9] = [
+    pub const ALL: [TaskStatus; 10] = [
         TaskStatus::Queued,
         TaskStatus::Scheduled,
         TaskStatus::Running,
@@ -58,6 +61,7 @@ impl TaskStatus {
         TaskStatus::DeadLettered,
         TaskStatus::Cancelled,
         TaskStatus::Expired,
+        TaskStatus::Waiting,
     ];
 
     /// The status as stored and shown: `QUEUED`, `DEAD_LETTERED`, ...
@@ -72,6 +76,7 @@ impl TaskStatus {
             TaskStatus::DeadLettered => "DEAD_LETTERED",
             TaskStatus::Cancelled => "CANCELLED",
             TaskStatus::Expired => "EXPIRED",
+            TaskStatus::Waiting => "WAITING",
         }
     }
 
@@ -162,6 +167,8 @@ pub struct TaskRecord {
     /// reported it (`progress.rs`); [`TaskRecord::progress`] shows the last
     /// attempt's.
     pub reported_progress: Option<TaskProgress>,
+    /// The task that submitted it as its child (flows), `<queue>/<id>`.
+    pub parent: Option<String>,
 }
 
 /// How many attempts a task's history keeps: the scripts keep this many
@@ -280,6 +287,7 @@ impl TaskRecord {
                 _ => None,
             },
             reported_progress: take("progress").as_deref().and_then(TaskProgress::parse),
+            parent: take("parent"),
             id,
         })
     }
@@ -327,6 +335,9 @@ impl TaskRecord {
                 .map(AttemptRecord::to_json)
                 .collect::<Vec<_>>(),
             "progress": self.progress().map(TaskProgress::to_json),
+            "parent": self.parent.as_deref().and_then(super::parse_task_ref).map(|(queue, id)| {
+                json!({"queue": super::logical_queue(queue), "task_id": id})
+            }),
         })
     }
 
@@ -393,6 +404,8 @@ impl TaskRecord {
                 });
             }
             TaskStatus::Succeeded => ("success", None, self.log.clone()),
+            // Its run so far ended asking to wait for its children.
+            TaskStatus::Waiting => ("wait", None, self.log.clone()),
             TaskStatus::Failed => ("fatal", self.error.clone(), self.log.clone()),
             TaskStatus::Cancelled => ("cancelled", self.error.clone(), self.log.clone()),
             TaskStatus::DeadLettered if lost => ("dead_lettered", self.error.clone(), None),

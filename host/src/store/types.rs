@@ -36,6 +36,8 @@ pub struct NewTask {
     /// the parent of the task's attempts' spans. Set only when the API
     /// traces or the submitter sent one, so that other tasks cost nothing.
     pub traceparent: Option<String>,
+    /// The task that submitted it as its child (flows), `<queue>/<id>`.
+    pub parent: Option<String>,
 }
 
 /// What a submission did.
@@ -188,6 +190,10 @@ pub enum CompletionKind {
     /// SCHEDULED, for any worker, after a backoff of its own, and ends
     /// FAILED once it has waited past the defer limit (see `complete.lua`).
     Defer,
+    /// The handler asked to wait for its children (flows): the attempt
+    /// ends with the task WAITING, its staged submissions applied, and the
+    /// task resumes, as the same attempt, once its children are terminal.
+    Wait,
 }
 
 impl CompletionKind {
@@ -201,6 +207,7 @@ impl CompletionKind {
             CompletionKind::Lost => "lost",
             CompletionKind::Expired => "expired",
             CompletionKind::Defer => "defer",
+            CompletionKind::Wait => "wait",
         }
     }
 }
@@ -238,6 +245,32 @@ pub struct Completion {
     /// When the attempt started, for a carried attempt (see
     /// [`StartedTask::carried_at`]); `None` for one `start` began.
     pub carried_at: Option<u64>,
+    /// The submissions the attempt staged (flows; JSON, see
+    /// [`Staged`](super::Staged)), applied with a success or a wait and
+    /// dropped with any other outcome.
+    pub staged: Vec<String>,
+}
+
+impl Completion {
+    /// Whether the completion writes its task's flow: a wait, or a success
+    /// that staged submissions.
+    pub(crate) fn stages(&self) -> bool {
+        match self.kind {
+            CompletionKind::Wait => true,
+            CompletionKind::Success => !self.staged.is_empty(),
+            _ => false,
+        }
+    }
+
+    /// The outcome's name in the `complete` script's ARGV: a success that
+    /// staged submissions is `staged`.
+    pub(crate) fn outcome(&self) -> &'static str {
+        if self.kind == CompletionKind::Success && !self.staged.is_empty() {
+            "staged"
+        } else {
+            self.kind.as_str()
+        }
+    }
 }
 
 /// What a completion did.
@@ -245,6 +278,14 @@ pub struct Completion {
 pub enum CompleteOutcome {
     /// Written; the task's new status.
     Done(TaskStatus),
+    /// Written, and the task, which has a parent (flows), ended: the
+    /// parent (`<queue>/<id>`) is told next (`Store::settle_child`).
+    Ended {
+        /// The task's new status.
+        status: TaskStatus,
+        /// Its parent.
+        parent: String,
+    },
     /// The task was no longer this attempt's (reclaimed, or completed
     /// already); nothing written. Carries the status found.
     Stale(String),

@@ -23,6 +23,11 @@
 //! end dead-lettered) like that of a crashed worker. Rejections Redis means
 //! as "not now" (loading, busy, out of memory, failover) are retried, but
 //! only [`MAX_REFUSALS`] times.
+//!
+//! Flows: once a completion that staged submissions is written, the
+//! completer applies them, and tells the parent of a child that ended; both
+//! on a task of their own, after the slot is released (`outbox.rs`; the
+//! sweeper does what a dead worker left undone).
 
 use std::sync::Arc;
 
@@ -34,6 +39,7 @@ use tracing::{debug, error, warn};
 
 use super::{Backoff, Registration};
 use crate::config::WorkerConfig;
+use crate::ingest::IngestSettings;
 use crate::metrics::{AttemptOutcome, TaskSeries};
 use crate::store::{CompleteOutcome, Completion, CompletionKind, Store, StoreError, TaskStatus};
 
@@ -62,6 +68,7 @@ const WRITERS: usize = 2;
 /// reclaimed and run again.
 pub(super) async fn run(
     store: Store,
+    ingest: IngestSettings,
     mut rx: mpsc::Receiver<Pending>,
     finish: CancellationToken,
     abandon: CancellationToken,
@@ -89,6 +96,7 @@ pub(super) async fn run(
         }
         writes.spawn(write(
             store.clone(),
+            ingest.clone(),
             std::mem::take(&mut batch),
             abandon.clone(),
         ));
@@ -99,10 +107,16 @@ pub(super) async fn run(
 /// Write one batch, retrying with backoff until it is written, rejected
 /// (see the module's doc), or `abandon` is cancelled. What the tasks hold is
 /// released when this returns.
-async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
+async fn write(
+    store: Store,
+    ingest: IngestSettings,
+    batch: Vec<Pending>,
+    abandon: CancellationToken,
+) {
     let mut completions = Vec::with_capacity(batch.len());
     let mut series = Vec::with_capacity(batch.len());
-    // Released when this returns.
+    // Released when this returns (the follow-ups run on tasks of their
+    // own).
     let mut held = Vec::with_capacity(batch.len());
     for p in batch {
         completions.push(p.completion);
@@ -110,7 +124,9 @@ async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
         held.push((p.slot, p.registration));
     }
     match write_retrying(&store, &completions, &series, &abandon).await {
-        Written::Yes => return,
+        Written::Yes(outcomes) => {
+            return super::outbox::follow_up(&store, &ingest, &completions, &outcomes);
+        }
         Written::Abandoned => return,
         Written::Rejected(_) if completions.len() > 1 => {
             warn!(
@@ -123,7 +139,7 @@ async fn write(store: Store, batch: Vec<Pending>, abandon: CancellationToken) {
     for (completion, series) in completions.iter().zip(&series) {
         let one = std::slice::from_ref(completion);
         match write_retrying(&store, one, std::slice::from_ref(series), &abandon).await {
-            Written::Yes => {}
+            Written::Yes(outcomes) => super::outbox::follow_up(&store, &ingest, one, &outcomes),
             Written::Abandoned => return,
             Written::Rejected(e) => rejected(completion, &e),
         }
@@ -136,7 +152,8 @@ const MAX_REFUSALS: u32 = 8;
 
 /// What became of a write.
 enum Written {
-    Yes,
+    /// Written, with each completion's outcome.
+    Yes(Vec<CompleteOutcome>),
     /// Rejected by Redis: trying again would fail the same way.
     Rejected(StoreError),
     /// Given up at shutdown.
@@ -172,9 +189,10 @@ async fn write_retrying(
             return Written::Abandoned;
         }
     };
-    for ((completion, outcome), series) in completions.iter().zip(outcomes).zip(series) {
+    for ((completion, outcome), series) in completions.iter().zip(&outcomes).zip(series) {
         match outcome {
-            CompleteOutcome::Done(status) => {
+            CompleteOutcome::Done(status) | CompleteOutcome::Ended { status, .. } => {
+                let status = *status;
                 if status == TaskStatus::DeadLettered {
                     warn!(task_id = %completion.task_id, queue = %completion.queue,
                         attempt = completion.attempt, outcome = "dead_lettered",
@@ -190,7 +208,7 @@ async fn write_retrying(
             }
         }
     }
-    Written::Yes
+    Written::Yes(outcomes)
 }
 
 /// How the log of an attempt that failed names its end, before the

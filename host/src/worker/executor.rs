@@ -7,6 +7,10 @@
 //! | `Retryable`, deadline, other traps | retry | RETRYING, or DEAD_LETTERED when attempts are spent |
 //! | `Trapped(Cancelled)` | cancelled | CANCELLED |
 //! | `Trapped(UnknownHandler)`: no handler of the task loaded here | defer (the attempt is given back) | SCHEDULED, for any worker; FAILED past `--defer-limit-ms` |
+//! | `Retryable` or `Fatal` after the handler asked to wait for its children (flows) | wait | WAITING, resumed as the same attempt once its children ended |
+//!
+//! A success or a wait carries the submissions the call staged (flows);
+//! any other outcome drops them: a failed attempt submits nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,7 +154,12 @@ fn call_of(task: &mut StartedTask) -> Call {
 /// The completion of `task`'s attempt, delivered as `msg_id`, from what
 /// its call `report`ed; the attempt's end is logged here.
 fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport) -> Completion {
-    let (kind, detail) = classify(report.outcome);
+    let flow = report.flow.map(|f| *f).unwrap_or_default();
+    let waits = flow.wait && matches!(report.outcome, Outcome::Retryable(_) | Outcome::Fatal(_));
+    let (kind, detail) = match classify(report.outcome) {
+        (_, detail) if waits => (CompletionKind::Wait, detail),
+        classified => classified,
+    };
     if telemetry::enabled() {
         let outcome = super::completion::failure_label(kind, task.attempts, task.max_attempts);
         Span::current().record("outcome", outcome);
@@ -160,6 +169,7 @@ fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport
             debug!(elapsed_ms = report.elapsed.as_millis() as u64, "succeeded")
         }
         CompletionKind::Defer => debug!(error = %detail, "deferred"),
+        CompletionKind::Wait => debug!(staged = flow.staged.len(), "waiting for its children"),
         _ => warn!(task_id = %task.id, queue = %task.queue, task = %task.task,
             attempt = task.attempts, error = %detail,
             outcome = super::completion::failure_label(kind, task.attempts, task.max_attempts),
@@ -175,6 +185,9 @@ fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport
     let mut completion = completion_of(task, msg_id, kind, detail, report.log, now, retry_at);
     completion.digest = report.digest;
     completion.defer_limit_ms = shared.config.defer_limit_ms;
+    if matches!(kind, CompletionKind::Success | CompletionKind::Wait) {
+        completion.staged = flow.staged;
+    }
     completion
 }
 
@@ -261,6 +274,7 @@ fn completion_of(
         now,
         digest: None,
         carried_at: task.carried_at,
+        staged: Vec::new(),
     }
 }
 

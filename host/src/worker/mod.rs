@@ -47,6 +47,7 @@ mod executor;
 mod expiry;
 mod fetch;
 mod flow;
+mod outbox;
 mod partitions;
 mod reclaim;
 mod retention;
@@ -73,6 +74,7 @@ use running::Registration;
 use shared::Shared;
 
 pub use completion::backoff_ms;
+pub use outbox::sweep_queue as sweep_flows;
 pub use schedule::{Fired, HOLD, Pass, Scheduler, TickSubmission};
 pub use supervise::LoopEnd;
 #[doc(hidden)]
@@ -183,6 +185,7 @@ impl LoopSets {
             "completer",
             completion::run(
                 shared.feed.clone(),
+                shared.config.ingest_settings(),
                 completions,
                 finish.clone(),
                 shared.abandon.clone(),
@@ -209,6 +212,7 @@ impl LoopSets {
             partitions::watch(shared.clone(), added_tx, stop.clone()),
         );
         loops.spawn("reclaim", reclaim::run(shared.clone(), stop.clone()));
+        loops.spawn("flow sweep", outbox::sweep(shared.clone(), stop.clone()));
         loops.spawn(
             "dlq retention",
             retention::run(shared.clone(), stop.clone()),

@@ -5,7 +5,10 @@
   and never runs: it leaves the delayed set, and a worker that later reads
   its stream message only acknowledges it. A RUNNING task is flagged and its
   worker told on the cancel channel; the worker interrupts the sandbox and
-  completes the task as CANCELLED.
+  completes the task as CANCELLED. A WAITING task (flows) is cancelled at
+  once too; its caller then cancels its children (store/flow.rs). A task
+  with a parent cancelled here joins the settle index, for the sweeper to
+  tell its parent.
 
   Input:
     KEYS[1] task hash            dtq:task:{q}:<id>
@@ -13,6 +16,9 @@
     KEYS[3] events stream        dtq:events:{q}
     KEYS[4] idempotency record   dtq:idempotency:{q}:<key> (ignored unless ARG_HAS_KEY)
     KEYS[5] ready stream         dtq:stream:{q}
+    KEYS[6] settle index         dtq:settle:{q}
+    KEYS[7] the task's flow      dtq:flow:{q}:<id>
+    KEYS[8] flows index          dtq:flows:{q}
 
     ARGV by name (the ARG_ locals below; store/cancel.rs, CANCEL_ARGV):
     ARG_TASK_ID         task id
@@ -34,7 +40,8 @@
   that no worker reads it and the stream's length stays its depth.
 
   Output:
-    {1, "CANCELLED"}        cancelled before it ran
+    {1, "CANCELLED"}        cancelled before it ran, or while it waited for
+                            its children
     {3, "RUNNING"}          cancel requested; the worker will interrupt it
     {-5, status}            already terminal: nothing to cancel
     {-6, ""}                no such task
@@ -52,13 +59,13 @@ local ARG_PUBLISH = 8
 local ARG_GROUP = 9
 
 local taskKey, delayedKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local streamKey = KEYS[5]
+local streamKey, settleKey, flowKey, flowsKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local taskId, now, hasKey = ARGV[ARG_TASK_ID], ARGV[ARG_NOW], ARGV[ARG_HAS_KEY] == "1"
 local retention, eventsMaxLen = tonumber(ARGV[ARG_RETENTION]), ARGV[ARG_EVENTS_MAX_LEN]
 local channel, message, publish = ARGV[ARG_CHANNEL], ARGV[ARG_MESSAGE], ARGV[ARG_PUBLISH]
 local group = ARGV[ARG_GROUP]
 
-local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id")
+local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id", "parent")
 local status, msgId = f[1], f[3]
 if not status then
   return {-6, ""}
@@ -75,15 +82,24 @@ if status == "RUNNING" or delivered then
   redis.call(publish, channel, message)
   return {3, "RUNNING"}
 end
-if status ~= "QUEUED" and status ~= "SCHEDULED" and status ~= "RETRYING" then
+if status ~= "QUEUED" and status ~= "SCHEDULED" and status ~= "RETRYING"
+    and status ~= "WAITING" then
   return {-5, status}
 end
+local why = status == "WAITING" and "cancelled while waiting for its children"
+  or "cancelled before it ran"
 redis.call("HSET", taskKey, "status", "CANCELLED", "updated_at", now, "finished_at", now,
-  "error", "cancelled before it ran")
+  "error", why)
 redis.call("EXPIRE", taskKey, retention)
 addEvent(eventsKey, eventsMaxLen, taskId, "CANCELLED", f[2] or "0", now)
 redis.call("ZREM", delayedKey, taskId)
 if hasKey then
   setIdemState(idemKey, taskId, "failed", now)
+end
+if f[4] then
+  redis.call("ZADD", settleKey, now, taskId)
+end
+if status == "WAITING" then
+  flowQuiet(taskKey, flowKey, flowsKey, taskId)
 end
 return {1, "CANCELLED"}

@@ -15,9 +15,13 @@
     KEYS[2] delayed set       dtq:delayed:{q}
     KEYS[3] dead-letter set   dtq:dlq:{q}
     KEYS[4] events stream     dtq:events:{q}
-    KEYS[5 + i]  the task hash of completion i (from 0), dtq:task:{q}:<id>
+    KEYS[5] flows index       dtq:flows:{q}
+    KEYS[6] settle index      dtq:settle:{q}
+    KEYS[7 + i]  the task hash of completion i (from 0), dtq:task:{q}:<id>
     then the idempotency records dtq:idempotency:{q}:<key> of the
     completions that have a key, in their order (none for the others)
+    then the flow hashes dtq:flow:{q}:<id> of the completions whose
+    outcome is staged or wait, in their order
 
     ARGV by name (the ARG_ and C_ locals below; store/complete.rs,
     COMPLETE_ARGV and COMPLETION_ARGV):
@@ -28,7 +32,8 @@
     from where it starts:
       C_TASK_ID     task id
       C_MSG_ID      stream message id ("" for a task not in the stream)
-      C_OUTCOME     success | fatal | retry | lost | cancelled | expired | defer
+      C_OUTCOME     success | staged | wait | fatal | retry | lost |
+                    cancelled | expired | defer
       C_DETAIL      result (JSON, for success) or error message
       C_LOG         captured log
       C_NOW         now (ms since epoch)
@@ -41,7 +46,9 @@
       attempt 1), the attempt this completion belongs to ("" for expired);
       then, for retry and lost only, the retry due time (ms since epoch);
       for defer only, the defer limit: how long (ms) the task may wait for
-      a handler in one spell of deferrals, "0" for no bound.
+      a handler in one spell of deferrals, "0" for no bound;
+      for staged and wait only, the number of submissions the attempt
+      staged, then each (JSON, see store/flow.rs).
     A completion sends only what its outcome reads: every value sent costs
     Redis a parse and a Lua string.
 
@@ -54,6 +61,22 @@
     else found (the attempt written by its first heartbeat, the message
     reclaimed and started elsewhere, the task completed) is checked as for
     any attempt.
+
+    "staged" is a success that staged submissions (flows): they go into
+    the task's flow hash, its outbox (s:<eid> fields, include/flow.lua),
+    and the task into the queue's flows index, in the same step as the
+    success; the worker applies them next, and the sweeper does if the
+    worker dies first. "wait" ends the attempt (its submissions staged the
+    same way) with the task WAITING for its children: acknowledged, it
+    holds no slot, its idempotency record stays "processing", and it is
+    resumed (include/flow.lua) once its flow is settled, at once if it
+    already is. A task that waited MAX_WAITS times fails instead: a
+    handler that waits whatever its children did would otherwise run
+    forever. A wait of a task whose cancel was requested cancels it.
+
+    A task with a parent (field `parent`, "<queue>/<id>") that ends here
+    (any status but RETRYING and WAITING) joins the queue's settle index
+    (KEYS[6]): the worker, or the sweeper after it, tells the parent.
 
     "lost" is a failed attempt like "retry", for a task whose worker died
     during it: that attempt left no log, so the task's log (an earlier
@@ -85,9 +108,11 @@
   ("SUCCEEDED -4:RUNNING RETRYING"): one value for the batch, where an
   array of two per completion would be as many values for Redis to send
   and the worker to parse. The word is the status for OK, `code:status`
-  for any other code.
+  for any other code; a task with a parent that ended has `^<parent>`
+  appended ("FAILED^orders/<id>").
     1, status     OK: the task's new status (SUCCEEDED, FAILED, RETRYING,
-                  DEAD_LETTERED, CANCELLED, EXPIRED)
+                  DEAD_LETTERED, CANCELLED, EXPIRED, WAITING, QUEUED for
+                  a wait resumed at once)
     -4, status    STALE: the task is not in the state this completion belongs
                   to (reclaimed by another worker, or already completed);
                   nothing was written for it, its message not acknowledged
@@ -125,14 +150,18 @@ local C_CARRIED_AT = 8
 local C_OPTIONAL = 9
 
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local flowsKey, settleKey = KEYS[5], KEYS[6]
 local group, retention = ARGV[ARG_GROUP], ARGV[ARG_RETENTION]
 local eventsMaxLen = ARGV[ARG_EVENTS_MAX_LEN]
 
 local DEFER_BASE_MS, DEFER_MAX_MS = 250, 30000
+local MAX_WAITS = 100
 
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local failed = { retry = true, lost = true }
-local direct = { success = "SUCCEEDED", fatal = "FAILED", cancelled = "CANCELLED", expired = "EXPIRED" }
+local direct = { success = "SUCCEEDED", staged = "SUCCEEDED", fatal = "FAILED",
+  cancelled = "CANCELLED", expired = "EXPIRED", wait = "WAITING" }
+local staging = { staged = true, wait = true }
 local acks = {}
 
 -- Where each completion's values start in ARGV; every outcome is checked
@@ -154,18 +183,21 @@ while a <= argc do
   if failed[outcome] or outcome == "defer" then
     a = a + 1
   end
+  if staging[outcome] then
+    a = a + 1 + tonumber(ARGV[a])
+  end
 end
 
 -- The completion being written, set by `readCompletion` for each in turn
 -- and read by the steps below. Numbers stay the strings they came as: Lua
 -- formats numbers slowly.
 local taskKey, idemKey, taskId, msgId, outcome, detail, log, now, hasKey, digest
-local carriedAt, attempt, retryAt, deferLimit
+local carriedAt, attempt, retryAt, deferLimit, flowKey, stagedAt
 
 -- Read the completion whose values start at ARGV[first], for task hash
 -- `key` and idempotency record `idem` (nil when the task has no key).
-local function readCompletion(key, idem, first)
-  taskKey, idemKey = key, idem
+local function readCompletion(key, idem, flow, first)
+  taskKey, idemKey, flowKey = key, idem, flow
   taskId, msgId = ARGV[first + C_TASK_ID], ARGV[first + C_MSG_ID]
   outcome = ARGV[first + C_OUTCOME]
   detail, log, now = ARGV[first + C_DETAIL], ARGV[first + C_LOG], ARGV[first + C_NOW]
@@ -176,11 +208,29 @@ local function readCompletion(key, idem, first)
   if carriedAt == "" then
     attempt, at = ARGV[at], at + 1
   end
+  stagedAt = nil
   if failed[outcome] then
     retryAt = ARGV[at]
   elseif outcome == "defer" then
     deferLimit = ARGV[at]
+  elseif staging[outcome] then
+    stagedAt = at
   end
+end
+
+-- The attempt's staged submissions into the task's flow (its outbox),
+-- and the task into the flows index.
+local function stage()
+  local n = tonumber(ARGV[stagedAt])
+  if n > 0 then
+    for j = 1, n do
+      local eid = rcall("HINCRBY", flowKey, "seq", 1)
+      rcall("HSET", flowKey, "s:" .. eid, ARGV[stagedAt + j])
+    end
+    rcall("HINCRBY", flowKey, "staged", n)
+  end
+  rcall("PERSIST", flowKey)
+  rcall("ZADD", flowsKey, now, taskId)
 end
 
 -- The common case first, with the least reading: a carried attempt that
@@ -315,6 +365,34 @@ local function writeHash(status, hadError, digests)
   end
 end
 
+-- "wait": the attempt ends with the task WAITING for its children, or
+-- resumed at once when its flow is already settled. Returns its status.
+local function waitOne(attempts)
+  local waits = rcall("HINCRBY", taskKey, "waits", 1)
+  if waits > MAX_WAITS then
+    outcome, detail = "fatal", string.format(
+      "waited for its children %d times: a handler that waits whatever its children did " ..
+      "would run forever (the wait asked with: %s)", MAX_WAITS, detail)
+    return nil
+  end
+  local digests = rcall("HGET", taskKey, "digests")
+  digest = digest ~= "" and digest or "-"
+  rcall("HSET", taskKey, "status", "WAITING", "updated_at", now, "log", log,
+    "digests", digests and (digests .. "," .. digest) or digest)
+  rcall("HDEL", taskKey, "worker")
+  stage()
+  pushEvent(taskId, "WAITING", attempts, now)
+  if msgId ~= "" then
+    acks[#acks + 1] = msgId
+  end
+  local resumed = resumeIfSettled(taskKey, flowKey, streamKey, taskId, now)
+  if resumed then
+    pushEvent(taskId, "QUEUED", resumed, now)
+    return "QUEUED"
+  end
+  return "WAITING"
+end
+
 -- Steps 2 to 5 for a task that ended its attempt with `status`, counting
 -- `attempts`.
 local function followUp(status, attempts)
@@ -344,17 +422,19 @@ local function followUp(status, attempts)
 end
 
 -- Complete the completion whose values start at ARGV[first] (see
--- `readCompletion`). Returns its code and the task's status.
-local function completeOne(key, idem, first)
-  readCompletion(key, idem, first)
+-- `readCompletion`). Returns its code, the task's status, and its parent
+-- when it has one and ended.
+local function completeOne(key, idem, flow, first)
+  readCompletion(key, idem, flow, first)
   if carriedSuccess() then
     return 1, "SUCCEEDED"
   end
 
   local f = rcall("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
-    "cancel_requested", "error", "digests")
+    "cancel_requested", "error", "digests", "parent")
   local current, attempts, maxAttempts, cancelRequested, hadError, digests =
     f[1], f[3] or "0", f[4] or "1", f[5] == "1", f[6], f[7]
+  local parent = f[8]
   -- The carried attempt's own fields, written with the outcome's.
   local began = nil
   if carriedAt ~= "" and carriedFirst(current, f[3], f[2], msgId) then
@@ -375,9 +455,26 @@ local function completeOne(key, idem, first)
   if began then
     rcall("HSET", taskKey, "attempts", "1", "started_at", began)
   end
+  if outcome == "wait" then
+    if cancelRequested then
+      outcome, detail = "cancelled", "cancelled while running"
+    else
+      local status = waitOne(attempts)
+      if status then
+        return 1, status
+      end
+    end
+  end
   local status = endStatus(attempts, maxAttempts, cancelRequested)
   writeHash(status, hadError, digests)
   followUp(status, attempts)
+  if outcome == "staged" then
+    stage()
+  end
+  if parent and status ~= "RETRYING" then
+    rcall("ZADD", settleKey, now, taskId)
+    return 1, status, parent
+  end
   return 1, status
 end
 
@@ -415,15 +512,28 @@ local function notOlder(ids, from)
 end
 
 local out = {}
-local record = 5 + count
+local record = 7 + count
 for i = 1, count do
-  local first, idemKey = starts[i], nil
-  if ARGV[first + C_HAS_KEY] == "1" then
-    idemKey, record = KEYS[record], record + 1
+  if ARGV[starts[i] + C_HAS_KEY] == "1" then
+    record = record + 1
   end
-  local code, status = completeOne(KEYS[4 + i], idemKey, first)
+end
+local idemAt, flowAt = 7 + count, record
+for i = 1, count do
+  local first, idemKey, flow = starts[i], nil, nil
+  if ARGV[first + C_HAS_KEY] == "1" then
+    idemKey, idemAt = KEYS[idemAt], idemAt + 1
+  end
+  if staging[ARGV[first + C_OUTCOME]] then
+    flow, flowAt = KEYS[flowAt], flowAt + 1
+  end
+  local code, status, parent = completeOne(KEYS[6 + i], idemKey, flow, first)
   -- An OK word is the status alone: no string is built for it.
-  out[i] = code == 1 and status or code .. ":" .. status
+  local word = code == 1 and status or code .. ":" .. status
+  if parent then
+    word = word .. "^" .. parent
+  end
+  out[i] = word
 end
 
 -- 2. The batch's lifecycle events, in one entry.

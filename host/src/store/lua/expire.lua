@@ -23,15 +23,18 @@
        start.lua acknowledges and deletes it as it does for every
        terminal task.
   An entry whose task is no longer waiting (cancelled, gone) is dropped.
+  A task with a parent (flows) that expires joins the settle index, for
+  the sweeper to tell its parent.
 
   Input:
     KEYS[1] expiry index    dtq:expiry:{q}
     KEYS[2] delayed set     dtq:delayed:{q}
     KEYS[3] ready stream    dtq:stream:{q}
     KEYS[4] events stream   dtq:events:{q}
+    KEYS[5] settle index    dtq:settle:{q}
     then, per task i (from 0):
-    KEYS[5 + 2i] task hash            dtq:task:{q}:<id>
-    KEYS[6 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
+    KEYS[6 + 2i] task hash            dtq:task:{q}:<id>
+    KEYS[7 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
 
     ARGV by name (the ARG_ locals below; store/expiry.rs, EXPIRE_ARGV):
     ARG_NOW             now (ms since epoch)
@@ -52,6 +55,7 @@ local ARG_DETAIL = 4
 local ARG_TASKS = 5
 
 local expiryKey, delayedKey, streamKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local settleKey = KEYS[5]
 local now, retention = ARGV[ARG_NOW], ARGV[ARG_RETENTION]
 local eventsMaxLen, detail = ARGV[ARG_EVENTS_MAX_LEN], ARGV[ARG_DETAIL]
 local nowMs = tonumber(now)
@@ -59,13 +63,13 @@ local nowMs = tonumber(now)
 local waiting = { QUEUED = true, SCHEDULED = true, RETRYING = true }
 local expired = 0
 
-for i = 0, (#KEYS - 4) / 2 - 1 do
-  local taskKey, idemKey = KEYS[5 + 2 * i], KEYS[6 + 2 * i]
+for i = 0, (#KEYS - 5) / 2 - 1 do
+  local taskKey, idemKey = KEYS[6 + 2 * i], KEYS[7 + 2 * i]
   local a = ARG_TASKS + 2 * i
   local taskId, hasKey = ARGV[a], ARGV[a + 1] == "1"
   local due = redis.call("ZSCORE", expiryKey, taskId)
   if due and tonumber(due) <= nowMs and redis.call("ZREM", expiryKey, taskId) == 1 then
-    local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id")
+    local f = redis.call("HMGET", taskKey, "status", "attempts", "msg_id", "parent")
     if waiting[f[1]] then
       redis.call("HSET", taskKey, "status", "EXPIRED", "updated_at", now, "log", "",
         "error", detail, "finished_at", now)
@@ -77,6 +81,9 @@ for i = 0, (#KEYS - 4) / 2 - 1 do
       end
       if f[3] then
         redis.call("XDEL", streamKey, f[3])
+      end
+      if f[4] then
+        redis.call("ZADD", settleKey, now, taskId)
       end
       expired = expired + 1
     end

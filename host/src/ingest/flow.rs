@@ -1,0 +1,185 @@
+//! Applying the submissions a handler staged (flows, see `store/flow.rs`):
+//! each through the ordinary submission, with every rule of a submission
+//! from the API (names, numbers, the queue's depth, the idempotency
+//! record), under its key, then recorded in its parent's flow.
+
+use tracing::{debug, warn};
+
+use super::{IngestError, IngestSettings, SubmitRequest, prepare};
+use crate::store::{
+    FlowState, Staged, Store, StoreError, SubmitOutcome, TaskStatus, parse_task_ref, task_ref,
+};
+
+/// What became of a flow's outbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Submissions applied (new tasks, replays, and refusals recorded).
+    pub applied: usize,
+    /// Submissions left in the outbox for now: their queue is full.
+    pub held: usize,
+    /// Whether the parent resumed.
+    pub resumed: bool,
+}
+
+/// Apply every staged submission still in the outbox of task `id` of
+/// `queue`, in the order they were staged. A submission its queue has no
+/// room for stays, to be applied by a later sweep; one refused for good
+/// (its key names a task of another payload) is recorded as refused, so
+/// that its parent sees it and is not left waiting.
+pub async fn apply_outbox(
+    store: &Store,
+    settings: &IngestSettings,
+    queue: &str,
+    id: &str,
+) -> Result<Applied, StoreError> {
+    let flow: FlowState = store.flow(queue, id).await?;
+    let mut applied = Applied::default();
+    for (eid, staged) in flow.staged {
+        match apply_one(store, settings, queue, id, &eid, staged).await? {
+            Some(resumed) => {
+                applied.applied += 1;
+                applied.resumed |= resumed;
+            }
+            None => applied.held += 1,
+        }
+    }
+    Ok(applied)
+}
+
+/// Apply staged submission `eid` of parent `id` of `queue`: `None` when
+/// it is held (its queue is full), else whether the parent resumed.
+async fn apply_one(
+    store: &Store,
+    settings: &IngestSettings,
+    queue: &str,
+    id: &str,
+    eid: &str,
+    staged: Staged,
+) -> Result<Option<bool>, StoreError> {
+    let target = staged.queue.clone();
+    let is_child = staged.parent.is_some();
+    let outcome = submit_staged(store, settings, staged).await;
+    let (child, terminal, refusal) = match outcome {
+        Ok((task_id, outcome)) => match outcome {
+            SubmitOutcome::Created { .. } => (task_ref(&target, &task_id), false, String::new()),
+            SubmitOutcome::Replay(record) => (
+                task_ref(&target, &record.id),
+                record.status.is_terminal(),
+                String::new(),
+            ),
+            // The key's task is in flight: this submission's own, applied
+            // before by a run whose record of it was lost, or, for a key
+            // the handler chose, another submitter's (the sweeper watches
+            // it end).
+            SubmitOutcome::InProgress { task_id } => {
+                (task_ref(&target, &task_id), false, String::new())
+            }
+            SubmitOutcome::KeyMismatch { task_id } => (
+                task_ref(&target, &format!("!{eid}")),
+                true,
+                format!(
+                    "its idempotency key names task {task_id} of queue {target}, \
+                     submitted with another task or payload"
+                ),
+            ),
+            SubmitOutcome::QueueFull { depth } => {
+                debug!(parent = %id, queue = %target, depth,
+                    "staged submission held: its queue is full");
+                return Ok(None);
+            }
+        },
+        Err(Refused::Store(e)) => return Err(e),
+        Err(Refused::Invalid(e)) => (
+            task_ref(&target, &format!("!{eid}")),
+            true,
+            format!("{} ({})", e, e.code().as_str()),
+        ),
+    };
+    if !refusal.is_empty() {
+        warn!(parent = %id, queue = %target, error = %refusal, "staged submission refused");
+    }
+    let child = is_child.then_some(child.as_str());
+    store
+        .flow_record_refusal(queue, id, Some(eid), child, terminal, &refusal)
+        .await
+        .map(Some)
+}
+
+/// Why a staged submission was not submitted.
+enum Refused {
+    /// Redis failed: try again later.
+    Store(StoreError),
+    /// A rule refused it: it never will be.
+    Invalid(IngestError),
+}
+
+/// Submit `staged`: its task id after routing, and the outcome.
+async fn submit_staged(
+    store: &Store,
+    settings: &IngestSettings,
+    staged: Staged,
+) -> Result<(String, SubmitOutcome), Refused> {
+    let payload = serde_json::from_str(&staged.payload).map_err(|e| {
+        Refused::Invalid(super::invalid(
+            crate::base::ErrorCode::InvalidJson,
+            format!("payload: {e}"),
+        ))
+    })?;
+    let req = SubmitRequest {
+        task: staged.task,
+        payload,
+        idempotency_key: Some(staged.key),
+        max_attempts: staged.max_attempts,
+        delay_ms: staged.delay_ms,
+        group: staged.group,
+        ..SubmitRequest::default()
+    };
+    // The handler's grant named the task: whether it is deployed is the
+    // worker's to find out (an undeployed task waits, deferred, then
+    // fails past the defer limit).
+    let mut new =
+        prepare(settings, &staged.queue, None, req, |_| true).map_err(Refused::Invalid)?;
+    new.id = staged.id;
+    new.parent = staged.parent;
+    let outcome = store
+        .submit(&mut new, settings.max_queue_depth)
+        .await
+        .map_err(Refused::Store)?;
+    Ok((new.id, outcome))
+}
+
+/// Whether a child's status, as a flow reads it, has ended.
+pub fn child_ended(status: Option<&str>) -> bool {
+    status.map_or(true, |s| {
+        s.parse::<TaskStatus>().is_ok_and(TaskStatus::is_terminal)
+    })
+}
+
+/// Look again at the flow of task `id` of `queue` (the sweeper): apply what
+/// is still staged, record every child that has ended (a wake-up that was
+/// missed), and let the flow resume its parent or leave the index.
+pub async fn repair(
+    store: &Store,
+    settings: &IngestSettings,
+    queue: &str,
+    id: &str,
+) -> Result<Applied, StoreError> {
+    let mut applied = apply_outbox(store, settings, queue, id).await?;
+    let flow = store.flow(queue, id).await?;
+    for child in &flow.children {
+        if flow.settled.contains(child) {
+            continue;
+        }
+        let Some((child_queue, child_id)) = parse_task_ref(child) else {
+            continue;
+        };
+        let status = store.status_of(child_queue, child_id).await?;
+        if child_ended(status.as_deref()) {
+            applied.resumed |= store
+                .flow_record(queue, id, None, Some(child), true)
+                .await?;
+        }
+    }
+    applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
+    Ok(applied)
+}

@@ -1,0 +1,273 @@
+//! The host side of the WIT `tasks` import (flows): submissions a handler
+//! stages, its children, and its wish to wait for them.
+//!
+//! A submission is checked here, in full, while the handler can still
+//! react to a refusal: the operator's grant ([`SubmitGrants`]), the names,
+//! the key, the numbers, the payload's size and syntax. It is then only
+//! staged, in the call's [`FlowCall`]; the worker writes what a call
+//! staged with its completion, and applies it after (`store/flow.rs`).
+//! Without a key of the handler's, a submission's key is derived from the
+//! running task and its position among the call's submissions, so that a
+//! re-run stages the same tasks, and its id from its queue and key: a
+//! re-run gets the same ids back.
+//!
+//! Inside an idempotent operation a submission is refused
+//! (`invalid-argument`): its staging would have to be applied with the
+//! operation's commit, in the operation's slot, which this host does not
+//! do. Submit before or after the operation.
+
+use serde::Serialize;
+
+use super::imports::bindings::dtq::handler::tasks::{self, SubmitOptions};
+use super::imports::bindings::dtq::handler::types::HostError;
+use super::imports::{HostCtx, HostResult, host_error};
+use crate::ingest::{
+    MAX_ATTEMPTS_LIMIT, MAX_BATCH_ITEMS, MAX_DELAY_MS, validate_group, validate_idempotency_key,
+    validate_queue_name, validate_task_name,
+};
+use crate::store::{Staged, task_ref};
+
+/// The queues, and the tasks in each, a handler may submit to: the
+/// operator's grant (`dtq deploy --submit-to`, the worker's `--submit-to
+/// TASK=QUEUE[:TASK...]`). Empty, the default: none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SubmitGrants(Vec<SubmitGrant>);
+
+/// One queue of a [`SubmitGrants`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubmitGrant {
+    /// The queue.
+    pub queue: String,
+    /// The tasks it may submit there; empty: any.
+    pub tasks: Vec<String>,
+}
+
+impl SubmitGrants {
+    /// Parse `QUEUE[:TASK...]`, comma-separated: `orders:pick:charge,mail`
+    /// grants tasks `pick` and `charge` of queue `orders`, and any task of
+    /// queue `mail`.
+    pub fn parse(text: &str) -> Result<SubmitGrants, String> {
+        let mut grants = SubmitGrants::default();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            grants.add(item)?;
+        }
+        Ok(grants)
+    }
+
+    /// Add one `QUEUE[:TASK...]`.
+    pub fn add(&mut self, item: &str) -> Result<(), String> {
+        let mut parts = item.split(':');
+        let queue = parts.next().unwrap_or_default();
+        validate_queue_name(queue).map_err(|e| format!("{item:?}: {e}"))?;
+        let tasks: Vec<String> = parts.map(str::to_owned).collect();
+        for task in &tasks {
+            validate_task_name(task).map_err(|e| format!("{item:?}: {e}"))?;
+        }
+        match self.0.iter_mut().find(|g| g.queue == queue) {
+            // Any task stays any task.
+            Some(g) if g.tasks.is_empty() || tasks.is_empty() => g.tasks.clear(),
+            Some(g) => g.tasks.extend(tasks),
+            None => self.0.push(SubmitGrant {
+                queue: queue.to_owned(),
+                tasks,
+            }),
+        }
+        Ok(())
+    }
+
+    /// Add every grant of `other`.
+    pub fn extend(&mut self, other: &SubmitGrants) {
+        for g in &other.0 {
+            let item = std::iter::once(g.queue.as_str())
+                .chain(g.tasks.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(":");
+            // Checked when `other` was made.
+            let _ = self.add(&item);
+        }
+    }
+
+    /// Whether task `task` may be submitted to queue `queue`.
+    pub fn allows(&self, queue: &str, task: &str) -> bool {
+        self.0
+            .iter()
+            .any(|g| g.queue == queue && (g.tasks.is_empty() || g.tasks.iter().any(|t| t == task)))
+    }
+
+    /// Whether nothing is granted.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What one call staged, and whether it asked to wait for its children.
+#[derive(Debug, Default)]
+pub(crate) struct FlowCall {
+    /// The staged submissions, as the flow's outbox keeps them (JSON).
+    pub(crate) staged: Vec<String>,
+    /// Whether the handler asked to wait for its children.
+    pub(crate) wait: bool,
+}
+
+impl tasks::Host for HostCtx {
+    async fn submit(
+        &mut self,
+        queue: String,
+        task: String,
+        payload: String,
+        options: SubmitOptions,
+    ) -> HostResult<String> {
+        self.count()?;
+        Ok(self.stage_submission(queue, task, payload, options))
+    }
+
+    async fn children(&mut self) -> HostResult<Vec<tasks::Child>> {
+        self.count()?;
+        let (queue, id) = (self.caller.queue.clone(), self.caller.task_id.clone());
+        let children = crate::store::children(self.redis(), &queue, &id).await;
+        Ok(match children {
+            Ok(children) => Ok(children
+                .into_iter()
+                .map(|c| tasks::Child {
+                    task_id: c.task_id,
+                    queue: c.queue,
+                    task: c.task,
+                    status: c.status,
+                    result: c.result,
+                    error: c.error,
+                })
+                .collect()),
+            Err(crate::store::StoreError::Redis(e)) => Err(host_error(e, false)),
+            Err(e) => Err(HostError::Unavailable(e.to_string())),
+        })
+    }
+
+    async fn wait_for_children(&mut self) -> wasmtime::Result<()> {
+        self.count()?;
+        self.flow.get_or_insert_with(Default::default).wait = true;
+        Ok(())
+    }
+}
+
+impl HostCtx {
+    /// Check a submission and stage it; its id, or why it is refused.
+    fn stage_submission(
+        &mut self,
+        queue: String,
+        task: String,
+        payload: String,
+        options: SubmitOptions,
+    ) -> Result<String, HostError> {
+        let invalid = |e: crate::ingest::IngestError| HostError::InvalidArgument(e.to_string());
+        validate_queue_name(&queue).map_err(invalid)?;
+        validate_task_name(&task).map_err(invalid)?;
+        if !self.handler.submit_to.allows(&queue, &task) {
+            return Err(HostError::InvalidArgument(format!(
+                "not granted: this handler may not submit task {task:?} to queue {queue:?} \
+                 (the operator grants it with the deploy setting submit_to, or the worker's \
+                 --submit-to {}={queue}:{task})",
+                self.handler.task
+            )));
+        }
+        if self.operation.is_some() {
+            return Err(HostError::InvalidArgument(
+                "a task cannot be submitted inside an idempotent operation: submit it before or \
+                 after the operation (a handler's submissions are applied with its attempt's \
+                 success, exactly once)"
+                    .into(),
+            ));
+        }
+        if payload.len() > self.handler.limits.max_payload_bytes {
+            return Err(HostError::ValueTooLarge(payload.len() as u64));
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+            return Err(HostError::InvalidArgument(format!(
+                "the payload is not JSON: {e}"
+            )));
+        }
+        check_options(&options)?;
+        let flow = self.flow.get_or_insert_with(Default::default);
+        if flow.staged.len() >= MAX_BATCH_ITEMS {
+            return Err(HostError::InvalidArgument(format!(
+                "a call may stage at most {MAX_BATCH_ITEMS} submissions"
+            )));
+        }
+        let key = match options.key {
+            Some(key) => {
+                validate_idempotency_key(&key).map_err(invalid)?;
+                key
+            }
+            // The parent and the position: the same on every run that
+            // stages the same submissions in the same order.
+            None => format!("dtq.flow:{}:{}", self.caller.task_id, flow.staged.len()),
+        };
+        let id = crate::base::derived_task_id(&queue, &key);
+        let parent = options
+            .child
+            .then(|| task_ref(&self.caller.queue, &self.caller.task_id));
+        let staged = Staged {
+            queue,
+            task,
+            payload,
+            key,
+            id: id.clone(),
+            delay_ms: options.delay_ms,
+            max_attempts: options.max_attempts,
+            group: options.group,
+            parent,
+        };
+        let json = serde_json::to_string(&staged)
+            .map_err(|e| HostError::InvalidArgument(e.to_string()))?;
+        flow.staged.push(json);
+        Ok(id)
+    }
+}
+
+/// Check a submission's numbers and group, as a submission from the API.
+fn check_options(options: &SubmitOptions) -> Result<(), HostError> {
+    let invalid = |e: crate::ingest::IngestError| HostError::InvalidArgument(e.to_string());
+    if let Some(n) = options.max_attempts
+        && !(1..=MAX_ATTEMPTS_LIMIT).contains(&n)
+    {
+        return Err(HostError::InvalidArgument(format!(
+            "max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, not {n}"
+        )));
+    }
+    if let Some(ms) = options.delay_ms
+        && ms > MAX_DELAY_MS
+    {
+        return Err(HostError::InvalidArgument(format!(
+            "delay_ms must be at most {MAX_DELAY_MS}, not {ms}"
+        )));
+    }
+    if let Some(group) = &options.group {
+        validate_group(group).map_err(invalid)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubmitGrants;
+
+    #[test]
+    fn grants_name_queues_and_their_tasks() {
+        let grants = SubmitGrants::parse("orders:pick:charge, mail").expect("valid");
+        assert!(grants.allows("orders", "pick"));
+        assert!(grants.allows("orders", "charge"));
+        assert!(!grants.allows("orders", "refund"));
+        assert!(grants.allows("mail", "anything"));
+        assert!(!grants.allows("billing", "pick"));
+        assert!(SubmitGrants::default().is_empty());
+        assert!(!SubmitGrants::default().allows("orders", "pick"));
+        assert!(SubmitGrants::parse("bad queue").is_err());
+        assert!(SubmitGrants::parse("orders:bad/task").is_err());
+    }
+
+    #[test]
+    fn a_queue_granted_whole_stays_whole() {
+        let mut grants = SubmitGrants::parse("orders").expect("valid");
+        grants.add("orders:pick").expect("valid");
+        assert!(grants.allows("orders", "charge"));
+    }
+}

@@ -1,0 +1,460 @@
+//! Flows: tasks a handler submits, and parents that wait for their
+//! children.
+//!
+//! # Exactly once, across slots
+//!
+//! A handler's submissions are staged by the sandbox and written with its
+//! attempt's completion (`complete.lua`, outcome `staged` or `wait`) into
+//! the task's *flow*, `dtq:flow:{q}:<id>`, in the task's own slot: the
+//! outbox. Nothing of a failed attempt reaches it. Each staged submission
+//! is then applied by the ordinary submission (`ingest.lua`, in the target
+//! queue's slot) under an idempotency key (the handler's, or one derived
+//! from the parent and the submission's position), and recorded as applied
+//! in the flow by [`Store::flow_record`] (`lua/flow_record.lua`, in the
+//! parent's slot). A worker that dies between the two leaves the
+//! submission in the outbox, and the queue's flows index
+//! (`dtq:flows:{q}`) holds the parent until it is applied: the sweeper
+//! (any worker of the queue) applies it again, and the key makes the
+//! second application a replay of the first. No script spans two slots.
+//!
+//! # Waking a parent exactly once
+//!
+//! A child's hash names its parent (field `parent`, `<queue>/<id>`). When
+//! a child ends, the script that ends it (`complete.lua`, `cancel.lua`,
+//! `expire.lua`) adds it to its own slot's settle index
+//! (`dtq:settle:{q}`); whoever ends it (the worker, at once) or the
+//! sweeper (later, if that one died) then records the child as settled in
+//! the parent's flow and drops the index entry. The record is a field per
+//! child (`d:<child>`, set if absent) and a count of them, so telling a
+//! parent twice counts once; the parent resumes (WAITING → QUEUED, in
+//! `lua/include/flow.lua`) only in the step whose count meets the number
+//! of its children with nothing staged, and only from WAITING: exactly
+//! once. A waiting parent whose flow has not changed for a while is looked
+//! at again by the sweeper, which reads its children's statuses and
+//! records those that ended: a missed wake-up is repaired, not lost.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use serde::{Deserialize, Serialize};
+
+use super::scripts::{Argv, ArgvLayout, compose};
+use super::{Conn, QueueKeys, Store, StoreError, TaskStatus};
+
+/// `flow_record.lua`'s ARGV by name.
+pub(super) static FLOW_RECORD_ARGV: ArgvLayout = ArgvLayout {
+    script: "flow_record",
+    prefix: "ARG_",
+    first: 1,
+    names: &[
+        "TASK_ID",
+        "EID",
+        "CHILD",
+        "TERMINAL",
+        "REFUSAL",
+        "NOW",
+        "EVENTS_MAX_LEN",
+    ],
+    rest: None,
+};
+
+/// `flow_record.lua`, after the fragments it uses.
+static FLOW_RECORD: LazyLock<Script> = LazyLock::new(|| {
+    compose(
+        &[
+            include_str!("lua/include/idem.lua"),
+            include_str!("lua/include/flow.lua"),
+        ],
+        include_str!("lua/flow_record.lua"),
+    )
+});
+
+/// Most entries of an index one sweep takes at once.
+const SWEEP_BATCH: usize = 100;
+
+/// A submission a handler staged, as the flow's outbox keeps it (JSON,
+/// short names: a fan-out may stage thousands).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staged {
+    /// The queue it goes to (a logical queue).
+    #[serde(rename = "q")]
+    pub queue: String,
+    /// The task name.
+    #[serde(rename = "t")]
+    pub task: String,
+    /// The payload, JSON text.
+    #[serde(rename = "p")]
+    pub payload: String,
+    /// Its idempotency key: the handler's, or one derived from the parent
+    /// and the position.
+    #[serde(rename = "k")]
+    pub key: String,
+    /// The id it is submitted with (derived from the queue and the key).
+    #[serde(rename = "i")]
+    pub id: String,
+    /// Delay before it may run, ms.
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Its attempts in all.
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Its group, for a group limit.
+    #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Its parent, `<queue>/<id>`, when it is submitted as a child.
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+/// The reference to a task that flows store: `<queue>/<id>` (a queue's
+/// name has no `/`).
+pub fn task_ref(queue: &str, id: &str) -> String {
+    format!("{queue}/{id}")
+}
+
+/// The queue and id of a [`task_ref`].
+pub fn parse_task_ref(task_ref: &str) -> Option<(&str, &str)> {
+    task_ref
+        .split_once('/')
+        .filter(|(q, id)| !q.is_empty() && !id.is_empty())
+}
+
+/// One child of a task, as it is now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Child {
+    /// Its id.
+    pub task_id: String,
+    /// Its queue.
+    pub queue: String,
+    /// Its task name ("" when its record is gone).
+    pub task: String,
+    /// Its status: a [`TaskStatus`], or `MISSING` when its record is gone
+    /// (expired after its retention).
+    pub status: String,
+    /// Its result (JSON text), once it succeeded.
+    pub result: Option<String>,
+    /// Its error, once it failed (or its last, while it retries).
+    pub error: Option<String>,
+}
+
+impl Child {
+    /// Whether the child has ended (a record gone counts as ended).
+    pub fn is_terminal(&self) -> bool {
+        self.status
+            .parse::<TaskStatus>()
+            .map_or(true, TaskStatus::is_terminal)
+    }
+}
+
+/// What a task's flow holds: its staged submissions not yet applied, by
+/// their id in the outbox, and its children in submission order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// Staged submissions not applied yet: (outbox id, submission).
+    pub staged: Vec<(String, Staged)>,
+    /// The children recorded, `<queue>/<id>`, in submission order.
+    pub children: Vec<String>,
+    /// The children recorded as ended.
+    pub settled: Vec<String>,
+    /// The children whose submission was refused, with why.
+    pub refused: Vec<(String, String)>,
+}
+
+/// Read the flow of task `id` of `queue` (one HGETALL).
+pub async fn read_flow(conn: &Conn, queue: &str, id: &str) -> Result<FlowState, StoreError> {
+    let keys = QueueKeys::of_task(queue, id);
+    let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(keys.flow(id))
+        .query_async(&mut conn.clone())
+        .await?;
+    let mut state = FlowState::default();
+    let mut children: Vec<(u64, String)> = Vec::new();
+    for (field, value) in fields {
+        if let Some(eid) = field.strip_prefix("s:") {
+            let staged: Staged = serde_json::from_str(&value).map_err(|e| {
+                StoreError::Corrupt(format!("staged submission {eid} of task {id}: {e}"))
+            })?;
+            state.staged.push((eid.to_owned(), staged));
+        } else if let Some(child) = field.strip_prefix("c:") {
+            children.push((value.parse().unwrap_or(u64::MAX), child.to_owned()));
+        } else if let Some(child) = field.strip_prefix("d:") {
+            state.settled.push(child.to_owned());
+        } else if let Some(child) = field.strip_prefix("r:") {
+            state.refused.push((child.to_owned(), value));
+        }
+    }
+    children.sort();
+    state.children = children.into_iter().map(|(_, c)| c).collect();
+    state
+        .staged
+        .sort_by_key(|(eid, _)| eid.parse::<u64>().unwrap_or(u64::MAX));
+    Ok(state)
+}
+
+/// The children of task `id` of `queue`, in submission order, each as it
+/// is now: one read of the flow, then one of each child's record (one
+/// pipeline; on a cluster, one read per child, all at once).
+pub async fn children(conn: &Conn, queue: &str, id: &str) -> Result<Vec<Child>, StoreError> {
+    let flow = read_flow(conn, queue, id).await?;
+    let mut children = children_of(conn, &flow.children).await?;
+    for (child, r) in children.iter_mut().zip(&flow.children) {
+        if let Some((_, why)) = flow.refused.iter().find(|(refused, _)| refused == r) {
+            child.status = REFUSED.to_owned();
+            child.error = Some(why.clone());
+        }
+    }
+    Ok(children)
+}
+
+/// The status a child whose submission was refused shows: it never runs.
+pub const REFUSED: &str = "REFUSED";
+
+/// The records of `refs` (`<queue>/<id>`), as [`Child`]ren, in order.
+pub async fn children_of(conn: &Conn, refs: &[String]) -> Result<Vec<Child>, StoreError> {
+    let cluster = matches!(conn, Conn::Cluster(_));
+    const FIELDS: [&str; 4] = ["task", "status", "result", "error"];
+    let mut cmds = Vec::with_capacity(refs.len());
+    let mut parsed = Vec::with_capacity(refs.len());
+    for r in refs {
+        let (queue, id) = parse_task_ref(r)
+            .ok_or_else(|| StoreError::Corrupt(format!("a flow names child {r:?}")))?;
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(QueueKeys::of_task(queue, id).task(id)).arg(&FIELDS);
+        cmds.push(cmd);
+        parsed.push((queue, id));
+    }
+    type Fields = Vec<Option<String>>;
+    let replies: Vec<Fields> = if cluster {
+        futures::future::try_join_all(
+            cmds.iter()
+                .map(|cmd| async move { cmd.query_async::<Fields>(&mut conn.clone()).await }),
+        )
+        .await?
+    } else {
+        let mut pipe = redis::pipe();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        pipe.query_async(&mut conn.clone()).await?
+    };
+    Ok(parsed
+        .into_iter()
+        .zip(replies)
+        .map(|((queue, id), fields)| {
+            let mut fields = fields.into_iter();
+            let mut next = || fields.next().flatten();
+            let (task, status) = (next(), next());
+            let (result, error) = (next(), next());
+            Child {
+                task_id: id.to_owned(),
+                queue: super::logical_queue(queue).to_owned(),
+                task: task.unwrap_or_default(),
+                status: status.unwrap_or_else(|| "MISSING".to_owned()),
+                result,
+                error,
+            }
+        })
+        .collect())
+}
+
+impl Store {
+    /// Record in the flow of parent `id` of `queue` that staged submission
+    /// `eid` was applied (as `child`, when it was a child) and that `child`
+    /// has ended when `terminal`; resumes the parent if that settled its
+    /// flow while it waits. Returns whether it resumed it.
+    pub async fn flow_record(
+        &self,
+        queue: &str,
+        id: &str,
+        eid: Option<&str>,
+        child: Option<&str>,
+        terminal: bool,
+    ) -> Result<bool, StoreError> {
+        self.flow_record_refusal(queue, id, eid, child, terminal, "")
+            .await
+    }
+
+    /// [`Store::flow_record`], for a child whose submission was refused
+    /// (`refusal` says why; "" for one that was not).
+    pub async fn flow_record_refusal(
+        &self,
+        queue: &str,
+        id: &str,
+        eid: Option<&str>,
+        child: Option<&str>,
+        terminal: bool,
+        refusal: &str,
+    ) -> Result<bool, StoreError> {
+        let keys = QueueKeys::of_task(queue, id);
+        let mut inv = FLOW_RECORD.prepare_invoke();
+        inv.key(keys.task(id))
+            .key(keys.flow(id))
+            .key(&keys.stream)
+            .key(&keys.events)
+            .key(keys.flows());
+        Argv::new(&mut inv, &FLOW_RECORD_ARGV)
+            .put("TASK_ID", id)
+            .put("EID", eid.unwrap_or(""))
+            .put("CHILD", child.unwrap_or(""))
+            .put("TERMINAL", super::flag(terminal))
+            .put("REFUSAL", refusal)
+            .put("NOW", crate::base::now_ms())
+            .put("EVENTS_MAX_LEN", self.settings.events_max_len)
+            .done();
+        let resumed: i64 = self
+            .trip("flow_record", inv.invoke_async(&mut self.conn.clone()))
+            .await?;
+        Ok(resumed == 1)
+    }
+
+    /// Tell the parent `parent` (`<queue>/<id>`) that its child `child_id`
+    /// of `child_queue` has ended, then drop the child's entry in its
+    /// settle index. Returns whether the parent resumed.
+    pub async fn settle_child(
+        &self,
+        child_queue: &str,
+        child_id: &str,
+        parent: &str,
+    ) -> Result<bool, StoreError> {
+        let resumed = match parse_task_ref(parent) {
+            Some((queue, id)) => {
+                let child = task_ref(super::logical_queue(child_queue), child_id);
+                self.flow_record(queue, id, None, Some(&child), true)
+                    .await?
+            }
+            None => false,
+        };
+        let keys = QueueKeys::of_task(child_queue, child_id);
+        let _: i64 = self
+            .trip(
+                "settle_done",
+                redis::cmd("ZREM")
+                    .arg(keys.settle())
+                    .arg(child_id)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        Ok(resumed)
+    }
+
+    /// The flow of task `id` of `queue`.
+    pub async fn flow(&self, queue: &str, id: &str) -> Result<FlowState, StoreError> {
+        self.trip("flow", read_flow(&self.conn, queue, id)).await
+    }
+
+    /// The children of task `id` of `queue`, as they are now.
+    pub async fn children(&self, queue: &str, id: &str) -> Result<Vec<Child>, StoreError> {
+        self.trip("children", children(&self.conn, queue, id)).await
+    }
+
+    /// Of the key set `queue`, the tasks whose parent may not have been
+    /// told that they ended, ended before `before` (ms): at most a sweep's
+    /// batch, with each one's parent (`None` when its record is gone).
+    pub async fn settles_due(
+        &self,
+        queue: &str,
+        before: u64,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let ids: Vec<String> = self
+            .trip(
+                "settles_due",
+                redis::cmd("ZRANGE")
+                    .arg(keys.settle())
+                    .arg(0)
+                    .arg(before)
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(SWEEP_BATCH)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.hget(keys.task(id), "parent");
+        }
+        let parents: Vec<Option<String>> = self
+            .trip("settles_due", pipe.query_async(&mut self.conn.clone()))
+            .await?;
+        Ok(ids.into_iter().zip(parents).collect())
+    }
+
+    /// Of the key set `queue`, the tasks whose flow has staged submissions
+    /// or a waiting task and has not changed since `before` (ms): at most
+    /// a sweep's batch. Each is touched (its time set to now), so that
+    /// another sweeper does not take it up at once.
+    pub async fn flows_due(&self, queue: &str, before: u64) -> Result<Vec<String>, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let ids: Vec<String> = self
+            .trip(
+                "flows_due",
+                redis::cmd("ZRANGE")
+                    .arg(keys.flows())
+                    .arg(0)
+                    .arg(before)
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(SWEEP_BATCH)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        if !ids.is_empty() {
+            let mut touch = redis::cmd("ZADD");
+            touch.arg(keys.flows()).arg("XX");
+            let now = crate::base::now_ms();
+            for id in &ids {
+                touch.arg(now).arg(id);
+            }
+            let _: i64 = self
+                .trip("flows_due", touch.query_async(&mut self.conn.clone()))
+                .await?;
+        }
+        Ok(ids)
+    }
+
+    /// The status of task `id` of `queue`, `None` when its record is gone.
+    pub async fn status_of(&self, queue: &str, id: &str) -> Result<Option<String>, StoreError> {
+        let keys = QueueKeys::of_task(queue, id);
+        Ok(self
+            .trip(
+                "status_of",
+                redis::cmd("HGET")
+                    .arg(keys.task(id))
+                    .arg("status")
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?)
+    }
+
+    /// Cancel the children of task `id` of `queue` that have not ended,
+    /// and theirs in turn (a child waiting for its own); returns the ids
+    /// of those cancelled or asked to stop, in submission order.
+    pub async fn cancel_children(&self, queue: &str, id: &str) -> Result<Vec<String>, StoreError> {
+        let mut cancelled = Vec::new();
+        let mut parents = vec![(queue.to_owned(), id.to_owned())];
+        // A flow is a tree; the bound stops a cycle written by hand.
+        let mut budget = 100_000usize;
+        while let Some((queue, id)) = parents.pop() {
+            for child in self.children(&queue, &id).await? {
+                if child.is_terminal() || budget == 0 {
+                    continue;
+                }
+                budget -= 1;
+                let now = crate::base::now_ms();
+                match self.cancel(&child.queue, &child.task_id, now).await? {
+                    super::CancelOutcome::Cancelled | super::CancelOutcome::Requested => {
+                        cancelled.push(child.task_id.clone());
+                        parents.push((child.queue, child.task_id));
+                    }
+                    super::CancelOutcome::Terminal(_) | super::CancelOutcome::NotFound => {}
+                }
+            }
+        }
+        Ok(cancelled)
+    }
+}

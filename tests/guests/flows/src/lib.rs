@@ -1,0 +1,110 @@
+//! `flows`: a handler that submits tasks and waits for its children, for
+//! the flow tests (`tests/tests/flows.rs`, the chaos test, and the same
+//! guest in Python and JavaScript for `tests/tests/polyglot.rs`, which take
+//! the first four payloads).
+//!
+//! | payload | does | result |
+//! |---|---|---|
+//! | `{"fan_out": N, "queue": Q, "task": T}` | with no children yet: submits N children (task T on queue Q, payload `{"n": i}`), then waits | once all ended: `{"sum": Σ n of those that SUCCEEDED, "children": count, "failed": count not SUCCEEDED}` |
+//! | `{"submit": {"queue": Q, "task": T, "payload": P, "key": K}}` | submits one task (not a child); `key` optional | `{"id": <its id>}` |
+//! | `{"submit_then_fail": {"queue": Q, "task": T}}` | submits one task, then fails (retryable): nothing is submitted | none |
+//! | `{"denied": {"queue": Q, "task": T}}` | tries to submit where it is not granted | `{"refused": <message>}`, or `{"refused": null}` |
+//!
+//! And, for the Rust tests only:
+//! - `"fail": [i, ...]` with `fan_out`: those children get `"fail": true`;
+//! - `"crash_first": true` with `fan_out`: attempt 1 submits the children,
+//!   records their ids under kv `ids:<task id>`, then fails (retryable);
+//! - `"slow_ms": M` with `fan_out`: each child gets `"sleep_ms": M`;
+//! - as a child, `{"n": i}` → `{"n": i}`, after sleeping `sleep_ms`,
+//!   failing fatally when `"fail": true`.
+
+use std::time::Duration;
+
+use dtq_guest::{Context, Error, Refusal, Result, kv, tasks};
+use serde_json::{Value, json};
+
+fn flows(ctx: Context, payload: Value) -> Result<Value> {
+    if let Some(n) = payload.get("fan_out").and_then(Value::as_u64) {
+        return fan_out(&ctx, &payload, n);
+    }
+    if let Some(s) = payload.get("submit") {
+        let mut submit = tasks::Submit::new(text(s, "queue")?, text(s, "task")?, &s["payload"])?;
+        if let Some(key) = s.get("key").and_then(Value::as_str) {
+            submit = submit.key(key);
+        }
+        return Ok(json!({ "id": submit.send()? }));
+    }
+    if let Some(s) = payload.get("submit_then_fail") {
+        tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({}))?;
+        return Err(Error::retryable("failed after submitting"));
+    }
+    if let Some(s) = payload.get("denied") {
+        return match tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({})) {
+            Ok(_) => Ok(json!({ "refused": null })),
+            Err(e) if e.refusal() == Some(Refusal::InvalidArgument) => {
+                Ok(json!({ "refused": e.message() }))
+            }
+            Err(e) => Err(e),
+        };
+    }
+    if let Some(n) = payload.get("n") {
+        if let Some(ms) = payload.get("sleep_ms").and_then(Value::as_u64) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        if payload.get("fail") == Some(&Value::Bool(true)) {
+            return Err(Error::fatal(format!("child {n} fails, as asked")));
+        }
+        return Ok(json!({ "n": n }));
+    }
+    Err(Error::fatal(format!("unknown payload {payload}")))
+}
+
+fn fan_out(ctx: &Context, payload: &Value, n: u64) -> Result<Value> {
+    let children = tasks::children()?;
+    if children.is_empty() {
+        let failing: Vec<u64> = payload
+            .get("fail")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let slow = payload.get("slow_ms").cloned();
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let mut child = json!({ "n": i });
+            if failing.contains(&i) {
+                child["fail"] = json!(true);
+            }
+            if let Some(ms) = &slow {
+                child["sleep_ms"] = ms.clone();
+            }
+            let submit = tasks::Submit::new(text(payload, "queue")?, text(payload, "task")?, &child)?;
+            ids.push(submit.child().send()?);
+        }
+        if payload.get("crash_first") == Some(&Value::Bool(true)) && ctx.attempt == 1 {
+            kv::set(format!("ids:{}", ctx.task_id), json!(ids).to_string())?;
+            return Err(Error::retryable("failing after staging the children"));
+        }
+        return Err(tasks::wait_for_children());
+    }
+    let succeeded: Vec<&tasks::Child> = children.iter().filter(|c| c.succeeded()).collect();
+    let sum: i64 = succeeded
+        .iter()
+        .filter_map(|c| c.result.as_ref()?.get("n")?.as_i64())
+        .sum();
+    Ok(json!({
+        "sum": sum,
+        "children": children.len(),
+        "failed": children.len() - succeeded.len(),
+        "ids": children.iter().map(|c| c.task_id.clone()).collect::<Vec<_>>(),
+        "statuses": children.iter().map(|c| c.status.clone()).collect::<Vec<_>>(),
+    }))
+}
+
+fn text<'a>(value: &'a Value, field: &str) -> Result<&'a str> {
+    value
+        .get(field)
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::fatal(format!("{field} is missing")))
+}
+
+dtq_guest::handler!(flows);

@@ -1,0 +1,359 @@
+//! Flows (issue 36): handlers submit tasks exactly once, with their
+//! attempt's success, and a parent waits for its children, holding no
+//! slot, and resumes once they have all ended.
+//!
+//! A real worker runs the `flows` test guest (`tests/guests/flows`)
+//! against a real redis-server (or the three-primary cluster, with
+//! `DTQ_TEST_REDIS=cluster`: children live in another queue, so another
+//! slot, than their parent). The parent runs on queue `default`, its
+//! children on `kids`; the worker is granted `flows=kids:flows` only.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use dtq_tests::Dtq;
+use serde_json::{Value, json};
+
+/// Longest a task may take to reach what a test waits for.
+const WAIT: Duration = Duration::from_secs(60);
+
+const TERMINAL: [&str; 5] = ["SUCCEEDED", "FAILED", "DEAD_LETTERED", "CANCELLED", "EXPIRED"];
+
+/// The flags of a worker that runs parents and children: `kids` is
+/// consumed unless `kids_run` is false (its children then stay QUEUED).
+fn flags(kids_run: bool) -> Vec<&'static str> {
+    let queues = if kids_run { "default,kids" } else { "default" };
+    vec!["--queues", queues, "--submit-to", "flows=kids:flows"]
+}
+
+/// Submit a `flows` task with `payload` to `default`; its id.
+async fn submit(dtq: &Dtq, payload: Value) -> Result<String> {
+    dtq.submit_new("default", json!({"task": "flows", "payload": payload}), None)
+        .await
+}
+
+/// The ids of every task of queue `queue` (its task hashes in Redis).
+async fn tasks_of(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
+    let prefix = format!("dtq:task:{{{queue}}}:");
+    let mut ids: Vec<String> = dtq
+        .redis
+        .keys()
+        .await?
+        .into_iter()
+        .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// Poll task `id` of `default` until `done` holds for it; the task then.
+async fn wait_until(dtq: &Dtq, id: &str, done: impl Fn(&Value) -> bool) -> Result<Value> {
+    let start = Instant::now();
+    loop {
+        let task = dtq.task("default", id).await?;
+        if done(&task) {
+            return Ok(task);
+        }
+        ensure!(start.elapsed() < WAIT, "task {id} did not get there: {task:#}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    let parent = submit(
+        &dtq,
+        json!({"fan_out": 6, "queue": "kids", "task": "flows"}),
+    )
+    .await?;
+    let done = dtq
+        .wait_for("default", &parent, &TERMINAL, WAIT)
+        .await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    let result = &done["result"];
+    assert_eq!(result["sum"], 15, "0 + 1 + ... + 5: {result}");
+    assert_eq!(result["children"], 6);
+    assert_eq!(result["failed"], 0);
+    // The run after the wait is the same attempt, not a new one.
+    assert_eq!(done["attempts"], 1, "{done:#}");
+
+    // Seen from outside: the parent names its children, in submission
+    // order, and each child names its parent.
+    let children = done["children"].as_array().context("children")?;
+    assert_eq!(children.len(), 6, "{done:#}");
+    let ids: Vec<&str> = children.iter().filter_map(|c| c["task_id"].as_str()).collect();
+    assert_eq!(
+        result["ids"].as_array().map(Vec::len),
+        Some(6),
+        "the handler saw its children: {result}"
+    );
+    assert_eq!(
+        ids,
+        result["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+    );
+    for (i, child) in children.iter().enumerate() {
+        assert_eq!(child["status"], "SUCCEEDED", "{child}");
+        assert_eq!(child["queue"], "kids");
+        let record = dtq.task("kids", child["task_id"].as_str().unwrap()).await?;
+        assert_eq!(record["parent"], json!({"queue": "default", "task_id": parent}));
+        assert_eq!(record["payload"], json!({"n": i}), "submission order");
+    }
+    // Exactly these six exist in the children's queue.
+    let mut sorted: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    sorted.sort();
+    assert_eq!(tasks_of(&dtq, "kids").await?, sorted);
+
+    // The parent went WAITING, then QUEUED once (the resumption), then ran
+    // again and succeeded.
+    let statuses: Vec<String> = dtq
+        .redis
+        .task_events("default", &parent)
+        .await?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let waited = statuses
+        .iter()
+        .position(|s| s == "WAITING")
+        .with_context(|| format!("no WAITING event: {statuses:?}"))?;
+    assert_eq!(
+        statuses[waited..],
+        ["WAITING", "QUEUED", "RUNNING", "SUCCEEDED"],
+        "the parent's events: {statuses:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_parent_holds_no_slot_and_its_key_stays_in_flight() -> Result<()> {
+    // Children never run here: the parent waits for good.
+    let dtq = Dtq::start(true, &flags(false)).await?;
+    let (code, body) = dtq
+        .submit(
+            "default",
+            json!({"task": "flows", "payload": {"fan_out": 2, "queue": "kids", "task": "flows"}}),
+            Some("parent-key"),
+        )
+        .await?;
+    assert_eq!(code, 202, "{body}");
+    let parent = body["task_id"].as_str().context("task_id")?.to_owned();
+    let waiting = wait_until(&dtq, &parent, |t| t["status"] == "WAITING").await?;
+    assert_eq!(waiting["children"].as_array().map(Vec::len), Some(2), "{waiting:#}");
+    // No slot held: its message was acknowledged.
+    assert_eq!(dtq.redis.pending("default").await?.unwrap_or(0), 0);
+    // The key's task is still in flight.
+    let (code, body) = dtq
+        .submit(
+            "default",
+            json!({"task": "flows", "payload": {"fan_out": 2, "queue": "kids", "task": "flows"}}),
+            Some("parent-key"),
+        )
+        .await?;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"]["details"]["task_id"], parent.as_str());
+    // Other work still runs beside it (4 slots, 4 more tasks).
+    let mut others = Vec::new();
+    for _ in 0..4 {
+        others.push(
+            dtq.submit_new("default", json!({"task": "echo", "payload": 1}), None)
+                .await?,
+        );
+    }
+    for id in others {
+        dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    }
+    assert_eq!(dtq.task("default", &parent).await?["status"], "WAITING");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_child_is_visible_to_its_parent() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    let parent = submit(
+        &dtq,
+        json!({"fan_out": 4, "queue": "kids", "task": "flows", "fail": [2]}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "SUCCEEDED", "the parent decides: {done:#}");
+    let result = &done["result"];
+    assert_eq!(result["failed"], 1, "{result}");
+    assert_eq!(result["sum"], 1 + 3, "{result}");
+    assert_eq!(
+        result["statuses"],
+        json!(["SUCCEEDED", "SUCCEEDED", "FAILED", "SUCCEEDED"])
+    );
+    let children = done["children"].as_array().context("children")?;
+    assert_eq!(children[2]["status"], "FAILED");
+    assert!(
+        children[2]["error"].as_str().is_some_and(|e| e.contains("fails, as asked")),
+        "{:#}",
+        children[2]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_attempt_submits_nothing() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    let id = dtq
+        .submit_new(
+            "default",
+            json!({"task": "flows", "max_attempts": 3,
+                "payload": {"submit_then_fail": {"queue": "kids", "task": "flows"}}}),
+            None,
+        )
+        .await?;
+    let done = dtq.wait_for("default", &id, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "DEAD_LETTERED", "{done:#}");
+    assert_eq!(done["attempts"], 3);
+    // A success next to it shows the worker applies what succeeds: once
+    // its child exists, a wrongly applied failure would exist too.
+    let ok = submit(
+        &dtq,
+        json!({"submit": {"queue": "kids", "task": "flows", "payload": {"n": 7}}}),
+    )
+    .await?;
+    let ok = dtq.wait_for("default", &ok, &TERMINAL, WAIT).await?;
+    let child = ok["result"]["id"].as_str().context("the child's id")?;
+    dtq.wait_for("kids", child, &["SUCCEEDED"], WAIT).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        tasks_of(&dtq, "kids").await?,
+        [child.to_owned()],
+        "three failed attempts each staged a task; none may exist"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_stages_the_same_children_once() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    let parent = submit(
+        &dtq,
+        json!({"fan_out": 4, "queue": "kids", "task": "flows", "crash_first": true}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    assert_eq!(done["attempts"], 2, "attempt 1 failed after staging");
+    assert_eq!(done["result"]["sum"], 6);
+    // Attempt 1 was told the ids its children would have; attempt 2 staged
+    // the same ones, and only those exist.
+    let first: String = redis::cmd("GET")
+        .arg(format!("dtq:guest:{{flows}}:ids:{parent}"))
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    let first: Vec<String> = serde_json::from_str(&first)?;
+    let applied: Vec<String> = done["result"]["ids"]
+        .as_array()
+        .context("ids")?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(first, applied, "a re-run stages the same children");
+    let mut sorted = applied.clone();
+    sorted.sort();
+    assert_eq!(tasks_of(&dtq, "kids").await?, sorted);
+    // Each child's key derives from its parent and position.
+    for (i, id) in applied.iter().enumerate() {
+        let key = format!("dtq.flow:{parent}:{i}");
+        assert_eq!(id, &dtq_host::base::derived_task_id("kids", &key));
+        assert_eq!(dtq.task("kids", id).await?["idempotency_key"], key);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_follows_the_submission_contract() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    // Two parents submit under one key of their own: one task.
+    let body = json!({"submit": {"queue": "kids", "task": "flows",
+        "payload": {"n": 3}, "key": "shared-key"}});
+    let a = submit(&dtq, body.clone()).await?;
+    let a = dtq.wait_for("default", &a, &TERMINAL, WAIT).await?;
+    let b = submit(&dtq, body).await?;
+    let b = dtq.wait_for("default", &b, &TERMINAL, WAIT).await?;
+    assert_eq!(a["status"], "SUCCEEDED");
+    assert_eq!(a["result"]["id"], b["result"]["id"], "{a:#} {b:#}");
+    let id = a["result"]["id"].as_str().context("id")?;
+    dtq.wait_for("kids", id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(tasks_of(&dtq, "kids").await?, [id.to_owned()]);
+    assert_eq!(
+        dtq.redis.idem_record("kids", "shared-key").await?.context("a record")?["task_id"],
+        id
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_without_a_grant_is_refused_before_the_handler_returns() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    for (queue, task) in [("other", "flows"), ("kids", "echo")] {
+        let id = submit(&dtq, json!({"denied": {"queue": queue, "task": task}})).await?;
+        let done = dtq.wait_for("default", &id, &TERMINAL, WAIT).await?;
+        assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+        let refused = done["result"]["refused"].as_str().context("refused")?;
+        assert!(refused.contains("not granted"), "{refused}");
+        assert!(refused.contains(queue) && refused.contains(task), "{refused}");
+    }
+    // And a worker granted nothing refuses everything.
+    let bare = Dtq::start(true, &["--queues", "default,kids"]).await?;
+    let id = submit(&bare, json!({"denied": {"queue": "kids", "task": "flows"}})).await?;
+    let done = bare.wait_for("default", &id, &TERMINAL, WAIT).await?;
+    assert!(
+        done["result"]["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("not granted")),
+        "{done:#}"
+    );
+    assert!(tasks_of(&bare, "kids").await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(false)).await?;
+    let parent = submit(
+        &dtq,
+        json!({"fan_out": 3, "queue": "kids", "task": "flows"}),
+    )
+    .await?;
+    let waiting = wait_until(&dtq, &parent, |t| {
+        t["status"] == "WAITING" && t["children"].as_array().is_some_and(|c| c.len() == 3)
+    })
+    .await?;
+    let children: Vec<String> = waiting["children"]
+        .as_array()
+        .context("children")?
+        .iter()
+        .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
+        .collect();
+    let (code, body) = dtq
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/default/tasks/{parent}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "CANCELLED");
+    assert_eq!(body["cancelled_children"], json!(children), "it says so");
+    let parent = dtq.task("default", &parent).await?;
+    assert_eq!(parent["status"], "CANCELLED");
+    assert!(
+        parent["error"].as_str().is_some_and(|e| e.contains("waiting for its children")),
+        "{parent:#}"
+    );
+    for id in &children {
+        assert_eq!(dtq.task("kids", id).await?["status"], "CANCELLED");
+    }
+    Ok(())
+}
