@@ -211,6 +211,9 @@ pub const REFUSED: &str = "REFUSED";
 
 /// The records of `refs` (`<queue>/<id>`), as [`Child`]ren, in order.
 pub async fn children_of(conn: &Conn, refs: &[String]) -> Result<Vec<Child>, StoreError> {
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
     let cluster = matches!(conn, Conn::Cluster(_));
     const FIELDS: [&str; 4] = ["task", "status", "result", "error"];
     let mut cmds = Vec::with_capacity(refs.len());
