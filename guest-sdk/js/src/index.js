@@ -12,14 +12,18 @@
 // turns the directory's handler.js into `<task>.wasm`. How a call ends
 // decides what the host does with the task: a return → SUCCEEDED; a
 // `RetryableError`, any other exception, or a trap → retried until the
-// attempts run out, then dead-lettered; a `FatalError` → FAILED at once.
+// attempts run out, then dead-lettered; a `FatalError` → FAILED at once; a
+// `tasks.WaitForChildren` → WAITING for the task's children, then run again
+// as the same attempt.
 
 import { FatalError, HandlerError, RetryableError } from './errors.js';
 import * as http from './http.js';
 import * as kv from './kv.js';
 import * as log from './log.js';
+import * as tasks from './tasks.js';
+import { waitForChildren } from 'dtq:handler/tasks@0.2.0';
 
-export { FatalError, HandlerError, RetryableError, http, kv, log };
+export { FatalError, HandlerError, RetryableError, http, kv, log, tasks };
 export { idempotentOperation, operation, storedResult } from './idempotency.js';
 export { progress } from './progress.js';
 
@@ -116,6 +120,8 @@ export async function handle(ctx, payload) {
   try {
     return await call(ctx, payload);
   } catch (err) {
+    // Asked here, not where it is thrown: only an error that ends the call waits.
+    if (err instanceof tasks.WaitForChildren) waitForChildren();
     throw handlerError(err);
   }
 }

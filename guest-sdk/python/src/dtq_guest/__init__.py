@@ -12,13 +12,14 @@ JSON result, built into a WebAssembly component with componentize-py.
 repository) turns the directory's ``handler.py`` into ``<task>.wasm``. Inside
 the sandbox a handler reaches only what this package offers:
 :func:`idempotent_operation`, a namespaced slice of Redis in :mod:`kv`, the
-task's :mod:`log`, :func:`progress` reports for whoever watches the task, and
-outbound :mod:`http` to the hosts the operator allows.
+task's :mod:`log`, :func:`progress` reports for whoever watches the task,
+:mod:`tasks` to submit (exactly once) and wait for children, and outbound
+:mod:`http` to the hosts the operator allows.
 The host imports exist only inside a dtq worker; calling them elsewhere
 raises :class:`RuntimeError`.
 """
 
-from . import http, kv, log
+from . import http, kv, log, tasks
 from ._progress import progress
 from .context import Context
 from .errors import FatalError, HandlerError, Refusal, RetryableError
@@ -52,4 +53,5 @@ __all__ = [
     "progress",
     "stored_result",
     "task",
+    "tasks",
 ]

@@ -20,6 +20,7 @@ MODULES = (
     "kv",
     "log",
     "progress",
+    "tasks",
     "wasi_http_types",
     "outgoing_handler",
     "streams",

@@ -15,7 +15,9 @@ How a call ends decides what the host does with the task:
   goes to the task log), or a trap → retried with backoff until the attempts
   run out, then dead-lettered;
 * :class:`~dtq_guest.FatalError` (or a payload that is not JSON, a result
-  that does not serialize) → FAILED at once.
+  that does not serialize) → FAILED at once;
+* :class:`~dtq_guest.tasks.WaitForChildren` → WAITING for the task's
+  children, then run again as the same attempt.
 """
 
 import inspect
@@ -24,7 +26,7 @@ import re
 import sys
 import traceback
 
-from . import _bindings, _sync
+from . import _bindings, _sync, tasks
 from .context import Context
 from .errors import FatalError, HandlerError, RetryableError
 
@@ -118,6 +120,8 @@ class WitWorld:
         try:
             return _call(ctx, payload)
         except HandlerError as err:
+            if isinstance(err, tasks.WaitForChildren):
+                tasks._ask_to_wait()
             raise Err(_handler_error(err)) from None
         except Exception as exc:  # noqa: BLE001 - any other error is retryable
             traceback.print_exc(file=sys.stderr)
