@@ -671,3 +671,75 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+// ------------------------------------------------------------------ flows
+
+/// Flows through the queue: a parent fans out to children (the Rust
+/// `flows` guest, on queue `kids`), waits, and resumes with their results;
+/// a failing attempt submits nothing; a submission not granted is refused
+/// before the handler returns.
+async fn flows_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
+    let task = format!("flows-{lang}");
+    let grant = format!("{task}=kids:flows");
+    let dtq = Dtq::start(true, &["--queues", "default,kids", "--submit-to", &grant]).await?;
+    dtq.sandbox.load(&task, &test_guest_wasm(lang, "flows")?)?;
+    let submit = |payload: Value| {
+        let body = json!({"task": task, "payload": payload, "max_attempts": 2});
+        dtq.submit_new("default", body, None)
+    };
+    let terminal = ["SUCCEEDED", "FAILED", "DEAD_LETTERED"];
+    let parent = submit(json!({"fan_out": 4, "queue": "kids", "task": "flows"})).await?;
+    let failing = submit(json!({"submit_then_fail": {"queue": "kids", "task": "flows"}})).await?;
+    let denied = submit(json!({"denied": {"queue": "kids", "task": "echo"}})).await?;
+    let parent = dtq.wait_for("default", &parent, &terminal, WAIT).await?;
+    assert_eq!(parent["status"], "SUCCEEDED", "{lang}: {parent:#}");
+    assert_eq!(parent["attempts"], 1, "{lang}: the resumed run is the same attempt");
+    let result = &parent["result"];
+    assert_eq!(
+        (&result["sum"], &result["children"], &result["failed"]),
+        (&json!(6), &json!(4), &json!(0)),
+        "{lang}: {result}"
+    );
+    let failing = dtq.wait_for("default", &failing, &terminal, WAIT).await?;
+    assert_eq!(failing["status"], "DEAD_LETTERED", "{lang}: {failing:#}");
+    let denied = dtq.wait_for("default", &denied, &terminal, WAIT).await?;
+    let refused = denied["result"]["refused"].as_str().unwrap_or_default();
+    assert!(refused.contains("not granted"), "{lang}: {denied:#}");
+    // The parent's four children, and nothing of the failed attempts.
+    let kids: Vec<String> = dtq
+        .redis
+        .keys()
+        .await?
+        .into_iter()
+        .filter(|k| k.starts_with("dtq:task:{kids}:"))
+        .collect();
+    assert_eq!(kids.len(), 4, "{lang}: {kids:?}");
+    Ok(vec![json!([result["sum"], result["children"], result["failed"]])])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flows_fan_out_and_submit_once_in_every_language() -> Result<()> {
+    same_in_every_language!(flows_through_the_queue)
+}
+
+/// The fan-out example of each language (`examples/*/fan_out`) against
+/// the Rust `square` example: the sum of the squares of its numbers.
+async fn fan_out_example(lang: Lang) -> Result<Vec<Value>> {
+    let task = format!("fan_out-{lang}");
+    let grant = format!("{task}=default:square");
+    let dtq = Dtq::start(true, &["--submit-to", &grant]).await?;
+    dtq.sandbox.load(&task, &example_wasm(lang, "fan_out")?)?;
+    let body = json!({"task": task, "payload": {"numbers": [1, 2, 3, 4]}});
+    let id = dtq.submit_new("default", body, None).await?;
+    let t = dtq
+        .wait_for("default", &id, &["SUCCEEDED", "FAILED", "DEAD_LETTERED"], WAIT)
+        .await?;
+    assert_eq!(t["status"], "SUCCEEDED", "{lang}: {t:#}");
+    assert_eq!(t["result"], json!({"sum_of_squares": 30}), "{lang}: {t:#}");
+    Ok(vec![t["result"].clone()])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fan_out_example_sums_its_childrens_squares_in_every_language() -> Result<()> {
+    same_in_every_language!(fan_out_example)
+}
