@@ -251,6 +251,7 @@ async fn complete(store: &Store, batches: &[Vec<(Delivery, StartedTask)>]) -> Re
                 digest: None,
                 carried_at: task.carried_at,
                 staged: Vec::new(),
+                op_staged: false,
             })
             .collect();
         let outcomes = store.complete(&completions).await?;

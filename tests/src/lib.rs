@@ -607,6 +607,7 @@ pub fn completion(
         digest: None,
         carried_at: task.carried_at,
         staged: Vec::new(),
+        op_staged: false,
     }
 }
 

@@ -17,7 +17,13 @@ use serde_json::{Value, json};
 /// Longest a task may take to reach what a test waits for.
 const WAIT: Duration = Duration::from_secs(60);
 
-const TERMINAL: [&str; 5] = ["SUCCEEDED", "FAILED", "DEAD_LETTERED", "CANCELLED", "EXPIRED"];
+const TERMINAL: [&str; 5] = [
+    "SUCCEEDED",
+    "FAILED",
+    "DEAD_LETTERED",
+    "CANCELLED",
+    "EXPIRED",
+];
 
 /// The flags of a worker that runs parents and children: `kids` is
 /// consumed unless `kids_run` is false (its children then stay QUEUED).
@@ -28,8 +34,12 @@ fn flags(kids_run: bool) -> Vec<&'static str> {
 
 /// Submit a `flows` task with `payload` to `default`; its id.
 async fn submit(dtq: &Dtq, payload: Value) -> Result<String> {
-    dtq.submit_new("default", json!({"task": "flows", "payload": payload}), None)
-        .await
+    dtq.submit_new(
+        "default",
+        json!({"task": "flows", "payload": payload}),
+        None,
+    )
+    .await
 }
 
 /// The ids of every task of queue `queue` (its task hashes in Redis).
@@ -46,6 +56,17 @@ async fn tasks_of(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
     Ok(ids)
 }
 
+/// Wait for task `id` of `queue`, applied after its parent's completion
+/// (so perhaps not there yet), to reach one of `statuses`.
+async fn wait_applied(dtq: &Dtq, queue: &str, id: &str, statuses: &[&str]) -> Result<Value> {
+    let start = Instant::now();
+    while dtq.task(queue, id).await.is_err() {
+        ensure!(start.elapsed() < WAIT, "task {id} of {queue} was never applied");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    dtq.wait_for(queue, id, statuses, WAIT).await
+}
+
 /// Poll task `id` of `default` until `done` holds for it; the task then.
 async fn wait_until(dtq: &Dtq, id: &str, done: impl Fn(&Value) -> bool) -> Result<Value> {
     let start = Instant::now();
@@ -54,7 +75,10 @@ async fn wait_until(dtq: &Dtq, id: &str, done: impl Fn(&Value) -> bool) -> Resul
         if done(&task) {
             return Ok(task);
         }
-        ensure!(start.elapsed() < WAIT, "task {id} did not get there: {task:#}");
+        ensure!(
+            start.elapsed() < WAIT,
+            "task {id} did not get there: {task:#}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -67,9 +91,7 @@ async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -
         json!({"fan_out": 6, "queue": "kids", "task": "flows"}),
     )
     .await?;
-    let done = dtq
-        .wait_for("default", &parent, &TERMINAL, WAIT)
-        .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
     assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
     let result = &done["result"];
     assert_eq!(result["sum"], 15, "0 + 1 + ... + 5: {result}");
@@ -82,7 +104,10 @@ async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -
     // order, and each child names its parent.
     let children = done["children"].as_array().context("children")?;
     assert_eq!(children.len(), 6, "{done:#}");
-    let ids: Vec<&str> = children.iter().filter_map(|c| c["task_id"].as_str()).collect();
+    let ids: Vec<&str> = children
+        .iter()
+        .filter_map(|c| c["task_id"].as_str())
+        .collect();
     assert_eq!(
         result["ids"].as_array().map(Vec::len),
         Some(6),
@@ -101,7 +126,10 @@ async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -
         assert_eq!(child["status"], "SUCCEEDED", "{child}");
         assert_eq!(child["queue"], "kids");
         let record = dtq.task("kids", child["task_id"].as_str().unwrap()).await?;
-        assert_eq!(record["parent"], json!({"queue": "default", "task_id": parent}));
+        assert_eq!(
+            record["parent"],
+            json!({"queue": "default", "task_id": parent})
+        );
         assert_eq!(record["payload"], json!({"n": i}), "submission order");
     }
     // Exactly these six exist in the children's queue.
@@ -195,7 +223,9 @@ async fn a_failed_child_is_visible_to_its_parent() -> Result<()> {
     let children = done["children"].as_array().context("children")?;
     assert_eq!(children[2]["status"], "FAILED");
     assert!(
-        children[2]["error"].as_str().is_some_and(|e| e.contains("fails, as asked")),
+        children[2]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("fails, as asked")),
         "{:#}",
         children[2]
     );
@@ -225,7 +255,7 @@ async fn a_failing_attempt_submits_nothing() -> Result<()> {
     .await?;
     let ok = dtq.wait_for("default", &ok, &TERMINAL, WAIT).await?;
     let child = ok["result"]["id"].as_str().context("the child's id")?;
-    dtq.wait_for("kids", child, &["SUCCEEDED"], WAIT).await?;
+    wait_applied(&dtq, "kids", child, &["SUCCEEDED"]).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         tasks_of(&dtq, "kids").await?,
@@ -286,10 +316,13 @@ async fn a_submission_follows_the_submission_contract() -> Result<()> {
     assert_eq!(a["status"], "SUCCEEDED");
     assert_eq!(a["result"]["id"], b["result"]["id"], "{a:#} {b:#}");
     let id = a["result"]["id"].as_str().context("id")?;
-    dtq.wait_for("kids", id, &["SUCCEEDED"], WAIT).await?;
+    wait_applied(&dtq, "kids", id, &["SUCCEEDED"]).await?;
     assert_eq!(tasks_of(&dtq, "kids").await?, [id.to_owned()]);
     assert_eq!(
-        dtq.redis.idem_record("kids", "shared-key").await?.context("a record")?["task_id"],
+        dtq.redis
+            .idem_record("kids", "shared-key")
+            .await?
+            .context("a record")?["task_id"],
         id
     );
     Ok(())
@@ -304,7 +337,10 @@ async fn a_submission_without_a_grant_is_refused_before_the_handler_returns() ->
         assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
         let refused = done["result"]["refused"].as_str().context("refused")?;
         assert!(refused.contains("not granted"), "{refused}");
-        assert!(refused.contains(queue) && refused.contains(task), "{refused}");
+        assert!(
+            refused.contains(queue) && refused.contains(task),
+            "{refused}"
+        );
     }
     // And a worker granted nothing refuses everything.
     let bare = Dtq::start(true, &["--queues", "default,kids"]).await?;
@@ -352,11 +388,85 @@ async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()
     let parent = dtq.task("default", &parent).await?;
     assert_eq!(parent["status"], "CANCELLED");
     assert!(
-        parent["error"].as_str().is_some_and(|e| e.contains("waiting for its children")),
+        parent["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("waiting for its children")),
         "{parent:#}"
     );
     for id in &children {
         assert_eq!(dtq.task("kids", id).await?["status"], "CANCELLED");
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_inside_an_operation_applies_with_its_commit() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    // Attempt 1 commits the operation, then fails: the submission applies
+    // with the commit all the same, and attempt 2 finds the operation done
+    // (its effect does not run again): one task.
+    let id = submit(
+        &dtq,
+        json!({"op_submit": {"queue": "kids", "task": "flows", "key": "op-1", "fail_after": true}}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &id, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    assert_eq!(done["attempts"], 2);
+    assert_eq!(
+        done["result"]["ran"], false,
+        "attempt 2 found it done: {done:#}"
+    );
+    let children = done["children"].as_array().context("children")?;
+    assert_eq!(children.len(), 1, "{done:#}");
+    let child = children[0]["task_id"].as_str().context("task_id")?;
+    dtq.wait_for("kids", child, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(tasks_of(&dtq, "kids").await?, [child.to_owned()]);
+    // Its key is scoped by the operation's.
+    let key = dtq.task("kids", child).await?["idempotency_key"].clone();
+    assert!(
+        key.as_str()
+            .is_some_and(|k| k.starts_with(&format!("dtq.flow:{id}:op:"))),
+        "{key}"
+    );
+
+    // An operation that does not commit submits nothing, though the
+    // attempt succeeds.
+    let id = submit(
+        &dtq,
+        json!({"op_submit": {"queue": "kids", "task": "flows", "key": "op-2", "abort": true}}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &id, &TERMINAL, WAIT).await?;
+    assert_eq!(done["result"], json!({"aborted": true}), "{done:#}");
+    // The staged entry is dropped once the operation is known not to have
+    // committed (the completion's follow-up), and the flow leaves the index.
+    let start = Instant::now();
+    loop {
+        let flows: Vec<String> = redis::cmd("ZRANGE")
+            .arg("dtq:flows:{default}")
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut dtq.redis.conn().await?)
+            .await?;
+        if !flows.contains(&id) {
+            break;
+        }
+        ensure!(
+            start.elapsed() < WAIT,
+            "the aborted operation's flow stays: {flows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        dtq.task("default", &id).await?["children"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
+    assert_eq!(
+        tasks_of(&dtq, "kids").await?,
+        [child.to_owned()],
+        "nothing new"
+    );
     Ok(())
 }

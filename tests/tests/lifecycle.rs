@@ -90,6 +90,7 @@ fn success(queue: &str, delivery: &Delivery, attempt: u32, result: &str) -> Comp
         digest: None,
         carried_at: None,
         staged: Vec::new(),
+        op_staged: false,
     }
 }
 
@@ -99,6 +100,7 @@ fn finish(task: &StartedTask, delivery: &Delivery, attempt: u32, result: &str) -
     Completion {
         carried_at: task.carried_at,
         staged: Vec::new(),
+        op_staged: false,
         ..success(&task.queue, delivery, attempt, result)
     }
 }

@@ -693,7 +693,10 @@ async fn flows_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
     let denied = submit(json!({"denied": {"queue": "kids", "task": "echo"}})).await?;
     let parent = dtq.wait_for("default", &parent, &terminal, WAIT).await?;
     assert_eq!(parent["status"], "SUCCEEDED", "{lang}: {parent:#}");
-    assert_eq!(parent["attempts"], 1, "{lang}: the resumed run is the same attempt");
+    assert_eq!(
+        parent["attempts"], 1,
+        "{lang}: the resumed run is the same attempt"
+    );
     let result = &parent["result"];
     assert_eq!(
         (&result["sum"], &result["children"], &result["failed"]),
@@ -714,7 +717,11 @@ async fn flows_through_the_queue(lang: Lang) -> Result<Vec<Value>> {
         .filter(|k| k.starts_with("dtq:task:{kids}:"))
         .collect();
     assert_eq!(kids.len(), 4, "{lang}: {kids:?}");
-    Ok(vec![json!([result["sum"], result["children"], result["failed"]])])
+    Ok(vec![json!([
+        result["sum"],
+        result["children"],
+        result["failed"]
+    ])])
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -732,7 +739,12 @@ async fn fan_out_example(lang: Lang) -> Result<Vec<Value>> {
     let body = json!({"task": task, "payload": {"numbers": [1, 2, 3, 4]}});
     let id = dtq.submit_new("default", body, None).await?;
     let t = dtq
-        .wait_for("default", &id, &["SUCCEEDED", "FAILED", "DEAD_LETTERED"], WAIT)
+        .wait_for(
+            "default",
+            &id,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
         .await?;
     assert_eq!(t["status"], "SUCCEEDED", "{lang}: {t:#}");
     assert_eq!(t["result"], json!({"sum_of_squares": 30}), "{lang}: {t:#}");

@@ -7,7 +7,8 @@ use tracing::{debug, warn};
 
 use super::{IngestError, IngestSettings, SubmitRequest, prepare};
 use crate::store::{
-    FlowState, Staged, Store, StoreError, SubmitOutcome, TaskStatus, parse_task_ref, task_ref,
+    ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, TaskStatus, parse_task_ref,
+    task_ref,
 };
 
 /// What became of a flow's outbox.
@@ -15,7 +16,8 @@ use crate::store::{
 pub struct Applied {
     /// Submissions applied (new tasks, replays, and refusals recorded).
     pub applied: usize,
-    /// Submissions left in the outbox for now: their queue is full.
+    /// Submissions left in the outbox for now: their queue is full, or
+    /// their operation is still open.
     pub held: usize,
     /// Whether the parent resumed.
     pub resumed: bool,
@@ -47,7 +49,8 @@ pub async fn apply_outbox(
 }
 
 /// Apply staged submission `eid` of parent `id` of `queue`: `None` when
-/// it is held (its queue is full), else whether the parent resumed.
+/// it is held (its queue is full, or its operation's commit is not known
+/// yet), else whether the parent resumed.
 async fn apply_one(
     store: &Store,
     settings: &IngestSettings,
@@ -56,6 +59,21 @@ async fn apply_one(
     eid: &str,
     staged: Staged,
 ) -> Result<Option<bool>, StoreError> {
+    // A submission of an idempotent operation applies once its commit is
+    // known, and never if the operation did not commit.
+    if let (Some(claim), Some(owner)) = (&staged.claim, &staged.owner) {
+        match store.claim_outcome(claim, owner).await? {
+            ClaimOutcome::Committed => {}
+            ClaimOutcome::Open => return Ok(None),
+            ClaimOutcome::NotCommitted => {
+                debug!(parent = %id, %claim, "staged submission dropped: its operation did not commit");
+                return store
+                    .flow_record(queue, id, Some(eid), None, false)
+                    .await
+                    .map(Some);
+            }
+        }
+    }
     let target = staged.queue.clone();
     let is_child = staged.parent.is_some();
     let outcome = submit_staged(store, settings, staged).await;

@@ -178,6 +178,9 @@ pub(crate) struct Operation {
     /// deleted), so reads inside the operation see them.
     view: HashMap<String, Option<String>>,
     bytes: usize,
+    /// The tasks the operation submits (flows, `tasks.rs`): staged into
+    /// the task's outbox before the commit, applied once it committed.
+    pub(crate) submissions: Vec<crate::store::Staged>,
     /// Renews the claim's lease until the operation closes or the call
     /// ends (dropped with it).
     _renewal: Option<AbortOnDrop>,
@@ -223,6 +226,7 @@ impl Operation {
             writes: Vec::new(),
             view: HashMap::new(),
             bytes: 0,
+            submissions: Vec::new(),
             _renewal: None,
         }
     }
@@ -267,6 +271,31 @@ impl Operation {
 }
 
 impl HostCtx {
+    /// Stage `op`'s submissions into the task's outbox, each naming the
+    /// claim and `token`, before `op` commits (`store::stage_outbox`):
+    /// they apply once it has. The completion's follow-up applies them (or
+    /// drops them, if the commit did not happen).
+    async fn stage_submissions(&mut self, op: &Operation, token: &str) -> Result<(), HostError> {
+        let entries = op
+            .submissions
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                s.claim = Some(op.claim.clone());
+                s.owner = Some(token.to_owned());
+                serde_json::to_string(&s).map_err(|e| HostError::InvalidArgument(e.to_string()))
+            })
+            .collect::<Result<Vec<String>, HostError>>()?;
+        let (queue, id) = (self.caller.queue.clone(), self.caller.task_id.clone());
+        let staged = crate::store::stage_outbox(self.redis(), &queue, &id, &entries).await;
+        self.flow.get_or_insert_with(Default::default).op_staged = true;
+        match staged {
+            Ok(()) => Ok(()),
+            Err(crate::store::StoreError::Redis(e)) => Err(super::imports::host_error(e, true)),
+            Err(e) => Err(HostError::Unavailable(e.to_string())),
+        }
+    }
+
     fn token(&mut self) -> String {
         self.caller
             .token
@@ -350,6 +379,9 @@ impl Host for HostCtx {
         guest_try!(self.check_value(&result));
         let op = guest_try!(self.take_operation(&key));
         let token = self.token();
+        if !op.submissions.is_empty() {
+            guest_try!(self.stage_submissions(&op, &token).await);
+        }
         let mut invocation = quota::invocation(&COMMIT, &op.claim, &self.handler);
         quota::argv(&mut invocation, &COMMIT_ARGV, &self.handler)
             .put("TOKEN", token)

@@ -38,6 +38,9 @@ pub struct FlowReport {
     pub staged: Vec<String>,
     /// Whether it asked to wait for its children.
     pub wait: bool,
+    /// Whether an idempotent operation of it staged submissions into the
+    /// task's outbox (applied once the operation's commit is known).
+    pub op_staged: bool,
 }
 
 impl FlowReport {
@@ -47,6 +50,7 @@ impl FlowReport {
             Box::new(FlowReport {
                 staged: f.staged,
                 wait: f.wait,
+                op_staged: f.op_staged,
             })
         })
     }

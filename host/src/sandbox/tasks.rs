@@ -11,10 +11,13 @@
 //! re-run stages the same tasks, and its id from its queue and key: a
 //! re-run gets the same ids back.
 //!
-//! Inside an idempotent operation a submission is refused
-//! (`invalid-argument`): its staging would have to be applied with the
-//! operation's commit, in the operation's slot, which this host does not
-//! do. Submit before or after the operation.
+//! Inside an idempotent operation a submission belongs to the operation:
+//! it is staged into the task's outbox when the operation commits (before
+//! the commit's script, naming the operation's claim and this call's owner
+//! token) and applies only once that claim is known to be committed by
+//! this call, whatever becomes of the attempt after; an operation that
+//! does not commit submits nothing (see `operation.rs`, `ingest/flow.rs`).
+//! Its derived keys are scoped by the operation's key.
 
 use serde::Serialize;
 
@@ -107,6 +110,8 @@ pub(crate) struct FlowCall {
     pub(crate) staged: Vec<String>,
     /// Whether the handler asked to wait for its children.
     pub(crate) wait: bool,
+    /// Whether an operation staged submissions into the task's outbox.
+    pub(crate) op_staged: bool,
 }
 
 impl tasks::Host for HostCtx {
@@ -169,14 +174,6 @@ impl HostCtx {
                 self.handler.task
             )));
         }
-        if self.operation.is_some() {
-            return Err(HostError::InvalidArgument(
-                "a task cannot be submitted inside an idempotent operation: submit it before or \
-                 after the operation (a handler's submissions are applied with its attempt's \
-                 success, exactly once)"
-                    .into(),
-            ));
-        }
         if payload.len() > self.handler.limits.max_payload_bytes {
             return Err(HostError::ValueTooLarge(payload.len() as u64));
         }
@@ -186,10 +183,20 @@ impl HostCtx {
             )));
         }
         check_options(&options)?;
-        let flow = self.flow.get_or_insert_with(Default::default);
-        if flow.staged.len() >= MAX_BATCH_ITEMS {
+        // Inside an operation, the operation's own positions, under its key.
+        let (position, scope) = match &self.operation {
+            Some(op) => (
+                op.submissions.len(),
+                format!("op:{}:", key_digest(op.key())),
+            ),
+            None => (
+                self.flow.as_ref().map_or(0, |f| f.staged.len()),
+                String::new(),
+            ),
+        };
+        if position >= MAX_BATCH_ITEMS {
             return Err(HostError::InvalidArgument(format!(
-                "a call may stage at most {MAX_BATCH_ITEMS} submissions"
+                "a call (or an operation) may stage at most {MAX_BATCH_ITEMS} submissions"
             )));
         }
         let key = match options.key {
@@ -199,7 +206,7 @@ impl HostCtx {
             }
             // The parent and the position: the same on every run that
             // stages the same submissions in the same order.
-            None => format!("dtq.flow:{}:{}", self.caller.task_id, flow.staged.len()),
+            None => format!("dtq.flow:{}:{scope}{position}", self.caller.task_id),
         };
         let id = crate::base::derived_task_id(&queue, &key);
         let parent = options
@@ -215,12 +222,33 @@ impl HostCtx {
             max_attempts: options.max_attempts,
             group: options.group,
             parent,
+            claim: None,
+            owner: None,
         };
+        // An operation's submissions are staged when it commits.
+        if let Some(op) = &mut self.operation {
+            op.submissions.push(staged);
+            return Ok(id);
+        }
         let json = serde_json::to_string(&staged)
             .map_err(|e| HostError::InvalidArgument(e.to_string()))?;
-        flow.staged.push(json);
+        self.flow
+            .get_or_insert_with(Default::default)
+            .staged
+            .push(json);
         Ok(id)
     }
+}
+
+/// The first 16 hex digits of the SHA-256 of an operation's key: a
+/// derived submission key of bounded length.
+fn key_digest(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Check a submission's numbers and group, as a submission from the API.

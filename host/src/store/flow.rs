@@ -69,6 +69,44 @@ static FLOW_RECORD: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// `flow_stage.lua`'s ARGV by name.
+pub(super) static FLOW_STAGE_ARGV: ArgvLayout = ArgvLayout {
+    script: "flow_stage",
+    prefix: "ARG_",
+    first: 1,
+    names: &["TASK_ID", "NOW"],
+    rest: Some("ENTRIES"),
+};
+
+/// `flow_stage.lua`.
+static FLOW_STAGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/flow_stage.lua")));
+
+/// Stage `entries` (JSON [`Staged`] submissions of an idempotent
+/// operation, each naming its claim and owner) into the outbox of task
+/// `id` of `queue`, before the operation commits: they apply once its
+/// commit is known (see [`Store::claim_outcome`]), and hold the task's
+/// flow unsettled until then.
+pub async fn stage_outbox(
+    conn: &Conn,
+    queue: &str,
+    id: &str,
+    entries: &[String],
+) -> Result<(), StoreError> {
+    let keys = QueueKeys::of_task(queue, id);
+    let mut inv = FLOW_STAGE.prepare_invoke();
+    inv.key(keys.flow(id)).key(keys.flows());
+    Argv::new(&mut inv, &FLOW_STAGE_ARGV)
+        .put("TASK_ID", id)
+        .put("NOW", crate::base::now_ms())
+        .done();
+    for entry in entries {
+        inv.arg(entry.as_str());
+    }
+    let _: i64 = inv.invoke_async(&mut conn.clone()).await?;
+    Ok(())
+}
+
 /// Most entries of an index one sweep takes at once.
 const SWEEP_BATCH: usize = 100;
 
@@ -104,6 +142,26 @@ pub struct Staged {
     /// Its parent, `<queue>/<id>`, when it is submitted as a child.
     #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// For a submission staged inside an idempotent operation: the
+    /// operation's claim (`dtq:claim:{<namespace>}:<key>`). The submission
+    /// applies only if that claim was committed by [`Staged::owner`].
+    #[serde(rename = "cl", default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// The owner token of the call that staged it inside an operation.
+    #[serde(rename = "ow", default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// What became of the operation a submission was staged in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Committed by the call that staged it: the submission applies.
+    Committed,
+    /// Still open by that call: not known yet.
+    Open,
+    /// Not committed by that call (released, taken over, gone): the
+    /// submission never applies.
+    NotCommitted,
 }
 
 /// The reference to a task that flows store: `<queue>/<id>` (a queue's
@@ -418,6 +476,29 @@ impl Store {
                 .await?;
         }
         Ok(ids)
+    }
+
+    /// Whether the operation of claim `claim` was committed by `owner`.
+    pub async fn claim_outcome(
+        &self,
+        claim: &str,
+        owner: &str,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let (state, found): (Option<String>, Option<String>) = self
+            .trip(
+                "claim_outcome",
+                redis::cmd("HMGET")
+                    .arg(claim)
+                    .arg("state")
+                    .arg("owner")
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        Ok(match (state.as_deref(), found.as_deref()) {
+            (Some("done"), Some(o)) if o == owner => ClaimOutcome::Committed,
+            (Some(_), Some(o)) if o == owner => ClaimOutcome::Open,
+            _ => ClaimOutcome::NotCommitted,
+        })
     }
 
     /// The status of task `id` of `queue`, `None` when its record is gone.

@@ -327,6 +327,7 @@ mod tests {
         "queue_register",
         "progress",
         "flow_record",
+        "flow_stage",
     ];
 
     /// Every variant; the match makes a new variant fail to compile here
@@ -526,6 +527,7 @@ mod tests {
             (&limits::ADMIT_ARGV, text("admit")),
             (&progress::PROGRESS_ARGV, text("progress")),
             (&flow::FLOW_RECORD_ARGV, text("flow_record")),
+            (&flow::FLOW_STAGE_ARGV, text("flow_stage")),
         ]
     }
 

@@ -249,6 +249,10 @@ pub struct Completion {
     /// [`Staged`](super::Staged)), applied with a success or a wait and
     /// dropped with any other outcome.
     pub staged: Vec<String>,
+    /// Whether the attempt staged submissions of an idempotent operation
+    /// into the task's outbox before its commit (they apply once the
+    /// commit is known, whatever the attempt's outcome).
+    pub op_staged: bool,
 }
 
 impl Completion {

@@ -188,6 +188,7 @@ fn settle(shared: &Shared, task: StartedTask, msg_id: String, report: CallReport
     if matches!(kind, CompletionKind::Success | CompletionKind::Wait) {
         completion.staged = flow.staged;
     }
+    completion.op_staged = flow.op_staged;
     completion
 }
 
@@ -275,6 +276,7 @@ fn completion_of(
         digest: None,
         carried_at: task.carried_at,
         staged: Vec::new(),
+        op_staged: false,
     }
 }
 

@@ -61,7 +61,9 @@ pub(super) fn follow_up(
             status,
             TaskStatus::Succeeded | TaskStatus::Waiting | TaskStatus::Queued
         );
-        if completion.stages() && applies {
+        // An operation's submissions apply (or are dropped) whatever the
+        // attempt's outcome: their fate is the operation's commit.
+        if (completion.stages() && applies) || completion.op_staged {
             let (store, ingest) = (store.clone(), ingest.clone());
             let (queue, id) = (completion.queue.clone(), completion.task_id.clone());
             tokio::spawn(async move {

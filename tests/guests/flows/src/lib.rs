@@ -16,11 +16,18 @@
 //!   records their ids under kv `ids:<task id>`, then fails (retryable);
 //! - `"slow_ms": M` with `fan_out`: each child gets `"sleep_ms": M`;
 //! - as a child, `{"n": i}` → `{"n": i}`, after sleeping `sleep_ms`,
-//!   failing fatally when `"fail": true`.
+//!   failing fatally when `"fail": true`;
+//! - `{"op_submit": {"queue": Q, "task": T, "key": K, "fail_after": B,
+//!   "abort": A}}`: inside the idempotent operation `K`, submits one task
+//!   (payload `{"n": 1}`) as a child; with `abort`, the operation's effect
+//!   then fails (so it does not commit) and the handler returns
+//!   `{"aborted": true}`; with `fail_after`, attempt 1 fails (retryable)
+//!   after the commit. Returns `{"ran": <whether the effect ran>, "id":
+//!   <its id, when it ran>}`.
 
 use std::time::Duration;
 
-use dtq_guest::{Context, Error, Refusal, Result, kv, tasks};
+use dtq_guest::{Context, Error, Refusal, Result, idempotent_operation, kv, tasks};
 use serde_json::{Value, json};
 
 fn flows(ctx: Context, payload: Value) -> Result<Value> {
@@ -37,6 +44,9 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
     if let Some(s) = payload.get("submit_then_fail") {
         tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({}))?;
         return Err(Error::retryable("failed after submitting"));
+    }
+    if let Some(s) = payload.get("op_submit") {
+        return op_submit(&ctx, s);
     }
     if let Some(s) = payload.get("denied") {
         return match tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({})) {
@@ -98,6 +108,30 @@ fn fan_out(ctx: &Context, payload: &Value, n: u64) -> Result<Value> {
         "ids": children.iter().map(|c| c.task_id.clone()).collect::<Vec<_>>(),
         "statuses": children.iter().map(|c| c.status.clone()).collect::<Vec<_>>(),
     }))
+}
+
+fn op_submit(ctx: &Context, s: &Value) -> Result<Value> {
+    let (queue, task) = (text(s, "queue")?, text(s, "task")?);
+    let abort = s.get("abort") == Some(&Value::Bool(true));
+    let ran = idempotent_operation(text(s, "key")?, 3600, || {
+        let id = tasks::Submit::new(queue, task, &json!({ "n": 1 }))?
+            .child()
+            .send()?;
+        if abort {
+            return Err(Error::retryable("the operation's effect fails"));
+        }
+        Ok(id)
+    });
+    let (ran, id) = match ran {
+        Err(e) if abort && e.message().contains("effect fails") => {
+            return Ok(json!({ "aborted": true }));
+        }
+        other => other?,
+    };
+    if s.get("fail_after") == Some(&Value::Bool(true)) && ctx.attempt == 1 {
+        return Err(Error::retryable("failing after the operation committed"));
+    }
+    Ok(json!({ "ran": ran, "id": id }))
 }
 
 fn text<'a>(value: &'a Value, field: &str) -> Result<&'a str> {
