@@ -13,7 +13,8 @@ export type TaskStatus =
   | "FAILED"
   | "DEAD_LETTERED"
   | "CANCELLED"
-  | "EXPIRED";
+  | "EXPIRED"
+  | "WAITING";
 
 /** The statuses a task ends in. */
 export const TERMINAL_STATUSES: readonly TaskStatus[];
@@ -123,7 +124,22 @@ export interface Task {
   expires_at: number | null;
   cancel_requested: boolean;
   attempt_history: Attempt[];
+  /** The task that submitted it as a child (flows), or null. */
+  parent: { queue: string; task_id: string } | null;
+  /** The children it submitted (flows), in submission order. */
+  children: ChildTask[];
   [field: string]: unknown;
+}
+
+/** A child of a task (flows), as it is now. */
+export interface ChildTask {
+  /** Its id; empty for a child whose submission was refused. */
+  task_id: string;
+  queue: string;
+  task: string;
+  /** A task status, `REFUSED` (its submission was refused) or `MISSING` (its record expired). */
+  status: TaskStatus | "REFUSED" | "MISSING";
+  error: string | null;
 }
 
 /** The API's error body. */
@@ -142,6 +158,8 @@ export interface Cancelled {
   queue: string;
   status: "CANCELLED" | "RUNNING";
   cancel_requested?: boolean;
+  /** Its children (flows) that had not ended, cancelled with it. */
+  cancelled_children: string[];
 }
 
 /**
