@@ -61,7 +61,10 @@ async fn tasks_of(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
 async fn wait_applied(dtq: &Dtq, queue: &str, id: &str, statuses: &[&str]) -> Result<Value> {
     let start = Instant::now();
     while dtq.task(queue, id).await.is_err() {
-        ensure!(start.elapsed() < WAIT, "task {id} of {queue} was never applied");
+        ensure!(
+            start.elapsed() < WAIT,
+            "task {id} of {queue} was never applied"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     dtq.wait_for(queue, id, statuses, WAIT).await

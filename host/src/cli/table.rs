@@ -196,10 +196,24 @@ fn task_text(task: &Map<String, Value>) -> String {
         "result",
         "error",
     ];
-    let skip = ["max_attempts", "attempt_history", "attempt_digests", "log"];
+    let skip = [
+        "max_attempts",
+        "attempt_history",
+        "attempt_digests",
+        "log",
+        "children",
+    ];
     let mut shown = task.clone();
     if shown.contains_key("attempts") {
         shown.insert("attempts".into(), Value::String(attempts(task)));
+    }
+    if let Some(parent) = task.get("parent").and_then(Value::as_object) {
+        let parent = format!(
+            "{}/{}",
+            text_of(parent, "queue"),
+            text_of(parent, "task_id")
+        );
+        shown.insert("parent".into(), Value::String(parent));
     }
     let mut text = record(&shown, FIRST, &skip).to_string();
     if let Some(log) = task
@@ -209,6 +223,21 @@ fn task_text(task: &Map<String, Value>) -> String {
     {
         text.push_str("\n\nLOG\n");
         text.push_str(log.trim_end());
+    }
+    let children = items(task, "children");
+    if !children.is_empty() {
+        let mut rows = new_table(&["CHILD", "QUEUE", "TASK", "STATUS", "ERROR"]);
+        for child in children.iter().filter_map(Value::as_object) {
+            rows.add_row(vec![
+                text_of(child, "task_id"),
+                text_of(child, "queue"),
+                text_of(child, "task"),
+                text_of(child, "status"),
+                short(&text_of(child, "error"), 60),
+            ]);
+        }
+        text.push_str("\n\n");
+        text.push_str(&rows.to_string());
     }
     let history = items(task, "attempt_history");
     if !history.is_empty() {
@@ -472,6 +501,36 @@ mod tests {
             assert!(text.contains(part), "{part:?} missing from:\n{text}");
         }
         assert!(!text.contains(&AT.to_string()), "raw ms in:\n{text}");
+    }
+
+    #[test]
+    fn a_task_shows_its_parent_and_its_children() {
+        let task = json!({
+            "task_id": "t-2",
+            "status": "WAITING",
+            "parent": {"queue": "orders", "task_id": "p-1"},
+            "children": [
+                {"task_id": "c-1", "queue": "kids", "task": "square", "status": "SUCCEEDED", "error": null},
+                {"task_id": "c-2", "queue": "kids", "task": "square", "status": "FAILED", "error": "bad n"},
+            ],
+        });
+        let text = render(View::Task, &task);
+        for part in [
+            "orders/p-1",
+            "CHILD",
+            "c-1",
+            "c-2",
+            "kids",
+            "FAILED",
+            "bad n",
+            "WAITING",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains("\"task_id\""),
+            "children as raw JSON in:\n{text}"
+        );
     }
 
     #[test]
