@@ -39,7 +39,19 @@ const OUTSIDE_THE_DOCUMENT: [&str; 1] = ["/ui"];
 
 async fn start() -> Result<Dtq> {
     let tokens = format!("{TOKEN} *");
-    Dtq::start(true, &["--tokens", &tokens, "--queues", QUEUE]).await
+    let flows = format!("flows={QUEUE}:flows");
+    Dtq::start(
+        true,
+        &[
+            "--tokens",
+            &tokens,
+            "--queues",
+            QUEUE,
+            "--submit-to",
+            &flows,
+        ],
+    )
+    .await
 }
 
 /// A request with the test token; the status and the body's text.
@@ -547,6 +559,45 @@ async fn real_responses_validate_against_their_schemas() -> Result<()> {
         "{status} {body}"
     );
     v.check("post", tasks, status, &body)?;
+
+    // A parent (flows) and one of its children: `children`, `parent`.
+    let parent =
+        json!({"task": "flows", "payload": {"fan_out": 2, "queue": QUEUE, "task": "flows"}});
+    let (status, body) = call(&dtq, "post", &submit_path, Some(parent)).await?;
+    ensure!(status == 202, "{status} {body}");
+    let parent_path = format!(
+        "/v1/queues/{QUEUE}/tasks/{}",
+        body["task_id"].as_str().unwrap_or("")
+    );
+    let started = std::time::Instant::now();
+    let parent = loop {
+        let (status, body) = call(&dtq, "get", &parent_path, None).await?;
+        ensure!(status == 200, "{status} {body}");
+        v.check("get", task, status, &body)?;
+        if body["status"] == "SUCCEEDED" {
+            break body;
+        }
+        ensure!(
+            started.elapsed() < GUARD,
+            "the parent did not succeed: {body:#}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let child = parent["children"][0]["task_id"]
+        .as_str()
+        .context("a child")?;
+    let (status, body) = call(
+        &dtq,
+        "get",
+        &format!("/v1/queues/{QUEUE}/tasks/{child}"),
+        None,
+    )
+    .await?;
+    ensure!(
+        status == 200 && body["parent"].is_object(),
+        "{status} {body}"
+    );
+    v.check("get", task, status, &body)?;
 
     // A queue's counts, every queue's, a page of tasks.
     let (status, body) = call(&dtq, "get", &format!("/v1/queues/{QUEUE}"), None).await?;

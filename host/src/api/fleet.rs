@@ -345,6 +345,25 @@ mod tests {
     }
 
     #[test]
+    fn no_deploy_grant_lets_a_handler_submit_to_queues() {
+        let submit = |grants: &str| DeploySettings {
+            submit_to: Some(grants.to_owned()),
+            ..DeploySettings::default()
+        };
+        for l in [Limits::default(), limits("tasks=* namespaces=* hosts=*")] {
+            assert_eq!(
+                refusal(&l, "fan_out", &submit("default:square")),
+                "submit_to"
+            );
+            assert_eq!(
+                refusal(&l, "fan_out", &submit("")),
+                "ok",
+                "an empty grant grants nothing"
+            );
+        }
+    }
+
+    #[test]
     fn bad_fields_are_refused() {
         for field in [
             "tasks=",

@@ -556,8 +556,9 @@ pub(super) mod schemas {
         /// The task that submitted it as a child (flows); null for none.
         parent: Option<TaskRef>,
         /// The children it submitted (flows), in submission order, each
-        /// with its status now.
-        children: Vec<ChildTask>,
+        /// with its status now: in the answer of
+        /// `GET /v1/queues/{queue}/tasks/{id}` (not in listings).
+        children: Option<Vec<ChildTask>>,
     }
 
     /// A task named by its queue and id.
@@ -707,6 +708,8 @@ pub(super) mod schemas {
         attempt_digests: Option<Vec<String>>,
         attempt_history: Option<Vec<Attempt>>,
         progress: Option<Progress>,
+        /// A replayed task's parent (flows).
+        parent: Option<TaskRef>,
     }
 
     /// A task as the listing shows it: without payload, result, error or

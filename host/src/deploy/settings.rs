@@ -233,6 +233,10 @@ mod tests {
                 timeout_ms: Some(0),
                 ..DeploySettings::default()
             },
+            DeploySettings {
+                submit_to: Some("orders:bad task".into()),
+                ..DeploySettings::default()
+            },
         ];
         let names: Vec<&str> = bad
             .iter()
@@ -240,8 +244,22 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["memory_mib", "max_attempts", "namespace", "timeout_ms"]
+            [
+                "memory_mib",
+                "max_attempts",
+                "namespace",
+                "timeout_ms",
+                "submit_to"
+            ]
         );
+        let granted = DeploySettings {
+            submit_to: Some("orders:pick:charge,mail".into()),
+            ..DeploySettings::default()
+        };
+        assert!(granted.check().is_ok());
+        let sandbox = granted.handler_settings().submit_to;
+        assert!(sandbox.allows("orders", "pick") && sandbox.allows("mail", "any"));
+        assert!(!sandbox.allows("orders", "refund"));
         assert!(DeploySettings::default().check().is_ok());
     }
 

@@ -29,6 +29,9 @@
 //! | `dtq:partition-history:{q}` | sorted set | partition counts a raise replaced → until when (ms) keyed records may still be in their partitions (partition 0 only; see `store::partitions`) |
 //! | `dtq:rate:{q}` | hash | a rate-limited queue's window `w` (its number, by Redis's clock) and the starts `n` counted in it (`lua/admit.lua`) |
 //! | `dtq:group:{q}:<group>` | sorted set | the tasks holding a slot of `<group>` under a group limit, by when admitted (`lua/admit.lua`) |
+//! | `dtq:flow:{q}:<id>` | hash | task `<id>`'s flow (flows): its staged submissions not yet applied (its outbox), its children and which of them ended (`lua/include/flow.lua`); expires with its task |
+//! | `dtq:flows:{q}` | sorted set | tasks whose flow has staged submissions or who wait for children, by when it last changed (ms): the sweep's work list (`flow.rs`) |
+//! | `dtq:settle:{q}` | sorted set | tasks with a parent that ended and whose parent may not have been told yet, by when they ended (ms) |
 //! | [`LIMITS`] | hash | each queue's limits, JSON (`limits.rs`) |
 //! | [`PAUSED`] | hash | paused queues: each name, and when it was paused (ms) (`pause.rs`) |
 //! | [`QUEUES`] | set | names of queues that have seen a submission, at most `--max-queues` (`queue_register.lua`) |
