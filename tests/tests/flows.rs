@@ -473,3 +473,22 @@ async fn a_submission_inside_an_operation_applies_with_its_commit() -> Result<()
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_parent_does_not_expire_it_had_started() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    // Its expiry passes while its children run: it had started by then.
+    let parent = dtq
+        .submit_new(
+            "default",
+            json!({"task": "flows", "expires_in_ms": 1000,
+                "payload": {"fan_out": 2, "queue": "kids", "task": "flows", "slow_ms": 1500}}),
+            None,
+        )
+        .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    assert_eq!(done["result"]["sum"], 1);
+    assert!(done["expires_at"].is_null(), "{done:#}");
+    Ok(())
+}

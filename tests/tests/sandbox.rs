@@ -109,10 +109,12 @@ async fn load_dir_loads_every_example() -> Result<()> {
     let mut expected: Vec<String> = [
         "counter",
         "echo",
+        "fan_out",
         "flaky",
         "order_total",
         "send_receipt",
         "sleep",
+        "square",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -379,7 +379,9 @@ local function waitOne(attempts)
   digest = digest ~= "" and digest or "-"
   rcall("HSET", taskKey, "status", "WAITING", "updated_at", now, "log", log,
     "digests", digests and (digests .. "," .. digest) or digest)
-  rcall("HDEL", taskKey, "worker")
+  -- It started: an expiry ("not started by") no longer applies, and its
+  -- resumed run is the same attempt, not a retry to expire.
+  rcall("HDEL", taskKey, "worker", "expires_at")
   stage()
   pushEvent(taskId, "WAITING", attempts, now)
   if msgId ~= "" then
