@@ -37,8 +37,14 @@ const STARTUP: Duration = Duration::from_secs(120);
 /// Longest wait for anything to show, in the page or through the API.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Start `dtq serve` (API and worker) with `--admin-token` and `env`.
-async fn serve(redis: &RedisServer, dir: &TempDir, env: &[(&str, &str)]) -> Result<DtqProcess> {
+/// Start `dtq serve` (API and worker) with `--admin-token`, `env` and the
+/// further flags `args`.
+async fn serve(
+    redis: &RedisServer,
+    dir: &TempDir,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Result<DtqProcess> {
     let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
     let mut last = None;
     // A port free when probed may be taken before the server binds it.
@@ -54,6 +60,7 @@ async fn serve(redis: &RedisServer, dir: &TempDir, env: &[(&str, &str)]) -> Resu
             .arg(guests::EXAMPLES_DIR)
             .arg("--cache-dir")
             .arg(&cache)
+            .args(args)
             .envs(env.iter().copied());
         let log = dir.path.join(format!("serve-{attempt}.log"));
         let api = format!("http://127.0.0.1:{port}");
@@ -78,6 +85,7 @@ async fn assets_are_served_with_strict_headers_and_keys_are_looked_up() -> Resul
         &redis,
         &dir,
         &[("DTQ_TOKENS", "reader read; submitter submit")],
+        &[],
     )
     .await?;
     let http = reqwest::Client::builder()
@@ -223,7 +231,7 @@ fn header(resp: &reqwest::Response, name: &str) -> String {
 async fn the_dashboard_shows_queues_and_tasks_and_handles_dead_letters() -> Result<()> {
     let redis = RedisServer::start()?;
     let dir = TempDir::new("ui-browser")?;
-    let server = serve(&redis, &dir, &[]).await?;
+    let server = serve(&redis, &dir, &[], &[]).await?;
     let api = ApiClient::new(server.api.clone());
 
     // Some finished work, so the counts and the chart have something.
@@ -424,6 +432,258 @@ async fn pause_and_resume(b: &Client, base: &str, api: &ApiClient) -> Result<()>
     wait_text(b, "#queue-state", |t| t.starts_with("Running")).await?;
     api.wait_for("default", &held, &["SUCCEEDED"], WAIT).await?;
     Ok(())
+}
+
+/// Flows in Chromium: a `fan_out` parent's page lists its `square`
+/// children in a tree (each with its status and a link to its page, with
+/// the counts above them), a child expands to read its own children, and
+/// a child's page links back to its parent. A parent whose children go to
+/// a queue no worker consumes shows WAITING, on its page (its children
+/// QUEUED), in the task list filtered by WAITING and in the queue's recent
+/// events; cancelling it says how many children went with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_task_page_shows_a_flow_as_a_tree() -> Result<()> {
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("ui-flows")?;
+    let grants = [
+        "--submit-to",
+        "fan_out=default:square",
+        "--submit-to",
+        "fan_out=nowhere:square",
+    ];
+    let server = serve(&redis, &dir, &[], &grants).await?;
+    let api = ApiClient::new(server.api.clone());
+
+    let numbers = json!({"numbers": [1, 2, 3, 4], "queue": "default"});
+    let done = api
+        .submit_new(
+            "default",
+            json!({"task": "fan_out", "payload": numbers}),
+            None,
+        )
+        .await?;
+    let record = api.wait_for("default", &done, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(
+        record["result"],
+        json!({"sum_of_squares": 30}),
+        "{record:#}"
+    );
+    let children = child_ids(&record)?;
+    ensure!(children.len() == 4, "{record:#}");
+
+    // Its children go where no worker takes them: it waits.
+    let nowhere = json!({"numbers": [5, 6], "queue": "nowhere"});
+    let waiting = api
+        .submit_new(
+            "default",
+            json!({"task": "fan_out", "payload": nowhere}),
+            None,
+        )
+        .await?;
+    let start = Instant::now();
+    let parked = loop {
+        let t = api.task("default", &waiting).await?;
+        if t["status"] == "WAITING" && t["children"].as_array().is_some_and(|c| c.len() == 2) {
+            break t;
+        }
+        ensure!(start.elapsed() < WAIT, "the parent did not wait: {t:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let parked_children = child_ids(&parked)?;
+
+    let driver = ChromeDriver::start(&dir)?;
+    let browser = driver.session(&dir).await?;
+    let result = drive_flows(
+        &browser,
+        &server.api,
+        &api,
+        (&done, &children),
+        (&waiting, &parked_children),
+    )
+    .await;
+    let closed = browser.close().await;
+    result?;
+    closed?;
+    Ok(())
+}
+
+async fn drive_flows(
+    b: &Client,
+    base: &str,
+    api: &ApiClient,
+    (done, children): (&str, &[String]),
+    (waiting, parked): (&str, &[String]),
+) -> Result<()> {
+    // The finished parent: its children in submission order, each
+    // SUCCEEDED, a `square` of `default`, linked to its page.
+    b.goto(&format!("{base}/ui/#/queues/default/tasks/{done}"))
+        .await?;
+    wait_text(b, "#task-status", |t| t.starts_with("SUCCEEDED")).await?;
+    wait_text(b, "#children .children-summary", |t| {
+        t == "4 children: 4 SUCCEEDED"
+    })
+    .await?;
+    let top = "#children > .children > ul.tree > li.child";
+    let mut shown = Vec::new();
+    for row in b.find_all(Locator::Css(top)).await? {
+        shown.push(row.attr("data-task-id").await?.unwrap_or_default());
+    }
+    ensure!(shown == children, "rows {shown:?}, children {children:?}");
+    for id in children {
+        let row = format!("{top}[data-task-id='{id}']");
+        let text = wait_text(b, &format!("{row} > .node"), |t| t.contains("SUCCEEDED")).await?;
+        ensure!(
+            text.contains("square") && text.contains("default"),
+            "{text}"
+        );
+        let link = b
+            .find(Locator::Css(&format!("{row} > .node a.child-link")))
+            .await?;
+        ensure!(link.text().await? == *id);
+        let href = link.attr("href").await?.unwrap_or_default();
+        ensure!(
+            href == format!("#/queues/default/tasks/{id}"),
+            "{id} links to {href}"
+        );
+    }
+    // A child expands: its own children are read (it has none).
+    let first = format!("{top}[data-task-id='{}']", children[0]);
+    b.find(Locator::Css(&format!("{first} button.expand")))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, &format!("{first} .subtree"), |t| t == "No child task.").await?;
+    let expanded = b
+        .find(Locator::Css(&format!("{first} button.expand")))
+        .await?
+        .attr("aria-expanded")
+        .await?;
+    ensure!(expanded.as_deref() == Some("true"), "{expanded:?}");
+    scroll_to(b, "#children-h").await?;
+    save_screenshot(b, "flow").await?;
+
+    // A child's page links back to its parent, and has no children.
+    let second = &children[1];
+    b.find(Locator::Css(&format!(
+        "{top}[data-task-id='{second}'] a.child-link"
+    )))
+    .await?
+    .click()
+    .await?;
+    wait_text(b, "main h1", |t| t == format!("Task {second}")).await?;
+    wait_text(b, "#task-status", |t| t.starts_with("SUCCEEDED")).await?;
+    wait_text(b, "#task-parent", |t| t == format!("{done} in default")).await?;
+    let section = b.find(Locator::Css("#children-h")).await?;
+    ensure!(
+        !section.is_displayed().await?,
+        "a task without children shows Children"
+    );
+    b.find(Locator::Css("#parent-link")).await?.click().await?;
+    wait_text(b, "main h1", |t| t == format!("Task {done}")).await?;
+    wait_text(b, "#children .children-summary", |t| {
+        t.starts_with("4 children")
+    })
+    .await?;
+
+    // The waiting parent: WAITING, its children QUEUED in `nowhere`.
+    b.goto(&format!("{base}/ui/#/queues/default/tasks/{waiting}"))
+        .await?;
+    wait_text(b, "#task-status", |t| {
+        t == "WAITING (waiting for its children: 2 of 2 not ended)"
+    })
+    .await?;
+    let badge = b.find(Locator::Css("#task-status .status")).await?;
+    ensure!(badge.attr("class").await?.as_deref() == Some("status status-waiting"));
+    wait_text(b, "#children .children-summary", |t| {
+        t == "2 children: 2 QUEUED"
+    })
+    .await?;
+    for id in parked {
+        let row = format!("{top}[data-task-id='{id}'] > .node");
+        let text = wait_text(b, &row, |t| t.contains("QUEUED")).await?;
+        ensure!(text.contains("in nowhere"), "{text}");
+        let href = b
+            .find(Locator::Css(&format!("{row} a.child-link")))
+            .await?
+            .attr("href")
+            .await?;
+        ensure!(
+            href == Some(format!("#/queues/nowhere/tasks/{id}")),
+            "{href:?}"
+        );
+    }
+    scroll_to(b, "#task-status").await?;
+    save_screenshot(b, "flow-waiting").await?;
+
+    // The task list, filtered by WAITING: the waiting parent only.
+    b.goto(&format!("{base}/ui/#/queues/default/tasks?status=WAITING"))
+        .await?;
+    wait_text(b, &format!("#tasks a[data-task-id='{waiting}']"), |t| {
+        t == waiting
+    })
+    .await?;
+    wait_text(b, &format!("#tasks tr[data-task-id='{waiting}']"), |t| {
+        t.contains("WAITING")
+    })
+    .await?;
+    ensure!(
+        b.find_all(Locator::Css(&format!("#tasks tr[data-task-id='{done}']")))
+            .await?
+            .is_empty(),
+        "a SUCCEEDED task listed as WAITING"
+    );
+    let filter = b.find(Locator::Css("#status-filter")).await?;
+    ensure!(filter.prop("value").await?.as_deref() == Some("WAITING"));
+
+    // The queue's recent events: the parent went WAITING.
+    b.goto(&format!("{base}/ui")).await?;
+    wait_text(b, "#stream-state", |t| t == "live").await?;
+    b.find(Locator::Css("#chart-queue"))
+        .await?
+        .select_by_value("default")
+        .await?;
+    let event = format!("#events tr[data-task-id='{waiting}'][data-status='WAITING']");
+    let text = wait_text(b, &event, |t| t.contains("WAITING")).await?;
+    ensure!(text.contains("fan_out"), "{text}");
+    scroll_to(b, "#events-h").await?;
+    save_screenshot(b, "events").await?;
+
+    // Cancelled, it takes its two children with it.
+    b.goto(&format!("{base}/ui/#/queues/default/tasks/{waiting}"))
+        .await?;
+    wait_text(b, "#cancel", |t| t == "Cancel task").await?;
+    b.find(Locator::Css("#cancel")).await?.click().await?;
+    wait_text(b, "#task-action", |t| t.starts_with("Task is CANCELLED.")).await?;
+    wait_text(b, "#cancelled-children", |t| t.starts_with("2 child tasks")).await?;
+    wait_text(b, "#children .children-summary", |t| {
+        t == "2 children: 2 CANCELLED"
+    })
+    .await?;
+    for id in parked {
+        api.wait_for("nowhere", id, &["CANCELLED"], WAIT).await?;
+    }
+    Ok(())
+}
+
+/// Scroll the first element matching `css` to the top of the window, so
+/// that a screenshot shows what follows it.
+async fn scroll_to(b: &Client, css: &str) -> Result<()> {
+    b.execute(
+        "document.querySelector(arguments[0]).scrollIntoView()",
+        vec![json!(css)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The ids of a task's children, as the API lists them.
+fn child_ids(task: &Value) -> Result<Vec<String>> {
+    Ok(task["children"]
+        .as_array()
+        .context("children")?
+        .iter()
+        .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
+        .collect())
 }
 
 /// A task that fails its only attempt (it would succeed on a second):

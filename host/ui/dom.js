@@ -90,5 +90,12 @@ export function table(caption, head, rows, attrs = {}) {
 // The statuses a task never leaves.
 export const TERMINAL = ['SUCCEEDED', 'FAILED', 'DEAD_LETTERED', 'CANCELLED', 'EXPIRED'];
 
-// Every status, in lifecycle order.
-export const STATUSES = ['QUEUED', 'SCHEDULED', 'RUNNING', 'RETRYING', ...TERMINAL];
+// Every status, in lifecycle order. WAITING: the task ran and waits for
+// its children (flows), holding no worker slot; it runs again once they
+// have all ended.
+export const STATUSES = ['QUEUED', 'SCHEDULED', 'RUNNING', 'RETRYING', 'WAITING', ...TERMINAL];
+
+// What a child (flows) may show besides a status: REFUSED (its
+// submission was refused; it never ran and has no page) and MISSING (its
+// record is gone, expired after its retention). Both count as ended.
+export const CHILD_ONLY = ['REFUSED', 'MISSING'];

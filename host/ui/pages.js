@@ -6,7 +6,7 @@
 import { call, get, seg, followEvents } from './api.js';
 import { Throughput, WINDOW_S } from './chart.js';
 import {
-  h, fill, when, duration, json, status, digest, dl, table, TERMINAL, STATUSES,
+  h, fill, when, duration, json, status, digest, dl, table, TERMINAL, STATUSES, CHILD_ONLY,
 } from './dom.js';
 
 // How often lists and waiting tasks are read again (ms).
@@ -88,6 +88,7 @@ export async function queuesPage(ctx) {
   const chartQueue = h('select', { id: 'chart-queue' });
   const streamState = h('span', { class: 'muted', id: 'stream-state' });
   const chartBox = h('div');
+  const events = h('tbody');
   ctx.main.replaceChildren(
     heading('Queues'),
     h('table', { id: 'queues' },
@@ -101,6 +102,10 @@ export async function queuesPage(ctx) {
       h('p', { class: 'picker' },
         h('label', { for: 'chart-queue' }, 'Queue '), chartQueue, ' ', streamState),
       chartBox),
+    h('section', { 'aria-labelledby': 'events-h' },
+      h('h2', { id: 'events-h' }, 'Recent events'),
+      h('p', { class: 'muted' }, `The last ${RECENT_EVENTS} lifecycle events of the queue chosen above, newest first.`),
+      table('Recent events, newest first', ['At', 'Task id', 'Task', 'Status', 'Attempt'], events, { id: 'events' })),
   );
 
   // The chart follows one queue's events at a time.
@@ -111,6 +116,7 @@ export async function queuesPage(ctx) {
     const signal = AbortSignal.any([ctx.signal, follow.signal]);
     const chart = new Throughput();
     chartBox.replaceChildren(chart.figure);
+    events.replaceChildren(h('tr', { class: 'none' }, h('td', { colspan: 5 }, 'No event yet.')));
     const timer = setInterval(() => chart.render(), 1000);
     signal.addEventListener('abort', () => clearInterval(timer), { once: true });
     streamState.textContent = 'connecting…';
@@ -118,7 +124,10 @@ export async function queuesPage(ctx) {
       // Events since the window's start, so the chart opens filled in.
       since: `${Date.now() - WINDOW_S * 1000}-0`,
       signal,
-      onEvent: (ev) => chart.add(ev),
+      onEvent: (ev) => {
+        chart.add(ev);
+        recentEvent(events, queue, ev);
+      },
       onState: (state, e) => {
         streamState.textContent = state === 'live' ? 'live' : `reconnecting (${e?.code ?? ''} ${e?.message ?? ''})`;
       },
@@ -151,6 +160,28 @@ export async function queuesPage(ctx) {
     }
     if (!follow && names.length) startChart(chartQueue.value);
   });
+}
+
+// How many events the queues page lists.
+const RECENT_EVENTS = 20;
+
+// Add a lifecycle event (`event:` the task's new status, `data:` `{task_id,
+// task, status, attempt, at}`) at the top of the recent events, which keep
+// the last RECENT_EVENTS. A `gap` (events missed) is left to the chart's
+// count; it names no task.
+function recentEvent(tbody, queue, ev) {
+  let d;
+  try { d = JSON.parse(ev.data); } catch { return; }
+  if (!d?.task_id) return;
+  tbody.querySelector('tr.none')?.remove();
+  const st = d.status ?? ev.event;
+  tbody.prepend(h('tr', { 'data-task-id': d.task_id, 'data-status': st },
+    h('td', {}, when(d.at)),
+    h('td', {}, h('a', { href: taskHash(queue, d.task_id) }, h('code', {}, d.task_id))),
+    h('td', {}, d.task ?? '—'),
+    h('td', {}, status(st)),
+    h('td', {}, d.attempt ?? '—')));
+  while (tbody.rows.length > RECENT_EVENTS) tbody.lastElementChild.remove();
 }
 
 // ---- Tasks ----------------------------------------------------------------
@@ -277,40 +308,65 @@ async function find(ctx, queue, text, out) {
 
 // ---- One task -------------------------------------------------------------
 
+// A task's page. Its fields and sections are drawn again on each refresh;
+// its children (flows) are a tree kept across refreshes and updated in
+// place, so what the operator expanded, and the focus, stay put.
 export async function taskPage(ctx) {
   const [queue, id] = ctx.params;
-  const body = h('div');
+  const head = h('div');
+  const rest = h('div');
   const actions = statusLine('task-action');
+  const tree = childList(ctx);
+  const children = h('section', { 'aria-labelledby': 'children-h', hidden: true },
+    h('h2', { id: 'children-h' }, 'Children'), h('div', { id: 'children' }, tree.element));
   ctx.main.replaceChildren(
     h('p', {}, h('a', { href: `#/queues/${seg(queue)}/tasks` }, `← Tasks of ${queue}`)),
-    heading(`Task ${id}`), actions, body);
+    heading(`Task ${id}`), actions, head, children, rest);
 
   await every(ctx.signal, ctx.notice, async () => {
     const t = await get(`v1/queues/${seg(queue)}/tasks/${seg(id)}`, ctx.signal);
-    fill(body, taskView(ctx, t, actions));
-    // A task that ended changes no more.
-    return !TERMINAL.includes(t.status);
+    const kids = t.children ?? [];
+    fill(head, taskHead(ctx, t, actions));
+    fill(rest, taskBody(t));
+    children.hidden = !kids.length;
+    await tree.update(kids);
+    // A task that ended, and whose children ended, changes no more.
+    return !TERMINAL.includes(t.status) || kids.some((c) => !ended(c.status));
   });
 }
 
-function taskView(ctx, t, actions) {
+function taskHead(ctx, t, actions) {
   const cancellable = !TERMINAL.includes(t.status);
+  const kids = t.children ?? [];
   const cancel = async () => {
     try {
       const r = await call('POST', `v1/queues/${seg(t.queue)}/tasks/${seg(t.task_id)}/cancel`);
-      actions.textContent = r.cancel_requested
-        ? 'Cancel requested: the running attempt is being interrupted.'
-        : `Task is ${r.status}.`;
+      const took = r.cancelled_children ?? [];
+      fill(actions,
+        r.cancel_requested
+          ? 'Cancel requested: the running attempt is being interrupted.'
+          : `Task is ${r.status}.`,
+        took.length || kids.length
+          ? [' ', h('span', { id: 'cancelled-children', title: took.join(', ') || null },
+            `${plural(took.length, 'child task')} (its children and theirs) cancelled with it.`)]
+          : null);
     } catch (e) { ctx.notice(e); }
   };
+  const waiting = t.status === 'WAITING' && kids.length
+    ? ` (waiting for its children: ${kids.filter((c) => !ended(c.status)).length} of ${kids.length} not ended)`
+    : null;
   return [
     cancellable ? h('p', {}, h('button', { type: 'button', id: 'cancel', onclick: cancel }, 'Cancel task')) : null,
     dl([
-      ['Status', h('span', { id: 'task-status' }, status(t.status),
+      ['Status', h('span', { id: 'task-status' }, status(t.status), waiting,
         t.cancel_requested ? ' (cancel requested)' : null,
         t.held ? h('span', { id: 'task-held' },
           ` (held by ${t.held.by === 'rate' ? "the queue's rate limit" : 'its group'} until `,
           when(t.held.until), ')') : null)],
+      t.parent ? ['Parent', h('span', { id: 'task-parent' },
+        h('a', { href: taskHash(t.parent.queue, t.parent.task_id), id: 'parent-link' },
+          h('code', {}, t.parent.task_id)),
+        h('span', { class: 'muted' }, ` in ${t.parent.queue}`))] : null,
       ['Queue', t.queue],
       ['Group', t.group ?? '—'],
       ['Task', t.task],
@@ -325,13 +381,140 @@ function taskView(ctx, t, actions) {
       ['Finished', when(t.finished_at)],
       ['Updated', when(t.updated_at)],
       ['Expires', when(t.expires_at)],
-    ]),
+    ].filter(Boolean)),
+  ];
+}
+
+function taskBody(t) {
+  return [
     section('payload', 'Payload', json(t.payload)),
     section('result', 'Result', t.result === null || t.result === undefined ? h('p', {}, '—') : json(t.result)),
     t.error ? section('error', 'Error', h('pre', { class: 'error' }, t.error)) : null,
     section('attempts', 'Attempts', attempts(t)),
     section('log', 'Log', t.log ? h('pre', { class: 'log' }, t.log) : h('p', {}, 'Nothing logged.')),
   ];
+}
+
+// `n thing` or `n things`.
+function plural(n, thing) {
+  return `${n} ${n === 1 ? thing : `${thing}s`}`;
+}
+
+// Whether a child changes no more: its status is terminal, or it was
+// refused, or its record is gone.
+const ended = (s) => TERMINAL.includes(s) || CHILD_ONLY.includes(s);
+
+// "10 children: 8 SUCCEEDED, 2 RUNNING", statuses in lifecycle order.
+function childCounts(children) {
+  const counts = new Map();
+  for (const c of children) counts.set(c.status, (counts.get(c.status) ?? 0) + 1);
+  const order = [...STATUSES, ...CHILD_ONLY];
+  const rank = (s) => (order.includes(s) ? order.indexOf(s) : order.length);
+  const parts = [...counts].sort(([a], [b]) => rank(a) - rank(b)).map(([s, n]) => `${n} ${s}`);
+  const total = `${children.length} ${children.length === 1 ? 'child' : 'children'}`;
+  return parts.length ? `${total}: ${parts.join(', ')}` : 'No child task.';
+}
+
+// The children of a task (flows), as a list that `update(children)`
+// brings up to date in place: children only ever join at the end (they
+// come in submission order), so the rows already shown are kept, with
+// whatever was expanded under them. Each row links to the child's page
+// and can be expanded to list the child's own children, read when it is
+// expanded and again on each refresh while it stays expanded.
+function childList(ctx) {
+  const summary = h('p', { class: 'children-summary' });
+  const list = h('ul', { class: 'tree' });
+  const rows = [];
+  return {
+    element: h('div', { class: 'children' }, summary, list),
+    async update(children) {
+      summary.textContent = childCounts(children);
+      if (rows.length > children.length || rows.some((r, i) => r.key !== childKey(children[i]))) {
+        rows.length = 0;
+        list.replaceChildren();
+      }
+      children.forEach((c, i) => {
+        if (!rows[i]) {
+          rows[i] = childRow(ctx, c);
+          list.append(rows[i].element);
+        }
+        rows[i].set(c);
+      });
+      await Promise.all(rows.map((r) => r.refresh()));
+    },
+  };
+}
+
+const childKey = (c) => `${c.queue}/${c.task_id}`;
+
+let subtrees = 0;
+
+// One child: a button that expands its own children (not for a refused
+// child or one whose record is gone: they have none to read), its id (a
+// link to its page, but for those two), task name, queue, status, and its
+// error if any.
+function childRow(ctx, first) {
+  const readable = !CHILD_ONLY.includes(first.status);
+  subtrees += 1;
+  const sub = h('div', { class: 'subtree', id: `subtree-${subtrees}`, hidden: true });
+  const info = h('span', { class: 'child-info' });
+  const error = h('div');
+  let child = first;
+  let expanded = false;
+  let list = null;
+  const load = async () => {
+    try {
+      const t = await get(`v1/queues/${seg(child.queue)}/tasks/${seg(child.task_id)}`, ctx.signal);
+      if (!list) {
+        list = childList(ctx);
+        fill(sub, list.element);
+      }
+      await list.update(t.children ?? []);
+    } catch (e) {
+      if (ctx.signal.aborted) return;
+      list = null;
+      fill(sub, h('p', { class: 'muted' },
+        `Cannot read the children of ${child.task_id}: ${e.code ?? 'ERROR'}: ${e.message}`));
+    }
+  };
+  const toggle = readable
+    ? h('button', {
+      type: 'button',
+      class: 'expand',
+      'aria-expanded': 'false',
+      'aria-controls': sub.id,
+      'aria-label': `Children of ${first.task_id}`,
+      onclick: async () => {
+        expanded = !expanded;
+        toggle.setAttribute('aria-expanded', String(expanded));
+        toggle.textContent = expanded ? '▾' : '▸';
+        sub.hidden = !expanded;
+        if (expanded) {
+          if (!list) fill(sub, h('p', { class: 'muted' }, 'Loading…'));
+          await load();
+        }
+      },
+    }, '▸')
+    : h('span', { class: 'expand-none' });
+  const id = readable
+    ? h('a', { href: taskHash(first.queue, first.task_id), class: 'child-link' }, h('code', {}, first.task_id))
+    : h('code', { class: 'child-id', title: first.status === 'REFUSED' ? 'refused: no task was made' : 'its record is gone' }, first.task_id);
+  const element = h('li', { class: 'child', 'data-task-id': first.task_id, 'data-queue': first.queue },
+    h('div', { class: 'node' }, toggle, id, info), error, sub);
+  return {
+    key: childKey(first),
+    element,
+    set(c) {
+      child = c;
+      element.dataset.status = c.status;
+      fill(info,
+        h('span', { class: 'child-task' }, c.task || '—'),
+        h('span', { class: 'muted' }, `in ${c.queue}`),
+        status(c.status));
+      fill(error, c.error ? h('pre', { class: 'error' }, c.error) : null);
+    },
+    refresh: () => (expanded ? load() : Promise.resolve()),
+  };
 }
 
 // The last attempt's progress, as its handler last reported it: a bar,
