@@ -492,3 +492,30 @@ async fn a_resumed_parent_does_not_expire_it_had_started() -> Result<()> {
     assert!(done["expires_at"].is_null(), "{done:#}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_cannot_make_its_worker_hold_unbounded_submissions() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    // Payloads of 512 KiB until refused: the call's staged bytes are
+    // bounded (16 MiB), so the refusal comes after about 32.
+    let id = submit(
+        &dtq,
+        json!({"flood": {"queue": "kids", "task": "flows", "bytes": 524288}}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &id, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "FAILED", "{done:#}");
+    let error = done["error"].as_str().context("error")?;
+    let staged: usize = error
+        .strip_prefix("refused after ")
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("{error}"))?;
+    assert!((20..=32).contains(&staged), "{error}");
+    assert!(error.contains("larger than the host allows"), "{error}");
+    assert!(
+        tasks_of(&dtq, "kids").await?.is_empty(),
+        "a failed call submits nothing"
+    );
+    Ok(())
+}

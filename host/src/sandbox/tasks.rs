@@ -25,8 +25,8 @@ use super::imports::bindings::dtq::handler::tasks::{self, SubmitOptions};
 use super::imports::bindings::dtq::handler::types::HostError;
 use super::imports::{HostCtx, HostResult, host_error};
 use crate::ingest::{
-    MAX_ATTEMPTS_LIMIT, MAX_BATCH_ITEMS, MAX_DELAY_MS, validate_group, validate_idempotency_key,
-    validate_queue_name, validate_task_name,
+    MAX_ATTEMPTS_LIMIT, MAX_BATCH_BODY_BYTES, MAX_BATCH_ITEMS, MAX_DELAY_MS, validate_group,
+    validate_idempotency_key, validate_queue_name, validate_task_name,
 };
 use crate::store::{Staged, task_ref};
 
@@ -103,11 +103,21 @@ impl SubmitGrants {
     }
 }
 
+/// Most bytes of submissions one call may stage (operations included): a
+/// batch's body's worth, so that no handler makes its worker hold more.
+const MAX_STAGED_BYTES: usize = MAX_BATCH_BODY_BYTES;
+
+/// Children read per host call `children` counts: a parent of many
+/// children pays for reading them out of its host-call budget.
+const CHILDREN_PER_HOST_CALL: usize = 100;
+
 /// What one call staged, and whether it asked to wait for its children.
 #[derive(Debug, Default)]
 pub(crate) struct FlowCall {
     /// The staged submissions, as the flow's outbox keeps them (JSON).
     pub(crate) staged: Vec<String>,
+    /// Bytes of every submission staged (operations' too).
+    pub(crate) bytes: usize,
     /// Whether the handler asked to wait for its children.
     pub(crate) wait: bool,
     /// Whether an operation staged submissions into the task's outbox.
@@ -130,6 +140,11 @@ impl tasks::Host for HostCtx {
         self.count()?;
         let (queue, id) = (self.caller.queue.clone(), self.caller.task_id.clone());
         let children = crate::store::children(self.redis(), &queue, &id).await;
+        if let Ok(children) = &children {
+            for _ in 0..children.len() / CHILDREN_PER_HOST_CALL {
+                self.count()?;
+            }
+        }
         Ok(match children {
             Ok(children) => Ok(children
                 .into_iter()
@@ -225,6 +240,12 @@ impl HostCtx {
             claim: None,
             owner: None,
         };
+        let size = staged.payload.len() + staged.key.len() + staged.queue.len() + 128;
+        let flow = self.flow.get_or_insert_with(Default::default);
+        if flow.bytes + size > MAX_STAGED_BYTES {
+            return Err(HostError::ValueTooLarge((flow.bytes + size) as u64));
+        }
+        flow.bytes += size;
         // An operation's submissions are staged when it commits.
         if let Some(op) = &mut self.operation {
             op.submissions.push(staged);
@@ -232,10 +253,7 @@ impl HostCtx {
         }
         let json = serde_json::to_string(&staged)
             .map_err(|e| HostError::InvalidArgument(e.to_string()))?;
-        self.flow
-            .get_or_insert_with(Default::default)
-            .staged
-            .push(json);
+        flow.staged.push(json);
         Ok(id)
     }
 }

@@ -23,7 +23,11 @@
 //!   then fails (so it does not commit) and the handler returns
 //!   `{"aborted": true}`; with `fail_after`, attempt 1 fails (retryable)
 //!   after the commit. Returns `{"ran": <whether the effect ran>, "id":
-//!   <its id, when it ran>}`.
+//!   <its id, when it ran>}`;
+//! - `{"flood": {"queue": Q, "task": T, "bytes": B}}`: submits payloads of
+//!   B bytes until the host refuses one, then fails fatally with the
+//!   refusal and how many were staged (a handler that would make its
+//!   worker hold too much).
 
 use std::time::Duration;
 
@@ -47,6 +51,15 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
     }
     if let Some(s) = payload.get("op_submit") {
         return op_submit(&ctx, s);
+    }
+    if let Some(s) = payload.get("flood") {
+        let bytes = s.get("bytes").and_then(Value::as_u64).unwrap_or(1 << 19) as usize;
+        let filler = "x".repeat(bytes);
+        for i in 0.. {
+            if let Err(e) = tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({ "f": filler })) {
+                return Err(Error::fatal(format!("refused after {i}: {}", e.message())));
+            }
+        }
     }
     if let Some(s) = payload.get("denied") {
         return match tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({})) {
