@@ -510,7 +510,7 @@ async fn a_handler_cannot_make_its_worker_hold_unbounded_submissions() -> Result
         .strip_prefix("refused after ")
         .and_then(|rest| rest.split(':').next())
         .and_then(|n| n.parse().ok())
-        .with_context(|| format!("{error}"))?;
+        .with_context(|| error.to_string())?;
     assert!((20..=32).contains(&staged), "{error}");
     assert!(error.contains("larger than the host allows"), "{error}");
     assert!(

@@ -168,9 +168,7 @@ async fn submit_staged(
 
 /// Whether a child's status, as a flow reads it, has ended.
 pub fn child_ended(status: Option<&str>) -> bool {
-    status.map_or(true, |s| {
-        s.parse::<TaskStatus>().is_ok_and(TaskStatus::is_terminal)
-    })
+    status.is_none_or(|s| s.parse::<TaskStatus>().is_ok_and(TaskStatus::is_terminal))
 }
 
 /// Look again at the flow of task `id` of `queue` (the sweeper): apply what
