@@ -7,8 +7,9 @@
 //! is lost submits nothing, and one that succeeds submits each of its
 //! tasks exactly once, however many times it ran before. Without a
 //! [`key`](Submit::key), a submission is keyed by the running task and its
-//! position among the call's submissions, so a re-run stages the same
-//! tasks and gets the same ids back.
+//! position (among the call's submissions, after those of the task's
+//! earlier runs), so a retry stages the same tasks and gets the same ids
+//! back, and a run after a wait submits new ones.
 //!
 //! The operator grants the queues and tasks a handler may submit to
 //! (`dtq deploy --submit-to QUEUE[:TASK...]`, or the worker's

@@ -519,3 +519,23 @@ async fn a_handler_cannot_make_its_worker_hold_unbounded_submissions() -> Result
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_after_a_wait_submits_new_children() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    // Three phases, each a wait: the later phases' children are new tasks
+    // (the same payload as an earlier one included), not replays of the
+    // first phase's at the same place among the run's submissions.
+    let parent = submit(
+        &dtq,
+        json!({"phases": [[1, 2], [1, 20], [300]], "queue": "kids", "task": "flows"}),
+    )
+    .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    assert_eq!(done["result"]["children"], 5, "{done:#}");
+    assert_eq!(done["result"]["sum"], 1 + 2 + 1 + 20 + 300, "{done:#}");
+    assert_eq!(done["attempts"], 1);
+    assert_eq!(tasks_of(&dtq, "kids").await?.len(), 5);
+    Ok(())
+}

@@ -7,9 +7,10 @@
 //! staged, in the call's [`FlowCall`]; the worker writes what a call
 //! staged with its completion, and applies it after (`store/flow.rs`).
 //! Without a key of the handler's, a submission's key is derived from the
-//! running task and its position among the call's submissions, so that a
-//! re-run stages the same tasks, and its id from its queue and key: a
-//! re-run gets the same ids back.
+//! running task and its position: among the call's submissions, after
+//! those its flow already holds (a run after a wait submits at new
+//! positions), so that a re-run stages the same tasks, and its id from its
+//! queue and key: a re-run gets the same ids back.
 //!
 //! Inside an idempotent operation a submission belongs to the operation:
 //! it is staged into the task's outbox when the operation commits (before
@@ -118,6 +119,11 @@ pub(crate) struct FlowCall {
     pub(crate) staged: Vec<String>,
     /// Bytes of every submission staged (operations' too).
     pub(crate) bytes: usize,
+    /// Where the call's derived positions start: the positions the task's
+    /// flow had given when the call first submitted without a key (read
+    /// once), so that a run after a wait does not reuse an earlier run's
+    /// keys, while a retry of a run that staged nothing reads the same.
+    pub(crate) base: Option<u64>,
     /// Whether the handler asked to wait for its children.
     pub(crate) wait: bool,
     /// Whether an operation staged submissions into the task's outbox.
@@ -133,6 +139,17 @@ impl tasks::Host for HostCtx {
         options: SubmitOptions,
     ) -> HostResult<String> {
         self.count()?;
+        let derives = options.key.is_none() && self.operation.is_none();
+        if derives && self.flow.as_ref().is_none_or(|f| f.base.is_none()) {
+            let (queue, id) = (self.caller.queue.clone(), self.caller.task_id.clone());
+            let base = crate::store::flow_positions(self.redis(), &queue, &id).await;
+            let base = match base {
+                Ok(base) => base,
+                Err(crate::store::StoreError::Redis(e)) => return Ok(Err(host_error(e, false))),
+                Err(e) => return Ok(Err(HostError::Unavailable(e.to_string()))),
+            };
+            self.flow.get_or_insert_with(Default::default).base = Some(base);
+        }
         Ok(self.stage_submission(queue, task, payload, options))
     }
 
@@ -209,6 +226,10 @@ impl HostCtx {
                 String::new(),
             ),
         };
+        let base = match &self.operation {
+            Some(_) => 0,
+            None => self.flow.as_ref().and_then(|f| f.base).unwrap_or(0),
+        };
         if position >= MAX_BATCH_ITEMS {
             return Err(HostError::InvalidArgument(format!(
                 "a call (or an operation) may stage at most {MAX_BATCH_ITEMS} submissions"
@@ -221,7 +242,11 @@ impl HostCtx {
             }
             // The parent and the position: the same on every run that
             // stages the same submissions in the same order.
-            None => format!("dtq.flow:{}:{scope}{position}", self.caller.task_id),
+            None => format!(
+                "dtq.flow:{}:{scope}{}",
+                self.caller.task_id,
+                base + position as u64
+            ),
         };
         let id = crate::base::derived_task_id(&queue, &key);
         let parent = options

@@ -107,6 +107,19 @@ pub async fn stage_outbox(
     Ok(())
 }
 
+/// How many positions the flow of task `id` of `queue` has given (its
+/// staged submissions and its children): where a run's derived
+/// submission keys start (`sandbox/tasks.rs`).
+pub async fn flow_positions(conn: &Conn, queue: &str, id: &str) -> Result<u64, StoreError> {
+    let keys = QueueKeys::of_task(queue, id);
+    let seq: Option<u64> = redis::cmd("HGET")
+        .arg(keys.flow(id))
+        .arg("seq")
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(seq.unwrap_or(0))
+}
+
 /// Most entries of an index one sweep takes at once.
 const SWEEP_BATCH: usize = 100;
 

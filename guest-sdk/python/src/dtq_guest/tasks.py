@@ -6,8 +6,8 @@ is applied when the attempt ends well (the handler returns, or raises
 operation's commit. An attempt that fails, traps or is lost submits
 nothing; one that succeeds submits each of its tasks exactly once, however
 many times it ran before: without a ``key``, a submission is keyed by the
-running task and its position among the call's submissions, so a re-run
-stages the same tasks.
+running task and its position (among the call's submissions, after those
+of the task's earlier runs), so a retry stages the same tasks.
 
 A handler submits only to the queues and tasks the operator granted it
 (``dtq deploy --submit-to``, or the worker's ``--submit-to TASK=QUEUE``);

@@ -24,6 +24,11 @@
 //!   `{"aborted": true}`; with `fail_after`, attempt 1 fails (retryable)
 //!   after the commit. Returns `{"ran": <whether the effect ran>, "id":
 //!   <its id, when it ran>}`;
+//! - `{"phases": [[a, b, ...], [c, ...], ...], "queue": Q, "task": T}`:
+//!   a run that finds k children submits the next phase after the k
+//!   numbers its phases so far hold (one child per number, payload
+//!   `{"n": x}`), then waits; once none is left, returns `{"sum": Σ n
+//!   of the children that SUCCEEDED, "children": count, "statuses": [...]}`;
 //! - `{"flood": {"queue": Q, "task": T, "bytes": B}}`: submits payloads of
 //!   B bytes until the host refuses one, then fails fatally with the
 //!   refusal and how many were staged (a handler that would make its
@@ -51,6 +56,9 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
     }
     if let Some(s) = payload.get("op_submit") {
         return op_submit(&ctx, s);
+    }
+    if let Some(phases) = payload.get("phases").and_then(Value::as_array) {
+        return in_phases(&payload, phases);
     }
     if let Some(s) = payload.get("flood") {
         let bytes = s.get("bytes").and_then(Value::as_u64).unwrap_or(1 << 19) as usize;
@@ -119,6 +127,33 @@ fn fan_out(ctx: &Context, payload: &Value, n: u64) -> Result<Value> {
         "children": children.len(),
         "failed": children.len() - succeeded.len(),
         "ids": children.iter().map(|c| c.task_id.clone()).collect::<Vec<_>>(),
+        "statuses": children.iter().map(|c| c.status.clone()).collect::<Vec<_>>(),
+    }))
+}
+
+fn in_phases(payload: &Value, phases: &[Value]) -> Result<Value> {
+    let children = tasks::children()?;
+    let mut seen = 0;
+    for phase in phases {
+        let numbers = phase.as_array().cloned().unwrap_or_default();
+        if seen == children.len() {
+            for n in numbers {
+                tasks::Submit::new(text(payload, "queue")?, text(payload, "task")?, &json!({ "n": n }))?
+                    .child()
+                    .send()?;
+            }
+            return Err(tasks::wait_for_children());
+        }
+        seen += numbers.len();
+    }
+    let sum: i64 = children
+        .iter()
+        .filter(|c| c.succeeded())
+        .filter_map(|c| c.result.as_ref()?.get("n")?.as_i64())
+        .sum();
+    Ok(json!({
+        "sum": sum,
+        "children": children.len(),
         "statuses": children.iter().map(|c| c.status.clone()).collect::<Vec<_>>(),
     }))
 }
