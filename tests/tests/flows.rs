@@ -70,6 +70,15 @@ async fn wait_applied(dtq: &Dtq, queue: &str, id: &str, statuses: &[&str]) -> Re
     dtq.wait_for(queue, id, statuses, WAIT).await
 }
 
+/// Whether Redis has `key`.
+async fn exists(dtq: &Dtq, key: &str) -> Result<bool> {
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    Ok(n == 1)
+}
+
 /// Poll task `id` of `default` until `done` holds for it; the task then.
 async fn wait_until(dtq: &Dtq, id: &str, done: impl Fn(&Value) -> bool) -> Result<Value> {
     let start = Instant::now();
@@ -537,5 +546,37 @@ async fn a_run_after_a_wait_submits_new_children() -> Result<()> {
     assert_eq!(done["result"]["sum"], 1 + 2 + 1 + 20 + 300, "{done:#}");
     assert_eq!(done["attempts"], 1);
     assert_eq!(tasks_of(&dtq, "kids").await?.len(), 5);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purging_a_dead_lettered_parent_deletes_its_flow() -> Result<()> {
+    let dtq = Dtq::start(true, &flags(true)).await?;
+    let parent = dtq
+        .submit_new(
+            "default",
+            json!({"task": "flows", "max_attempts": 1,
+                "payload": {"fan_out": 2, "queue": "kids", "task": "flows", "fail_resumed": true}}),
+            None,
+        )
+        .await?;
+    let done = dtq.wait_for("default", &parent, &TERMINAL, WAIT).await?;
+    assert_eq!(done["status"], "DEAD_LETTERED", "{done:#}");
+    assert_eq!(done["children"].as_array().map(Vec::len), Some(2));
+    let flow = format!("dtq:flow:{{default}}:{parent}");
+    assert!(
+        exists(&dtq, &flow).await?,
+        "a dead letter keeps its flow, as its record"
+    );
+    let purged = dtq
+        .store
+        .purge_dead_letters(
+            "default",
+            std::slice::from_ref(&parent),
+            dtq_host::base::now_ms(),
+        )
+        .await?;
+    assert_eq!(purged, 1);
+    assert!(!exists(&dtq, &flow).await?, "purged with its task");
     Ok(())
 }

@@ -215,39 +215,7 @@ impl HostCtx {
             )));
         }
         check_options(&options)?;
-        // Inside an operation, the operation's own positions, under its key.
-        let (position, scope) = match &self.operation {
-            Some(op) => (
-                op.submissions.len(),
-                format!("op:{}:", key_digest(op.key())),
-            ),
-            None => (
-                self.flow.as_ref().map_or(0, |f| f.staged.len()),
-                String::new(),
-            ),
-        };
-        let base = match &self.operation {
-            Some(_) => 0,
-            None => self.flow.as_ref().and_then(|f| f.base).unwrap_or(0),
-        };
-        if position >= MAX_BATCH_ITEMS {
-            return Err(HostError::InvalidArgument(format!(
-                "a call (or an operation) may stage at most {MAX_BATCH_ITEMS} submissions"
-            )));
-        }
-        let key = match options.key {
-            Some(key) => {
-                validate_idempotency_key(&key).map_err(invalid)?;
-                key
-            }
-            // The parent and the position: the same on every run that
-            // stages the same submissions in the same order.
-            None => format!(
-                "dtq.flow:{}:{scope}{}",
-                self.caller.task_id,
-                base + position as u64
-            ),
-        };
+        let key = self.submission_key(options.key)?;
         let id = crate::base::derived_task_id(&queue, &key);
         let parent = options
             .child
@@ -280,6 +248,45 @@ impl HostCtx {
             .map_err(|e| HostError::InvalidArgument(e.to_string()))?;
         flow.staged.push(json);
         Ok(id)
+    }
+}
+
+impl HostCtx {
+    /// The key of the next submission: the handler's `given` one, checked,
+    /// or one derived from the task and the position (the operation's own
+    /// positions under its key, inside one).
+    fn submission_key(&self, given: Option<String>) -> Result<String, HostError> {
+        let (position, scope, base) = match &self.operation {
+            Some(op) => (
+                op.submissions.len(),
+                format!("op:{}:", key_digest(op.key())),
+                0,
+            ),
+            None => (
+                self.flow.as_ref().map_or(0, |f| f.staged.len()),
+                String::new(),
+                self.flow.as_ref().and_then(|f| f.base).unwrap_or(0),
+            ),
+        };
+        if position >= MAX_BATCH_ITEMS {
+            return Err(HostError::InvalidArgument(format!(
+                "a call (or an operation) may stage at most {MAX_BATCH_ITEMS} submissions"
+            )));
+        }
+        match given {
+            Some(key) => {
+                validate_idempotency_key(&key)
+                    .map_err(|e| HostError::InvalidArgument(e.to_string()))?;
+                Ok(key)
+            }
+            // The parent and the position: the same on every run that
+            // stages the same submissions in the same order.
+            None => Ok(format!(
+                "dtq.flow:{}:{scope}{}",
+                self.caller.task_id,
+                base + position as u64
+            )),
+        }
     }
 }
 

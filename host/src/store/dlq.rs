@@ -510,6 +510,7 @@ impl Store {
         for (id, key) in ids.iter().zip(&idem) {
             inv.key(keys.task(id))
                 .key(keys.idempotency(key.as_deref()))
+                .key(keys.flow(id))
                 .arg(id)
                 .arg(flag(key.is_some()));
         }

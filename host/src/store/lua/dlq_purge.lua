@@ -20,8 +20,10 @@
     KEYS[1] dead-letter set   dtq:dlq:{q}
     KEYS[2] events stream     dtq:events:{q}
     then, per task i (from 0):
-    KEYS[3 + 2i] task hash            dtq:task:{q}:<id>
-    KEYS[4 + 2i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
+    KEYS[3 + 3i] task hash            dtq:task:{q}:<id>
+    KEYS[4 + 3i] idempotency record   dtq:idempotency:{q}:<key> (ignored unless it has a key)
+    KEYS[5 + 3i] its flow             dtq:flow:{q}:<id> (flows: a parent's outbox
+                                      and children; deleted with the task)
 
     ARGV by name (the ARG_ locals below; store/dlq.rs, DLQ_PURGE_ARGV):
     ARG_NOW             now (ms since epoch)
@@ -47,8 +49,8 @@ local now, eventsMaxLen = ARGV[ARG_NOW], ARGV[ARG_EVENTS_MAX_LEN]
 local floor, latest = tonumber(ARGV[ARG_FLOOR]), tonumber(ARGV[ARG_LATEST])
 
 local purged = 0
-for i = 0, (#KEYS - 2) / 2 - 1 do
-  local taskKey, idemKey = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+for i = 0, (#KEYS - 2) / 3 - 1 do
+  local taskKey, idemKey, flowKey = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
   local a = ARG_TASKS + 2 * i
   local taskId, hasKey = ARGV[a], ARGV[a + 1] == "1"
   if floor and redis.call("ZCARD", dlqKey) <= floor then
@@ -59,7 +61,7 @@ for i = 0, (#KEYS - 2) / 2 - 1 do
     redis.call("ZREM", dlqKey, taskId)
     local f = redis.call("HMGET", taskKey, "status", "attempts")
     if f[1] == "DEAD_LETTERED" then
-      redis.call("DEL", taskKey)
+      redis.call("DEL", taskKey, flowKey)
     end
     if hasKey then
       local raw = redis.call("GET", idemKey)

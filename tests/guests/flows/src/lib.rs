@@ -15,6 +15,8 @@
 //! - `"crash_first": true` with `fan_out`: attempt 1 submits the children,
 //!   records their ids under kv `ids:<task id>`, then fails (retryable);
 //! - `"slow_ms": M` with `fan_out`: each child gets `"sleep_ms": M`;
+//! - `"fail_resumed": true` with `fan_out`: the run after the wait fails
+//!   (retryable);
 //! - as a child, `{"n": i}` → `{"n": i}`, after sleeping `sleep_ms`,
 //!   failing fatally when `"fail": true`;
 //! - `{"op_submit": {"queue": Q, "task": T, "key": K, "fail_after": B,
@@ -116,6 +118,9 @@ fn fan_out(ctx: &Context, payload: &Value, n: u64) -> Result<Value> {
             return Err(Error::retryable("failing after staging the children"));
         }
         return Err(tasks::wait_for_children());
+    }
+    if payload.get("fail_resumed") == Some(&Value::Bool(true)) {
+        return Err(Error::retryable("the resumed run fails, as asked"));
     }
     let succeeded: Vec<&tasks::Child> = children.iter().filter(|c| c.succeeded()).collect();
     let sum: i64 = succeeded
