@@ -421,6 +421,30 @@ impl Store {
         self.trip("children", children(&self.conn, queue, id)).await
     }
 
+    /// The members of sorted set `index` scored before `before`: at most a
+    /// sweep's batch, oldest first.
+    async fn due(
+        &self,
+        operation: &'static str,
+        index: &str,
+        before: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .trip(
+                operation,
+                redis::cmd("ZRANGE")
+                    .arg(index)
+                    .arg(0)
+                    .arg(before)
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(SWEEP_BATCH)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?)
+    }
+
     /// Of the key set `queue`, the tasks whose parent may not have been
     /// told that they ended, ended before `before` (ms): at most a sweep's
     /// batch, with each one's parent (`None` when its record is gone).
@@ -430,20 +454,7 @@ impl Store {
         before: u64,
     ) -> Result<Vec<(String, Option<String>)>, StoreError> {
         let keys = QueueKeys::new(queue);
-        let ids: Vec<String> = self
-            .trip(
-                "settles_due",
-                redis::cmd("ZRANGE")
-                    .arg(keys.settle())
-                    .arg(0)
-                    .arg(before)
-                    .arg("BYSCORE")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(SWEEP_BATCH)
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
+        let ids = self.due("settles_due", &keys.settle(), before).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -463,20 +474,7 @@ impl Store {
     /// another sweeper does not take it up at once.
     pub async fn flows_due(&self, queue: &str, before: u64) -> Result<Vec<String>, StoreError> {
         let keys = QueueKeys::new(queue);
-        let ids: Vec<String> = self
-            .trip(
-                "flows_due",
-                redis::cmd("ZRANGE")
-                    .arg(keys.flows())
-                    .arg(0)
-                    .arg(before)
-                    .arg("BYSCORE")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(SWEEP_BATCH)
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?;
+        let ids = self.due("flows_due", &keys.flows(), before).await?;
         if !ids.is_empty() {
             let mut touch = redis::cmd("ZADD");
             touch.arg(keys.flows()).arg("XX");
