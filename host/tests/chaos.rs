@@ -62,17 +62,16 @@
 //! directory is kept.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use dtq_tests::process::DtqProcess;
+use anyhow::Result;
+use dtq_tests::chaos::{
+    Chaos, Figure, REQUEST_TIMEOUT, Servers, Settings, Submission, TERMINAL, Waves, examples,
+    task_fields, wait_terminal,
+};
 use dtq_tests::services::{Recorded, Service};
-use dtq_tests::{ApiClient, PersistentRedis, TempDir, free_port, guests};
-use futures::StreamExt;
+use dtq_tests::{ApiClient, PersistentRedis, TempDir};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -120,165 +119,32 @@ const MAX_ATTEMPTS: u32 = 10;
 /// Every task's time limit (ms); the longest task busy-waits 200 ms.
 const TASK_TIMEOUT_MS: u64 = 5_000;
 
-/// How long a process may take to be ready (it may compile the handlers
-/// when the artifact cache is cold).
-const STARTUP: Duration = Duration::from_secs(120);
-
-/// Longest time one submission is retried before the test gives up on it.
-const SUBMIT_GIVE_UP: Duration = Duration::from_secs(120);
-
-/// Longest wait for one HTTP answer; a request that takes longer is sent
-/// again.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Submissions in flight at once.
 const SUBMITTERS: usize = 32;
 
-/// Statuses after which a task never changes by itself.
-const TERMINAL: &[&str] = &[
-    "SUCCEEDED",
-    "FAILED",
-    "DEAD_LETTERED",
-    "CANCELLED",
-    "EXPIRED",
-];
+/// How the submissions go: `SUBMITTERS` at a time to `QUEUE`, a fault
+/// striking up to 100 ms after half of its wave is acknowledged.
+const WAVES: Waves = Waves {
+    queue: QUEUE,
+    submitters: SUBMITTERS,
+    jitter_ms: 100,
+    noun: "submissions",
+};
 
-/// The sizes of a run, from the environment.
-#[derive(Clone, Debug)]
-struct Settings {
-    tasks: usize,
-    secs: u64,
-    kill_ms: u64,
-    redis_restarts: usize,
-    drain_secs: u64,
-    seed: u64,
-}
-
-impl Settings {
-    fn from_env() -> Result<Settings> {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
-        where
-            T::Err: std::fmt::Display,
-        {
-            match std::env::var(name) {
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("{name}={v:?}: {e}")),
-                Err(std::env::VarError::NotPresent) => Ok(default),
-                Err(e) => bail!("{name}: {e}"),
-            }
-        }
-        let settings = Settings {
-            tasks: var("DTQ_CHAOS_TASKS", 4_000)?,
-            secs: var("DTQ_CHAOS_SECS", 60)?,
-            kill_ms: var("DTQ_CHAOS_KILL_MS", 2_500)?,
-            redis_restarts: var("DTQ_CHAOS_REDIS_RESTARTS", 2)?,
-            drain_secs: var("DTQ_CHAOS_DRAIN_SECS", 180)?,
-            seed: var("DTQ_CHAOS_SEED", rand::random::<u64>())?,
-        };
-        anyhow::ensure!(settings.tasks > 0, "DTQ_CHAOS_TASKS must be positive");
-        anyhow::ensure!(settings.secs > 0, "DTQ_CHAOS_SECS must be positive");
-        anyhow::ensure!(
-            settings.kill_ms >= 100,
-            "DTQ_CHAOS_KILL_MS must be at least 100"
-        );
-        Ok(settings)
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Processes
-
-/// A `dtq` command configured by its flags alone, without colour.
-fn dtq_command() -> Command {
-    let mut cmd = dtq_tests::process::dtq_command(DTQ);
-    cmd.env("NO_COLOR", "1");
-    cmd
-}
-
-/// The flags of every server process: the test's Redis, the example
-/// handlers (`send_receipt` allowed to reach the test's services), a shared
-/// artifact cache and short timings.
-fn server_flags(redis_url: &str) -> Vec<String> {
-    let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+/// The flags of every server process besides the ones all chaos servers
+/// run with: `send_receipt` allowed to reach the test's services, and
+/// short timings.
+fn server_flags() -> Vec<String> {
     [
-        "--redis",
-        redis_url,
-        "--handlers",
-        guests::EXAMPLES_DIR,
         "--allow-host",
         ALLOW_SERVICES,
         "--concurrency",
         CONCURRENCY,
         "--visibility-timeout-ms",
         VISIBILITY_MS,
-        "--retry-base-ms",
-        "20",
-        "--retry-max-ms",
-        "200",
-        "--cache-dir",
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([cache.display().to_string()])
-    .collect()
-}
-
-/// A `dtq worker` or `dtq api` process, killed on drop. Its log is not
-/// printed then (the test prints the tails it needs).
-struct Proc(DtqProcess);
-
-impl std::ops::Deref for Proc {
-    type Target = DtqProcess;
-    fn deref(&self) -> &DtqProcess {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Proc {
-    fn deref_mut(&mut self) -> &mut DtqProcess {
-        &mut self.0
-    }
-}
-
-impl Proc {
-    /// Start `dtq worker` or `dtq api` and wait until it is ready: the
-    /// worker has logged its start, or the API answers `/healthz`.
-    async fn start(dir: &Path, name: &str, subcommand: &str, redis_url: &str) -> Result<Proc> {
-        // A port free when probed may be taken before the API binds it;
-        // such a start is retried on another port.
-        let mut last = None;
-        for attempt in 0..3 {
-            let port = free_port()?;
-            let log = dir.join(format!("{name}-{attempt}.log"));
-            let mut cmd = dtq_command();
-            cmd.arg(subcommand).args(server_flags(redis_url));
-            if subcommand == "api" {
-                cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
-            }
-            let api = format!("http://127.0.0.1:{port}");
-            let mut proc = Proc(DtqProcess::spawn(name, cmd, log, api)?);
-            proc.print_log_on_drop = false;
-            let ready = if subcommand == "worker" {
-                proc.wait_log("worker started", STARTUP).await
-            } else {
-                proc.wait_healthy(STARTUP).await
-            };
-            match ready {
-                Ok(()) => return Ok(proc),
-                Err(e) if proc.log_text().contains("cannot listen") => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("{name} did not start")))
-    }
-}
-
-/// The last `lines` lines of `text`.
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    .map(str::to_owned)
+    .to_vec()
 }
 
 // ---------------------------------------------------------------------------
@@ -314,16 +180,6 @@ struct Services<'a> {
     email_url: &'a str,
 }
 
-/// A submission the API acknowledged.
-#[derive(Clone, Debug)]
-struct Ack {
-    task_id: String,
-    /// 202, 200 or 409.
-    code: u16,
-    /// Requests it took (1 when the first one was acknowledged).
-    tries: u32,
-}
-
 /// The submissions of a run, in order, and the orders (`Work::Order`
 /// indexes them): about 70 % new orders, 5 % orders submitted again, 15 %
 /// counters and 10 % sleeps.
@@ -333,13 +189,13 @@ fn plan(
     services: &Services<'_>,
 ) -> (Vec<Planned>, Vec<Order>) {
     let mut orders: Vec<(Order, Value)> = Vec::new();
-    let mut planned = Vec::with_capacity(settings.tasks);
+    let mut planned = Vec::with_capacity(settings.size);
     let limits = |mut body: Value| {
         body["max_attempts"] = json!(MAX_ATTEMPTS);
         body["timeout_ms"] = json!(TASK_TIMEOUT_MS);
         body
     };
-    for _ in 0..settings.tasks {
+    for _ in 0..settings.size {
         let roll = rng.random_range(0..100);
         if roll < 5 && !orders.is_empty() {
             // A recent order submitted again with its key (often while its
@@ -400,54 +256,13 @@ fn plan(
     )
 }
 
-/// Submit until acknowledged (202, 200, or 409 with the in-flight task's
-/// id), resending after a failure that may be Redis being down: a 5xx, a
-/// dropped connection, a timeout. Any other answer is an error.
-async fn submit_until_acked(api: &ApiClient, planned: &Planned) -> Result<Ack> {
-    let start = Instant::now();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let answer = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            api.submit(QUEUE, planned.body.clone(), planned.key.as_deref()),
-        )
-        .await;
-        let last = match answer {
-            Ok(Ok((code @ (200 | 202), body))) => {
-                let task_id = body["task_id"]
-                    .as_str()
-                    .with_context(|| format!("{code} without a task_id: {body}"))?;
-                return Ok(Ack {
-                    task_id: task_id.to_owned(),
-                    code,
-                    tries,
-                });
-            }
-            Ok(Ok((409, body))) if body["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS" => {
-                let task_id = body["error"]["details"]["task_id"]
-                    .as_str()
-                    .with_context(|| format!("409 without a task_id: {body}"))?;
-                return Ok(Ack {
-                    task_id: task_id.to_owned(),
-                    code: 409,
-                    tries,
-                });
-            }
-            Ok(Ok((code, body))) if code >= 500 => format!("{code} {body}"),
-            Ok(Ok((code, body))) => bail!("submission {} refused: {code} {body}", planned.body),
-            Ok(Err(e)) => format!("{e:#}"),
-            Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
-        };
-        if start.elapsed() > SUBMIT_GIVE_UP {
-            bail!(
-                "submission {} not acknowledged within {SUBMIT_GIVE_UP:?} ({tries} tries); \
-                 last: {last}",
-                planned.body
-            );
-        }
-        let pause = 100 + u64::from(tries.min(10)) * 20;
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+impl Submission for Planned {
+    fn body(&self) -> &Value {
+        &self.body
+    }
+
+    fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 }
 
@@ -472,237 +287,6 @@ async fn cancel(api: &ApiClient, id: &str) -> String {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     last
-}
-
-// ---------------------------------------------------------------------------
-// The faults
-
-/// The processes the chaos acts on, and what it did.
-struct Chaos {
-    dir: PathBuf,
-    redis: PersistentRedis,
-    workers: Vec<Proc>,
-    /// Workers that have exited (killed or not), kept for their logs.
-    gone: Vec<Proc>,
-    /// Pids of the workers this test killed.
-    killed: HashSet<u32>,
-    /// Each Redis outage: when it began (since the start of the run) and
-    /// how long Redis was down.
-    outages: Vec<(Duration, Duration)>,
-    /// Processes that exited without being killed.
-    unexpected_exits: Vec<String>,
-    /// A failure that ended the chaos early (a process or Redis that would
-    /// not start).
-    error: Option<anyhow::Error>,
-    workers_started: usize,
-}
-
-impl Chaos {
-    async fn start_worker(&mut self) -> Result<Proc> {
-        self.workers_started += 1;
-        let name = format!("worker-{}", self.workers_started);
-        Proc::start(&self.dir, &name, "worker", &self.redis.url()).await
-    }
-
-    /// SIGKILL worker `i` and start a new one in its place.
-    async fn kill_and_replace(&mut self, i: usize) -> Result<()> {
-        let pid = self.workers[i].pid();
-        self.workers[i].crash()?;
-        self.killed.insert(pid);
-        let new = self.start_worker().await?;
-        let old = std::mem::replace(&mut self.workers[i], new);
-        self.gone.push(old);
-        Ok(())
-    }
-
-    /// Replace every worker that exited without being killed.
-    async fn replace_exited(&mut self) -> Result<()> {
-        for i in 0..self.workers.len() {
-            if let Some(status) = self.workers[i].exit_status()? {
-                let w = &self.workers[i];
-                let line = format!("{} (pid {}) exited with {status}", w.name, w.pid());
-                eprintln!("chaos: {line}");
-                self.unexpected_exits.push(line);
-                let new = self.start_worker().await?;
-                let old = std::mem::replace(&mut self.workers[i], new);
-                self.gone.push(old);
-            }
-        }
-        Ok(())
-    }
-
-    /// Stop Redis gracefully, keep it down for `down`, start it again.
-    async fn redis_outage(&mut self, down: Duration) -> Result<()> {
-        tokio::task::block_in_place(|| self.redis.stop())?;
-        tokio::time::sleep(down).await;
-        tokio::task::block_in_place(|| self.redis.start_again())
-    }
-
-    /// The run: one wave of submissions per fault, the fault striking once
-    /// half of its wave is acknowledged (so while the workers are busy with
-    /// it), the faults spaced as `faults` says. Returns the acknowledgement
-    /// of every submission, in the order of `planned`.
-    async fn run(
-        &mut self,
-        faults: &[(Duration, Fault)],
-        mut rng: StdRng,
-        t0: Instant,
-        api: &ApiClient,
-        planned: Arc<Vec<Planned>>,
-    ) -> Vec<Result<Ack>> {
-        let acked = Arc::new(AtomicUsize::new(0));
-        let waves = wave_bounds(planned.len(), faults.len().max(1));
-        let mut pending = Vec::new();
-        let mut next_event = t0;
-        let mut next_progress = t0 + Duration::from_secs(10);
-        for (w, range) in waves.into_iter().enumerate() {
-            let fault = faults.get(w);
-            if let Some((gap, _)) = fault {
-                next_event += *gap;
-            }
-            tokio::time::sleep_until(next_event.into()).await;
-            let wave_acked = Arc::new(AtomicUsize::new(0));
-            let half = range.len().div_ceil(2);
-            pending.push(tokio::spawn(submit_wave(
-                api.clone(),
-                planned.clone(),
-                range,
-                vec![acked.clone(), wave_acked.clone()],
-            )));
-            let Some((_, fault)) = fault else {
-                continue;
-            };
-            if self.error.is_some() {
-                continue;
-            }
-            // Strike while the wave runs: once half of it is acknowledged
-            // (or after 5 s), and a random moment later.
-            let since = Instant::now();
-            while wave_acked.load(Ordering::Relaxed) < half
-                && since.elapsed() < Duration::from_secs(5)
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.random_range(0..=100))).await;
-            let step = async {
-                self.replace_exited().await?;
-                match fault {
-                    Fault::Kill => {
-                        let i = rng.random_range(0..self.workers.len());
-                        self.kill_and_replace(i).await?;
-                    }
-                    Fault::RedisOutage => {
-                        let down = Duration::from_millis(rng.random_range(1_500..=3_000));
-                        let at = t0.elapsed();
-                        eprintln!(
-                            "chaos: {:>6.1} s  Redis stopped for {down:?}",
-                            at.as_secs_f64()
-                        );
-                        self.redis_outage(down).await?;
-                        let took = t0.elapsed() - at;
-                        eprintln!(
-                            "chaos: {:>6.1} s  Redis back (down {:.1} s with the restart)",
-                            t0.elapsed().as_secs_f64(),
-                            took.as_secs_f64()
-                        );
-                        self.outages.push((at, took));
-                        // The next faults keep their spacing from here.
-                        next_event = Instant::now();
-                    }
-                }
-                anyhow::Ok(())
-            };
-            if let Err(e) = step.await {
-                eprintln!("chaos: stopped early: {e:#}");
-                self.error = Some(e);
-            }
-            if Instant::now() >= next_progress {
-                eprintln!(
-                    "chaos: {:>6.1} s  {} submissions acknowledged, {} workers killed, \
-                     {} Redis restarts",
-                    t0.elapsed().as_secs_f64(),
-                    acked.load(Ordering::Relaxed),
-                    self.killed.len(),
-                    self.outages.len()
-                );
-                next_progress += Duration::from_secs(10);
-            }
-        }
-        let mut acks = Vec::with_capacity(planned.len());
-        for wave in pending {
-            match wave.await {
-                Ok(wave) => acks.extend(wave),
-                Err(e) => panic!("a submission task failed: {e}"),
-            }
-        }
-        acks
-    }
-}
-
-/// A fault the test makes.
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    /// SIGKILL a random worker and start a new one in its place.
-    Kill,
-    /// Stop Redis gracefully, keep it down 1.5 to 3 s, start it again on
-    /// its data.
-    RedisOutage,
-}
-
-/// The faults of a run, each with the time to wait before it: a kill every
-/// `kill_ms` (± 20 %) for `secs`, and `redis_restarts` outages spread evenly
-/// among them.
-fn fault_plan(settings: &Settings, rng: &mut StdRng) -> Vec<(Duration, Fault)> {
-    let mut gap = || Duration::from_millis(settings.kill_ms * rng.random_range(80..=120) / 100);
-    let mut faults = Vec::new();
-    let mut elapsed = Duration::ZERO;
-    loop {
-        let g = gap();
-        elapsed += g;
-        if elapsed > Duration::from_secs(settings.secs) {
-            break;
-        }
-        faults.push((g, Fault::Kill));
-    }
-    let kills = faults.len();
-    for k in (1..=settings.redis_restarts).rev() {
-        let at = kills * k / (settings.redis_restarts + 1);
-        faults.insert(at, (gap(), Fault::RedisOutage));
-    }
-    faults
-}
-
-/// `n` submissions in `waves` contiguous waves of sizes as even as can be.
-fn wave_bounds(n: usize, waves: usize) -> Vec<std::ops::Range<usize>> {
-    (0..waves)
-        .map(|w| n * w / waves..n * (w + 1) / waves)
-        .collect()
-}
-
-/// Submit `planned[range]`, `SUBMITTERS` at a time, each until
-/// acknowledged; every counter in `acked` counts the acknowledged ones.
-async fn submit_wave(
-    api: ApiClient,
-    planned: Arc<Vec<Planned>>,
-    range: std::ops::Range<usize>,
-    acked: Vec<Arc<AtomicUsize>>,
-) -> Vec<Result<Ack>> {
-    futures::stream::iter(range)
-        .map(|i| {
-            let (api, planned, acked) = (&api, &planned, &acked);
-            async move {
-                let ack = submit_until_acked(api, &planned[i]).await;
-                if ack.is_ok() {
-                    for counter in acked {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                ack
-            }
-        })
-        .buffered(SUBMITTERS)
-        .collect()
-        .await
 }
 
 // ---------------------------------------------------------------------------
@@ -733,93 +317,26 @@ impl TaskRow {
     }
 }
 
-fn task_key(id: &str) -> String {
-    format!("dtq:task:{{{QUEUE}}}:{id}")
-}
-
-/// The task hashes of `ids` (`None` for a task with no hash), read in
-/// pipelined batches.
+/// The task hashes of `ids` (`None` for a task with no hash).
 async fn read_tasks(
     conn: &mut redis::aio::MultiplexedConnection,
     ids: &[String],
 ) -> Result<Vec<Option<TaskRow>>> {
-    let mut rows = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(500) {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("HMGET")
-                .arg(task_key(id))
-                .arg(&["status", "error", "worker", "attempts", "result"]);
-        }
-        let replies: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
-        for mut f in replies {
-            let result = f.pop().flatten();
-            let attempts = f.pop().flatten();
-            let worker = f.pop().flatten();
-            let error = f.pop().flatten();
-            let status = f.pop().flatten();
-            rows.push(status.map(|status| TaskRow {
-                status,
+    let fields = ["status", "error", "worker", "attempts", "result"];
+    let rows = task_fields(conn, QUEUE, ids, &fields).await?;
+    Ok(rows
+        .into_iter()
+        .map(|f| {
+            let [status, error, worker, attempts, result] = <[_; 5]>::try_from(f).ok()?;
+            Some(TaskRow {
+                status: status?,
                 error,
                 worker,
                 attempts,
                 result,
-            }));
-        }
-    }
-    Ok(rows)
-}
-
-/// Poll the tasks `ids` until every one that has a hash is terminal, or
-/// `deadline`.
-async fn wait_terminal(
-    conn: &mut redis::aio::MultiplexedConnection,
-    ids: &[String],
-    deadline: Instant,
-    t0: Instant,
-) -> Result<()> {
-    let mut waiting: Vec<String> = ids.to_vec();
-    let mut next_progress = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rows = read_tasks(conn, &waiting).await?;
-        waiting = waiting
-            .into_iter()
-            .zip(rows)
-            .filter(|(_, row)| row.as_ref().is_some_and(|r| !r.is_terminal()))
-            .map(|(id, _)| id)
-            .collect();
-        if waiting.is_empty() || Instant::now() >= deadline {
-            return Ok(());
-        }
-        if Instant::now() >= next_progress {
-            eprintln!(
-                "chaos: {:>6.1} s  draining: {} tasks not terminal yet",
-                t0.elapsed().as_secs_f64(),
-                waiting.len()
-            );
-            next_progress += Duration::from_secs(10);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// One row of the final table.
-struct Figure {
-    label: String,
-    value: usize,
-    /// What the value must be.
-    expected: usize,
-    /// Details: a breakdown, or examples of the offending tasks.
-    note: String,
-}
-
-/// Up to five examples, one a line, as a note.
-fn examples(items: &[String]) -> String {
-    let mut note: Vec<String> = items.iter().take(5).cloned().collect();
-    if items.len() > 5 {
-        note.push(format!("... and {} more", items.len() - 5));
-    }
-    note.join("\n")
+            })
+        })
+        .collect())
 }
 
 fn describe(id: &str, row: Option<&TaskRow>) -> String {
@@ -856,13 +373,13 @@ fn consumer_pid(worker: &str) -> Option<u32> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_loses_and_doubles_nothing() -> Result<()> {
-    let settings = Settings::from_env()?;
+    let settings = Settings::from_env("DTQ_CHAOS", ("TASKS", 4_000), 60, 180)?;
     eprintln!(
         "chaos: seed {} (DTQ_CHAOS_SEED={} replays it): {} submissions over {} s, {} workers, \
          a kill every ~{} ms, {} Redis restarts",
         settings.seed,
         settings.seed,
-        settings.tasks,
+        settings.size,
         settings.secs,
         WORKERS,
         settings.kill_ms,
@@ -878,28 +395,20 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         email_url: email_service.url(),
     };
     let (planned, orders) = plan(&settings, &mut rng, &services);
-    let mut chaos_rng = StdRng::seed_from_u64(rng.random());
+    let chaos_rng = StdRng::seed_from_u64(rng.random());
 
     let dir = TempDir::new("chaos")?;
     let redis = PersistentRedis::start(REDIS_PERSISTENCE)?;
     let t_setup = Instant::now();
-    let api_proc = Proc::start(&dir.path, "api", "api", &redis.url()).await?;
-    let mut chaos = Chaos {
-        dir: dir.path.clone(),
-        redis,
-        workers: Vec::new(),
-        gone: Vec::new(),
-        killed: HashSet::new(),
-        outages: Vec::new(),
-        unexpected_exits: Vec::new(),
-        error: None,
-        workers_started: 0,
+    let servers = Servers {
+        bin: DTQ,
+        redis_url: redis.url(),
+        flags: server_flags(),
+        log_filter: "info".into(),
     };
-    // One at a time: the first one fills the artifact cache.
-    for _ in 0..WORKERS {
-        let w = chaos.start_worker().await?;
-        chaos.workers.push(w);
-    }
+    let mut api_proc = servers.start(&dir.path, "api", "api").await?;
+    let mut chaos = Chaos::new("chaos", dir.path.clone(), redis, servers);
+    chaos.start_workers(WORKERS).await?;
     eprintln!(
         "chaos: API and {WORKERS} workers ready in {:.1} s; payment service {}, email service \
          {}; logs in {}",
@@ -909,18 +418,13 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         dir.path.display()
     );
 
-    let faults = fault_plan(&settings, &mut chaos_rng);
     let api = ApiClient::new(api_proc.api.clone());
     let planned = Arc::new(planned);
-    let t0 = Instant::now();
     let acks = chaos
-        .run(&faults, chaos_rng, t0, &api, planned.clone())
+        .run(WAVES, &settings, chaos_rng, &api, planned.clone())
         .await;
+    let t0 = chaos.t0;
     let chaos_ended = t0.elapsed();
-    eprintln!(
-        "chaos: {:>6.1} s  every submission acknowledged, chaos over: draining",
-        chaos_ended.as_secs_f64(),
-    );
 
     // What was acknowledged.
     let mut task_ids: Vec<String> = Vec::new();
@@ -986,24 +490,10 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
     let mut conn = chaos.redis.conn().await?;
     if chaos.error.is_none() {
         let deadline = Instant::now() + Duration::from_secs(settings.drain_secs);
-        wait_terminal(&mut conn, &task_ids, deadline, t0).await?;
+        wait_terminal(&mut conn, "chaos", QUEUE, &task_ids, deadline, t0).await?;
     }
     let drained = t0.elapsed();
-    for w in &mut chaos.workers {
-        if let Some(status) = w.exit_status()? {
-            chaos.unexpected_exits.push(format!(
-                "{} (pid {}) exited with {status}",
-                w.name,
-                w.pid()
-            ));
-        }
-    }
-    let mut api_proc = api_proc;
-    if let Some(status) = api_proc.exit_status()? {
-        chaos
-            .unexpected_exits
-            .push(format!("api (pid {}) exited with {status}", api_proc.pid()));
-    }
+    chaos.note_exits(&mut api_proc)?;
 
     // The outcome: the tasks.
     let rows = read_tasks(&mut conn, &task_ids).await?;
@@ -1194,18 +684,8 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
                 orders.len(),
             ),
         },
-        Figure {
-            label: "submissions never acknowledged".into(),
-            value: never_acked.len(),
-            expected: 0,
-            note: examples(&never_acked),
-        },
-        Figure {
-            label: "idempotency keys with two tasks".into(),
-            value: split_keys.len(),
-            expected: 0,
-            note: examples(&split_keys),
-        },
+        Figure::none("submissions never acknowledged", &never_acked),
+        Figure::none("idempotency keys with two tasks", &split_keys),
         Figure {
             label: "tasks succeeded".into(),
             value: succeeded,
@@ -1233,24 +713,9 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
                 format!("{other_breakdown}\n{}", examples(&other))
             },
         },
-        Figure {
-            label: "tasks lost (acknowledged, no record)".into(),
-            value: lost.len(),
-            expected: 0,
-            note: examples(&lost),
-        },
-        Figure {
-            label: "tasks stuck (not terminal by the deadline)".into(),
-            value: stuck.len(),
-            expected: 0,
-            note: examples(&stuck),
-        },
-        Figure {
-            label: "live tasks dead-lettered as lost".into(),
-            value: live_lost.len(),
-            expected: 0,
-            note: examples(&live_lost),
-        },
+        Figure::none("tasks lost (acknowledged, no record)", &lost),
+        Figure::none("tasks stuck (not terminal by the deadline)", &stuck),
+        Figure::none("live tasks dead-lettered as lost", &live_lost),
         Figure {
             label: "SUCCEEDED orders charged exactly once".into(),
             value: charged_once,
@@ -1280,12 +745,7 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
                 examples(&unrun_effects)
             ),
         },
-        Figure {
-            label: "SUCCEEDED results not naming their charge".into(),
-            value: wrong_result.len(),
-            expected: 0,
-            note: examples(&wrong_result),
-        },
+        Figure::none("SUCCEEDED results not naming their charge", &wrong_result),
         Figure {
             label: "orders not sending one Idempotency-Key".into(),
             value: key_off.len(),
@@ -1307,28 +767,11 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
                 examples(&email_off)
             ),
         },
-        Figure {
-            label: "processes that exited unkilled".into(),
-            value: chaos.unexpected_exits.len(),
-            expected: 0,
-            note: examples(&chaos.unexpected_exits),
-        },
     ];
 
     // The table.
-    let outages = chaos
-        .outages
-        .iter()
-        .map(|(at, down)| {
-            format!(
-                "at {:.0} s for {:.1} s",
-                at.as_secs_f64(),
-                down.as_secs_f64()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut table = format!(
+    let outages = chaos.outage_summary();
+    let table = format!(
         "\nchaos: seed {}, {} workers killed (SIGKILL), Redis stopped and restarted {} times \
          ({outages}); submitted and struck for {:.0} s, drained in {:.0} s more, {:.0} s in \
          all\n\n",
@@ -1339,54 +782,6 @@ async fn chaos_loses_and_doubles_nothing() -> Result<()> {
         (drained - chaos_ended).as_secs_f64(),
         drained.as_secs_f64()
     );
-    table += &format!("{:<44} {:>7} {:>9}\n", "figure", "value", "expected");
-    let mut failed = Vec::new();
-    for f in &figures {
-        let ok = f.value == f.expected;
-        if !ok {
-            failed.push(format!(
-                "{}: {} (expected {})",
-                f.label, f.value, f.expected
-            ));
-        }
-        table += &format!(
-            "{:<44} {:>7} {:>9}  {}\n",
-            f.label,
-            f.value,
-            f.expected,
-            if ok { "ok" } else { "FAIL" }
-        );
-        for line in f.note.lines().filter(|l| !l.is_empty()) {
-            table += &format!("    {line}\n");
-        }
-    }
-    if let Some(e) = &chaos.error {
-        failed.push(format!("the chaos stopped early: {e:#}"));
-    }
-    if !failed.is_empty() {
-        // The logs, and the directory kept for a closer look.
-        let redis_log = std::fs::read_to_string(chaos.redis.log_path()).unwrap_or_default();
-        let _ = std::fs::write(dir.path.join("redis.log"), &redis_log);
-        eprintln!("--- redis.log (tail) ---\n{}", tail(&redis_log, 40));
-        for p in chaos
-            .gone
-            .iter()
-            .chain(&chaos.workers)
-            .chain(std::iter::once(&api_proc))
-        {
-            eprintln!(
-                "--- {} (pid {}, {}), tail ---\n{}",
-                p.name,
-                p.pid(),
-                p.log.display(),
-                tail(&p.log_text(), 30)
-            );
-        }
-        eprintln!("chaos: logs kept in {}", dir.path.display());
-        std::mem::forget(dir);
-        eprintln!("{table}");
-        panic!("chaos figures off:\n{}", failed.join("\n"));
-    }
-    eprintln!("{table}");
+    chaos.report(table, figures, 44, &api_proc, dir);
     Ok(())
 }

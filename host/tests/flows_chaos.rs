@@ -61,17 +61,19 @@
 //! nodes' logs too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use dtq_host::store::Conn;
+use dtq_tests::chaos::{
+    Chaos, ChaosRedis, Figure, REQUEST_TIMEOUT, Servers, Settings, Submission, TERMINAL, Waves,
+    examples, task_fields, wait_terminal,
+};
 use dtq_tests::cluster::RedisCluster;
 use dtq_tests::process::DtqProcess;
-use dtq_tests::{ApiClient, PersistentRedis, TempDir, free_port, guests};
+use dtq_tests::{ApiClient, PersistentRedis, TempDir};
 use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -119,17 +121,6 @@ const MAX_ATTEMPTS: &str = "10";
 /// Every task's time limit (ms).
 const TASK_TIMEOUT_MS: &str = "5000";
 
-/// How long a process may take to be ready (it may compile the handlers
-/// when the artifact cache is cold).
-const STARTUP: Duration = Duration::from_secs(120);
-
-/// Longest time one submission is retried before the test gives up on it.
-const SUBMIT_GIVE_UP: Duration = Duration::from_secs(120);
-
-/// Longest wait for one HTTP answer; a request that takes longer is sent
-/// again.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Submissions in flight at once.
 const SUBMITTERS: usize = 16;
 
@@ -141,61 +132,14 @@ const READERS: usize = 16;
 /// 10 s is looked at again, swept every second.
 const QUIET_DEADLINE: Duration = Duration::from_secs(40);
 
-/// Statuses after which a task never changes by itself.
-const TERMINAL: &[&str] = &[
-    "SUCCEEDED",
-    "FAILED",
-    "DEAD_LETTERED",
-    "CANCELLED",
-    "EXPIRED",
-];
-
-/// The sizes of a run, from the environment.
-#[derive(Clone, Debug)]
-struct Settings {
-    parents: usize,
-    secs: u64,
-    kill_ms: u64,
-    redis_restarts: usize,
-    drain_secs: u64,
-    seed: u64,
-}
-
-impl Settings {
-    fn from_env() -> Result<Settings> {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
-        where
-            T::Err: std::fmt::Display,
-        {
-            match std::env::var(name) {
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("{name}={v:?}: {e}")),
-                Err(std::env::VarError::NotPresent) => Ok(default),
-                Err(e) => bail!("{name}: {e}"),
-            }
-        }
-        let settings = Settings {
-            parents: var("DTQ_FLOWS_CHAOS_PARENTS", 200)?,
-            secs: var("DTQ_FLOWS_CHAOS_SECS", 30)?,
-            kill_ms: var("DTQ_FLOWS_CHAOS_KILL_MS", 2_500)?,
-            redis_restarts: var("DTQ_FLOWS_CHAOS_REDIS_RESTARTS", 2)?,
-            drain_secs: var("DTQ_FLOWS_CHAOS_DRAIN_SECS", 120)?,
-            seed: var("DTQ_FLOWS_CHAOS_SEED", rand::random::<u64>())?,
-        };
-        anyhow::ensure!(
-            settings.parents > 0,
-            "DTQ_FLOWS_CHAOS_PARENTS must be positive"
-        );
-        anyhow::ensure!(settings.secs > 0, "DTQ_FLOWS_CHAOS_SECS must be positive");
-        anyhow::ensure!(
-            settings.kill_ms >= 100,
-            "DTQ_FLOWS_CHAOS_KILL_MS must be at least 100"
-        );
-        Ok(settings)
-    }
-}
+/// How the parents go: `SUBMITTERS` at a time to `QUEUE`, a fault striking
+/// up to 150 ms after half of its wave is acknowledged.
+const WAVES: Waves = Waves {
+    queue: QUEUE,
+    submitters: SUBMITTERS,
+    jitter_ms: 150,
+    noun: "parents",
+};
 
 // ---------------------------------------------------------------------------
 // Redis: one server with AOF, or a cluster of three primaries
@@ -245,19 +189,16 @@ impl Redis {
             Redis::Cluster(c) => c.conn().await,
         }
     }
+}
 
+impl ChaosRedis for Redis {
     /// Outage number `n`: stop Redis (on a cluster, the primary of the
     /// parents' slot for an even `n`, of the children's for an odd one)
     /// gracefully, keep it down for `down`, start it again on its data.
     /// Returns what was stopped.
     async fn outage(&mut self, n: usize, down: Duration) -> Result<String> {
         match self {
-            Redis::Single(redis) => {
-                tokio::task::block_in_place(|| redis.stop())?;
-                tokio::time::sleep(down).await;
-                tokio::task::block_in_place(|| redis.start_again())?;
-                Ok("Redis".into())
-            }
+            Redis::Single(redis) => redis.outage(n, down).await,
             Redis::Cluster(cluster) => {
                 let queue = if n.is_multiple_of(2) { QUEUE } else { KIDS };
                 tokio::task::block_in_place(|| -> Result<String> {
@@ -269,14 +210,10 @@ impl Redis {
         }
     }
 
-    /// The tail of the server's log, when there is one.
+    /// The tail of the server's log (none on a cluster).
     fn log_tail(&self, dir: &Path) -> Option<String> {
         match self {
-            Redis::Single(redis) => {
-                let log = std::fs::read_to_string(redis.log_path()).unwrap_or_default();
-                let _ = std::fs::write(dir.join("redis.log"), &log);
-                Some(tail(&log, 40))
-            }
+            Redis::Single(redis) => redis.log_tail(dir),
             Redis::Cluster(_) => None,
         }
     }
@@ -285,23 +222,10 @@ impl Redis {
 // ---------------------------------------------------------------------------
 // Processes
 
-/// A `dtq` command configured by its flags alone, without colour.
-fn dtq_command() -> Command {
-    let mut cmd = dtq_tests::process::dtq_command(DTQ);
-    cmd.env("NO_COLOR", "1");
-    cmd
-}
-
-/// The flags of every server process: the test's Redis, the example
-/// handlers, both queues, `fan_out`'s grant, a shared artifact cache and
-/// short timings.
-fn server_flags(redis_url: &str) -> Vec<String> {
-    let cache = std::env::temp_dir().join("dtq-test-artifact-cache");
+/// The flags of every server process besides the ones all chaos servers
+/// run with: both queues, `fan_out`'s grant, and short timings.
+fn server_flags() -> Vec<String> {
     [
-        "--redis",
-        redis_url,
-        "--handlers",
-        guests::EXAMPLES_DIR,
         "--queues",
         WORKER_QUEUES,
         "--submit-to",
@@ -314,68 +238,9 @@ fn server_flags(redis_url: &str) -> Vec<String> {
         MAX_ATTEMPTS,
         "--task-timeout-ms",
         TASK_TIMEOUT_MS,
-        "--retry-base-ms",
-        "20",
-        "--retry-max-ms",
-        "200",
-        "--cache-dir",
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([cache.display().to_string()])
-    .collect()
-}
-
-/// A `dtq worker` or `dtq api` process, killed on drop. Its log is not
-/// printed then (the test prints the tails it needs).
-struct Proc(DtqProcess);
-
-impl std::ops::Deref for Proc {
-    type Target = DtqProcess;
-    fn deref(&self) -> &DtqProcess {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Proc {
-    fn deref_mut(&mut self) -> &mut DtqProcess {
-        &mut self.0
-    }
-}
-
-impl Proc {
-    /// Start `dtq worker` or `dtq api` and wait until it is ready: the
-    /// worker has logged its start, or the API answers `/healthz`.
-    async fn start(dir: &Path, name: &str, subcommand: &str, redis_url: &str) -> Result<Proc> {
-        // A port free when probed may be taken before the API binds it;
-        // such a start is retried on another port.
-        let mut last = None;
-        for attempt in 0..3 {
-            let port = free_port()?;
-            let log = dir.join(format!("{name}-{attempt}.log"));
-            let mut cmd = dtq_command();
-            cmd.arg(subcommand).args(server_flags(redis_url));
-            // The sweep's repairs, counted in the table.
-            cmd.env("DTQ_LOG", format!("info,{SWEEP_LOG_TARGET}=debug"));
-            if subcommand == "api" {
-                cmd.args(["--listen", &format!("127.0.0.1:{port}")]);
-            }
-            let api = format!("http://127.0.0.1:{port}");
-            let mut proc = Proc(DtqProcess::spawn(name, cmd, log, api)?);
-            proc.print_log_on_drop = false;
-            let ready = if subcommand == "worker" {
-                proc.wait_log("worker started", STARTUP).await
-            } else {
-                proc.wait_healthy(STARTUP).await
-            };
-            match ready {
-                Ok(()) => return Ok(proc),
-                Err(e) if proc.log_text().contains("cannot listen") => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("{name} did not start")))
-    }
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// Where the worker logs what its flow sweep repaired (at debug).
@@ -394,7 +259,7 @@ struct SweepWork {
 }
 
 impl SweepWork {
-    fn count<'a>(procs: impl Iterator<Item = &'a Proc>) -> SweepWork {
+    fn count<'a>(procs: impl Iterator<Item = &'a DtqProcess>) -> SweepWork {
         let mut work = SweepWork::default();
         for p in procs {
             let log = p.log_text();
@@ -404,12 +269,6 @@ impl SweepWork {
         }
         work
     }
-}
-
-/// The last `lines` lines of `text`.
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 // ---------------------------------------------------------------------------
@@ -434,7 +293,7 @@ impl Parent {
 
 /// The parents of a run.
 fn plan(settings: &Settings, rng: &mut StdRng) -> Vec<Parent> {
-    (0..settings.parents)
+    (0..settings.size)
         .map(|p| {
             let mut numbers = Vec::with_capacity(CHILDREN);
             while numbers.len() < CHILDREN {
@@ -458,65 +317,17 @@ fn plan(settings: &Settings, rng: &mut StdRng) -> Vec<Parent> {
         .collect()
 }
 
-/// A submission the API acknowledged.
-#[derive(Clone, Debug)]
-struct Ack {
-    task_id: String,
-    /// 202, 200 or 409.
-    code: u16,
-    /// Requests it took (1 when the first one was acknowledged).
-    tries: u32,
-}
+impl Submission for Parent {
+    fn body(&self) -> &Value {
+        &self.body
+    }
 
-/// Submit until acknowledged (202, 200, or 409 with the in-flight task's
-/// id), resending, with the same key, after a failure that may be Redis
-/// being down: a 5xx, a dropped connection, a timeout. Any other answer is
-/// an error.
-async fn submit_until_acked(api: &ApiClient, parent: &Parent) -> Result<Ack> {
-    let start = Instant::now();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let answer = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            api.submit(QUEUE, parent.body.clone(), Some(&parent.key)),
-        )
-        .await;
-        let last = match answer {
-            Ok(Ok((code @ (200 | 202), body))) => {
-                let task_id = body["task_id"]
-                    .as_str()
-                    .with_context(|| format!("{code} without a task_id: {body}"))?;
-                return Ok(Ack {
-                    task_id: task_id.to_owned(),
-                    code,
-                    tries,
-                });
-            }
-            Ok(Ok((409, body))) if body["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS" => {
-                let task_id = body["error"]["details"]["task_id"]
-                    .as_str()
-                    .with_context(|| format!("409 without a task_id: {body}"))?;
-                return Ok(Ack {
-                    task_id: task_id.to_owned(),
-                    code: 409,
-                    tries,
-                });
-            }
-            Ok(Ok((code, body))) if code >= 500 => format!("{code} {body}"),
-            Ok(Ok((code, body))) => bail!("submission {} refused: {code} {body}", parent.body),
-            Ok(Err(e)) => format!("{e:#}"),
-            Err(_) => format!("no answer within {REQUEST_TIMEOUT:?}"),
-        };
-        if start.elapsed() > SUBMIT_GIVE_UP {
-            bail!(
-                "submission of {} not acknowledged within {SUBMIT_GIVE_UP:?} ({tries} tries); \
-                 last: {last}",
-                parent.key
-            );
-        }
-        let pause = 100 + u64::from(tries.min(10)) * 20;
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+    fn key(&self) -> Option<&str> {
+        Some(&self.key)
+    }
+
+    fn name(&self) -> String {
+        format!("of {}", self.key)
     }
 }
 
@@ -540,232 +351,6 @@ async fn get_json(api: &ApiClient, path: &str) -> Result<Value> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bail!("GET {path}: {last}")
-}
-
-// ---------------------------------------------------------------------------
-// The faults
-
-/// A fault the test makes.
-#[derive(Clone, Copy, Debug)]
-enum Fault {
-    /// SIGKILL a random worker and start a new one in its place.
-    Kill,
-    /// Stop Redis (a cluster primary) gracefully, keep it down 1.5 to 3 s,
-    /// start it again on its data.
-    RedisOutage,
-}
-
-/// The faults of a run, each with the time to wait before it: a kill every
-/// `kill_ms` (± 20 %) for `secs`, and `redis_restarts` outages spread evenly
-/// among them.
-fn fault_plan(settings: &Settings, rng: &mut StdRng) -> Vec<(Duration, Fault)> {
-    let mut gap = || Duration::from_millis(settings.kill_ms * rng.random_range(80..=120) / 100);
-    let mut faults = Vec::new();
-    let mut elapsed = Duration::ZERO;
-    loop {
-        let g = gap();
-        elapsed += g;
-        if elapsed > Duration::from_secs(settings.secs) {
-            break;
-        }
-        faults.push((g, Fault::Kill));
-    }
-    let kills = faults.len();
-    for k in (1..=settings.redis_restarts).rev() {
-        let at = kills * k / (settings.redis_restarts + 1);
-        faults.insert(at, (gap(), Fault::RedisOutage));
-    }
-    faults
-}
-
-/// `n` submissions in `waves` contiguous waves of sizes as even as can be.
-fn wave_bounds(n: usize, waves: usize) -> Vec<std::ops::Range<usize>> {
-    (0..waves)
-        .map(|w| n * w / waves..n * (w + 1) / waves)
-        .collect()
-}
-
-/// Submit `parents[range]`, `SUBMITTERS` at a time, each until
-/// acknowledged; every counter in `acked` counts the acknowledged ones.
-async fn submit_wave(
-    api: ApiClient,
-    parents: Arc<Vec<Parent>>,
-    range: std::ops::Range<usize>,
-    acked: Vec<Arc<AtomicUsize>>,
-) -> Vec<Result<Ack>> {
-    futures::stream::iter(range)
-        .map(|i| {
-            let (api, parents, acked) = (&api, &parents, &acked);
-            async move {
-                let ack = submit_until_acked(api, &parents[i]).await;
-                if ack.is_ok() {
-                    for counter in acked {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                ack
-            }
-        })
-        .buffered(SUBMITTERS)
-        .collect()
-        .await
-}
-
-/// The processes the chaos acts on, and what it did.
-struct Chaos {
-    dir: PathBuf,
-    redis: Redis,
-    workers: Vec<Proc>,
-    /// Workers that have exited (killed or not), kept for their logs.
-    gone: Vec<Proc>,
-    /// Pids of the workers this test killed.
-    killed: HashSet<u32>,
-    /// Each Redis outage: what was stopped, when (since the start of the
-    /// run) and for how long.
-    outages: Vec<(String, Duration, Duration)>,
-    /// Processes that exited without being killed.
-    unexpected_exits: Vec<String>,
-    /// A failure that ended the chaos early (a process or Redis that would
-    /// not start).
-    error: Option<anyhow::Error>,
-    workers_started: usize,
-}
-
-impl Chaos {
-    async fn start_worker(&mut self) -> Result<Proc> {
-        self.workers_started += 1;
-        let name = format!("worker-{}", self.workers_started);
-        Proc::start(&self.dir, &name, "worker", &self.redis.url()).await
-    }
-
-    /// SIGKILL worker `i` and start a new one in its place.
-    async fn kill_and_replace(&mut self, i: usize) -> Result<()> {
-        let pid = self.workers[i].pid();
-        self.workers[i].crash()?;
-        self.killed.insert(pid);
-        let new = self.start_worker().await?;
-        let old = std::mem::replace(&mut self.workers[i], new);
-        self.gone.push(old);
-        Ok(())
-    }
-
-    /// Replace every worker that exited without being killed.
-    async fn replace_exited(&mut self) -> Result<()> {
-        for i in 0..self.workers.len() {
-            if let Some(status) = self.workers[i].exit_status()? {
-                let w = &self.workers[i];
-                let line = format!("{} (pid {}) exited with {status}", w.name, w.pid());
-                eprintln!("flows chaos: {line}");
-                self.unexpected_exits.push(line);
-                let new = self.start_worker().await?;
-                let old = std::mem::replace(&mut self.workers[i], new);
-                self.gone.push(old);
-            }
-        }
-        Ok(())
-    }
-
-    /// The run: one wave of parents per fault, the fault striking once
-    /// half of its wave is acknowledged (so while the workers are busy
-    /// with it), the faults spaced as `faults` says. Returns the
-    /// acknowledgement of every parent, in order.
-    async fn run(
-        &mut self,
-        faults: &[(Duration, Fault)],
-        mut rng: StdRng,
-        t0: Instant,
-        api: &ApiClient,
-        parents: Arc<Vec<Parent>>,
-    ) -> Vec<Result<Ack>> {
-        let acked = Arc::new(AtomicUsize::new(0));
-        let waves = wave_bounds(parents.len(), faults.len().max(1));
-        let mut pending = Vec::new();
-        let mut next_event = t0;
-        let mut next_progress = t0 + Duration::from_secs(10);
-        for (w, range) in waves.into_iter().enumerate() {
-            let fault = faults.get(w);
-            if let Some((gap, _)) = fault {
-                next_event += *gap;
-            }
-            tokio::time::sleep_until(next_event.into()).await;
-            let wave_acked = Arc::new(AtomicUsize::new(0));
-            let half = range.len().div_ceil(2);
-            pending.push(tokio::spawn(submit_wave(
-                api.clone(),
-                parents.clone(),
-                range,
-                vec![acked.clone(), wave_acked.clone()],
-            )));
-            let Some((_, fault)) = fault else {
-                continue;
-            };
-            if self.error.is_some() {
-                continue;
-            }
-            // Strike while the wave runs: once half of it is acknowledged
-            // (or after 5 s), and a random moment later.
-            let since = Instant::now();
-            while wave_acked.load(Ordering::Relaxed) < half
-                && since.elapsed() < Duration::from_secs(5)
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.random_range(0..=150))).await;
-            let step = async {
-                self.replace_exited().await?;
-                match fault {
-                    Fault::Kill => {
-                        let i = rng.random_range(0..self.workers.len());
-                        self.kill_and_replace(i).await?;
-                    }
-                    Fault::RedisOutage => {
-                        let down = Duration::from_millis(rng.random_range(1_500..=3_000));
-                        let at = t0.elapsed();
-                        let n = self.outages.len();
-                        eprintln!(
-                            "flows chaos: {:>6.1} s  Redis outage {} for {down:?}",
-                            at.as_secs_f64(),
-                            n + 1
-                        );
-                        let what = self.redis.outage(n, down).await?;
-                        let took = t0.elapsed() - at;
-                        eprintln!(
-                            "flows chaos: {:>6.1} s  {what} back (down {:.1} s with the restart)",
-                            t0.elapsed().as_secs_f64(),
-                            took.as_secs_f64()
-                        );
-                        self.outages.push((what, at, took));
-                        // The next faults keep their spacing from here.
-                        next_event = Instant::now();
-                    }
-                }
-                anyhow::Ok(())
-            };
-            if let Err(e) = step.await {
-                eprintln!("flows chaos: stopped early: {e:#}");
-                self.error = Some(e);
-            }
-            if Instant::now() >= next_progress {
-                eprintln!(
-                    "flows chaos: {:>6.1} s  {} parents acknowledged, {} workers killed, \
-                     {} Redis restarts",
-                    t0.elapsed().as_secs_f64(),
-                    acked.load(Ordering::Relaxed),
-                    self.killed.len(),
-                    self.outages.len()
-                );
-                next_progress += Duration::from_secs(10);
-            }
-        }
-        let mut acks = Vec::with_capacity(parents.len());
-        for wave in pending {
-            match wave.await {
-                Ok(wave) => acks.extend(wave),
-                Err(e) => panic!("a submission task failed: {e}"),
-            }
-        }
-        acks
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -801,36 +386,23 @@ impl TaskRow {
     }
 }
 
-fn task_key(queue: &str, id: &str) -> String {
-    format!("dtq:task:{{{queue}}}:{id}")
-}
-
-/// The task hashes of `ids` of `queue` (`None` for a task with no hash),
-/// read in pipelined batches (the keys of a queue share one slot).
+/// The task hashes of `ids` of `queue` (`None` for a task with no hash).
 async fn read_tasks(conn: &mut Conn, queue: &str, ids: &[String]) -> Result<Vec<Option<TaskRow>>> {
-    let mut rows = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(500) {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("HMGET")
-                .arg(task_key(queue, id))
-                .arg(&["status", "attempts", "waits", "result", "error"]);
-        }
-        let replies: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
-        for f in replies {
-            let mut f = f.into_iter();
-            let mut next = || f.next().flatten();
-            let (status, attempts, waits, result, error) = (next(), next(), next(), next(), next());
-            rows.push(status.map(|status| TaskRow {
-                status,
+    let fields = ["status", "attempts", "waits", "result", "error"];
+    let rows = task_fields(conn, queue, ids, &fields).await?;
+    Ok(rows
+        .into_iter()
+        .map(|f| {
+            let [status, attempts, waits, result, error] = <[_; 5]>::try_from(f).ok()?;
+            Some(TaskRow {
+                status: status?,
                 attempts,
                 waits,
                 result,
                 error,
-            }));
-        }
-    }
-    Ok(rows)
+            })
+        })
+        .collect())
 }
 
 /// The ids of every task of `queue` (its task hashes in Redis; on a
@@ -917,46 +489,6 @@ async fn events_by_task(conn: &mut Conn, queue: &str) -> Result<HashMap<String, 
         }
     }
     Ok(by_task)
-}
-
-/// Poll the tasks `ids` of `queue` until every one that has a hash is
-/// terminal, or `deadline`.
-async fn wait_terminal(
-    conn: &mut Conn,
-    queue: &str,
-    ids: &[String],
-    deadline: Instant,
-    t0: Instant,
-) -> Result<()> {
-    let mut waiting: Vec<String> = ids.to_vec();
-    let mut next_progress = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rows = read_tasks(conn, queue, &waiting).await?;
-        let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
-        waiting = waiting
-            .into_iter()
-            .zip(rows)
-            .filter(|(_, row)| row.as_ref().is_some_and(|r| !r.is_terminal()))
-            .inspect(|(_, row)| {
-                if let Some(r) = row {
-                    *by_status.entry(r.status.clone()).or_default() += 1;
-                }
-            })
-            .map(|(id, _)| id)
-            .collect();
-        if waiting.is_empty() || Instant::now() >= deadline {
-            return Ok(());
-        }
-        if Instant::now() >= next_progress {
-            eprintln!(
-                "flows chaos: {:>6.1} s  draining: {} {queue} tasks not terminal yet {by_status:?}",
-                t0.elapsed().as_secs_f64(),
-                waiting.len()
-            );
-            next_progress += Duration::from_secs(10);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Every task of both queues that is not terminal, and the members of the
@@ -1083,25 +615,6 @@ async fn check_children(api: &ApiClient, id: &str, parent: &Parent) -> Result<Ch
     Ok(check)
 }
 
-/// One row of the final table.
-struct Figure {
-    label: String,
-    value: usize,
-    /// What the value must be.
-    expected: usize,
-    /// Details: a breakdown, or examples of the offending tasks.
-    note: String,
-}
-
-/// Up to five examples, one a line, as a note.
-fn examples(items: &[String]) -> String {
-    let mut note: Vec<String> = items.iter().take(5).cloned().collect();
-    if items.len() > 5 {
-        note.push(format!("... and {} more", items.len() - 5));
-    }
-    note.join("\n")
-}
-
 fn describe(id: &str, row: Option<&TaskRow>) -> String {
     match row {
         None => format!("{id}: no task hash"),
@@ -1130,14 +643,14 @@ fn breakdown<K: std::fmt::Display>(counts: &BTreeMap<K, usize>) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
-    let settings = Settings::from_env()?;
+    let settings = Settings::from_env("DTQ_FLOWS_CHAOS", ("PARENTS", 200), 30, 120)?;
     let redis = Redis::start()?;
     eprintln!(
         "flows chaos: seed {} (DTQ_FLOWS_CHAOS_SEED={} replays it): {} fan_out parents of {} \
          children over {} s on {}, {} workers, a kill every ~{} ms, {} Redis restarts",
         settings.seed,
         settings.seed,
-        settings.parents,
+        settings.size,
         CHILDREN,
         settings.secs,
         redis.describe(),
@@ -1147,45 +660,33 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
     );
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let parents = plan(&settings, &mut rng);
-    let mut chaos_rng = StdRng::seed_from_u64(rng.random());
+    let chaos_rng = StdRng::seed_from_u64(rng.random());
 
     let dir = TempDir::new("flows-chaos")?;
     let t_setup = Instant::now();
-    let api_proc = Proc::start(&dir.path, "api", "api", &redis.url()).await?;
-    let mut chaos = Chaos {
-        dir: dir.path.clone(),
-        redis,
-        workers: Vec::new(),
-        gone: Vec::new(),
-        killed: HashSet::new(),
-        outages: Vec::new(),
-        unexpected_exits: Vec::new(),
-        error: None,
-        workers_started: 0,
+    let servers = Servers {
+        bin: DTQ,
+        redis_url: redis.url(),
+        flags: server_flags(),
+        // The sweep's repairs, counted in the table.
+        log_filter: format!("info,{SWEEP_LOG_TARGET}=debug"),
     };
-    // One at a time: the first one fills the artifact cache.
-    for _ in 0..WORKERS {
-        let w = chaos.start_worker().await?;
-        chaos.workers.push(w);
-    }
+    let mut api_proc = servers.start(&dir.path, "api", "api").await?;
+    let mut chaos = Chaos::new("flows chaos", dir.path.clone(), redis, servers);
+    chaos.start_workers(WORKERS).await?;
     eprintln!(
         "flows chaos: API and {WORKERS} workers ready in {:.1} s; logs in {}",
         t_setup.elapsed().as_secs_f64(),
         dir.path.display()
     );
 
-    let faults = fault_plan(&settings, &mut chaos_rng);
     let api = ApiClient::new(api_proc.api.clone());
     let parents = Arc::new(parents);
-    let t0 = Instant::now();
     let acks = chaos
-        .run(&faults, chaos_rng, t0, &api, parents.clone())
+        .run(WAVES, &settings, chaos_rng, &api, parents.clone())
         .await;
+    let t0 = chaos.t0;
     let chaos_ended = t0.elapsed();
-    eprintln!(
-        "flows chaos: {:>6.1} s  every parent acknowledged, chaos over: draining",
-        chaos_ended.as_secs_f64(),
-    );
 
     // What was acknowledged: each parent's task.
     let mut parent_ids: Vec<Option<String>> = Vec::with_capacity(parents.len());
@@ -1216,7 +717,7 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
     let mut leftovers = None;
     if chaos.error.is_none() {
         let deadline = Instant::now() + Duration::from_secs(settings.drain_secs);
-        wait_terminal(&mut conn, QUEUE, &acked_ids, deadline, t0).await?;
+        wait_terminal(&mut conn, "flows chaos", QUEUE, &acked_ids, deadline, t0).await?;
         let quiet_by = Instant::now() + QUIET_DEADLINE;
         loop {
             let now = Leftovers::read(&mut conn).await?;
@@ -1233,21 +734,7 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
         None => Leftovers::read(&mut conn).await?,
     };
     let drained = t0.elapsed();
-    for w in &mut chaos.workers {
-        if let Some(status) = w.exit_status()? {
-            chaos.unexpected_exits.push(format!(
-                "{} (pid {}) exited with {status}",
-                w.name,
-                w.pid()
-            ));
-        }
-    }
-    let mut api_proc = api_proc;
-    if let Some(status) = api_proc.exit_status()? {
-        chaos
-            .unexpected_exits
-            .push(format!("api (pid {}) exited with {status}", api_proc.pid()));
-    }
+    chaos.note_exits(&mut api_proc)?;
 
     // The parents, from Redis.
     let rows = read_tasks(&mut conn, QUEUE, &acked_ids).await?;
@@ -1399,12 +886,7 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
                 codes.get(&409).unwrap_or(&0),
             ),
         },
-        Figure {
-            label: "parents never acknowledged".into(),
-            value: never_acked.len(),
-            expected: 0,
-            note: examples(&never_acked),
-        },
+        Figure::none("parents never acknowledged", &never_acked),
         Figure {
             label: "distinct tasks among the acknowledgements".into(),
             value: distinct_parents.len(),
@@ -1476,24 +958,9 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
             expected: acked_ids.len() * CHILDREN,
             note: format!("{kids_retried} took more than one attempt, at most {kids_max_attempts}"),
         },
-        Figure {
-            label: "children named by two parents".into(),
-            value: named_twice.len(),
-            expected: 0,
-            note: examples(&named_twice),
-        },
-        Figure {
-            label: "children no parent names (extra)".into(),
-            value: extra_kids.len(),
-            expected: 0,
-            note: examples(&extra_kids),
-        },
-        Figure {
-            label: "children named with no task hash".into(),
-            value: missing_kids.len(),
-            expected: 0,
-            note: examples(&missing_kids),
-        },
+        Figure::none("children named by two parents", &named_twice),
+        Figure::none("children no parent names (extra)", &extra_kids),
+        Figure::none("children named with no task hash", &missing_kids),
         Figure {
             label: "tasks not terminal (WAITING, QUEUED, ...)".into(),
             value: leftovers.live.len(),
@@ -1508,45 +975,16 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
                 )
             },
         },
-        Figure {
-            label: "dtq:flows:{default} entries".into(),
-            value: leftovers.flows_default.len(),
-            expected: 0,
-            note: examples(&leftovers.flows_default),
-        },
-        Figure {
-            label: "dtq:settle:{kids} entries".into(),
-            value: leftovers.settle_kids.len(),
-            expected: 0,
-            note: examples(&leftovers.settle_kids),
-        },
-        Figure {
-            label: "dtq:flows:{kids}, dtq:settle:{default} entries".into(),
-            value: leftovers.other_indexes.len(),
-            expected: 0,
-            note: examples(&leftovers.other_indexes),
-        },
-        Figure {
-            label: "processes that exited unkilled".into(),
-            value: chaos.unexpected_exits.len(),
-            expected: 0,
-            note: examples(&chaos.unexpected_exits),
-        },
+        Figure::none("dtq:flows:{default} entries", &leftovers.flows_default),
+        Figure::none("dtq:settle:{kids} entries", &leftovers.settle_kids),
+        Figure::none(
+            "dtq:flows:{kids}, dtq:settle:{default} entries",
+            &leftovers.other_indexes,
+        ),
     ];
 
     // The table.
-    let outages = chaos
-        .outages
-        .iter()
-        .map(|(what, at, down)| {
-            format!(
-                "{what} at {:.0} s for {:.1} s",
-                at.as_secs_f64(),
-                down.as_secs_f64()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let outages = chaos.outage_summary();
     let mut table = format!(
         "\nflows chaos: seed {}, {}, {} workers killed (SIGKILL), {} Redis restarts ({outages}); \
          submitted and struck for {:.0} s, drained in {:.0} s more, {:.0} s in all\n\n",
@@ -1565,54 +1003,6 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
          to the sweep\n\n",
         sweep.repaired, sweep.apply_failed, sweep.notice_failed
     );
-    table += &format!("{:<48} {:>7} {:>9}\n", "figure", "value", "expected");
-    let mut failed = Vec::new();
-    for f in &figures {
-        let ok = f.value == f.expected;
-        if !ok {
-            failed.push(format!(
-                "{}: {} (expected {})",
-                f.label, f.value, f.expected
-            ));
-        }
-        table += &format!(
-            "{:<48} {:>7} {:>9}  {}\n",
-            f.label,
-            f.value,
-            f.expected,
-            if ok { "ok" } else { "FAIL" }
-        );
-        for line in f.note.lines().filter(|l| !l.is_empty()) {
-            table += &format!("    {line}\n");
-        }
-    }
-    if let Some(e) = &chaos.error {
-        failed.push(format!("the chaos stopped early: {e:#}"));
-    }
-    if !failed.is_empty() {
-        // The logs, and the directory kept for a closer look.
-        if let Some(log) = chaos.redis.log_tail(&dir.path) {
-            eprintln!("--- redis.log (tail) ---\n{log}");
-        }
-        for p in chaos
-            .gone
-            .iter()
-            .chain(&chaos.workers)
-            .chain(std::iter::once(&api_proc))
-        {
-            eprintln!(
-                "--- {} (pid {}, {}), tail ---\n{}",
-                p.name,
-                p.pid(),
-                p.log.display(),
-                tail(&p.log_text(), 30)
-            );
-        }
-        eprintln!("flows chaos: logs kept in {}", dir.path.display());
-        std::mem::forget(dir);
-        eprintln!("{table}");
-        panic!("flows chaos figures off:\n{}", failed.join("\n"));
-    }
-    eprintln!("{table}");
+    chaos.report(table, figures, 48, &api_proc, dir);
     Ok(())
 }

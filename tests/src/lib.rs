@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 pub mod alloc;
+pub mod chaos;
 pub mod cluster;
 pub mod polyglot;
 pub mod process;
