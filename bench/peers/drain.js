@@ -2,7 +2,7 @@
 // Drain rounds of one peer queue in one configuration, against a running
 // redis-server (scripts/bench-peers starts it):
 //
-//   node drain.js --system bullmq|bee-queue --port PORT [--tasks 20000]
+//   node drain.js --system bullmq|bee-queue --port PORT [--tasks 100000]
 //                 [--rounds 3] [--procs 1] [--concurrency 50]
 //                 [--set-requests 50000] [--timeout-s 300] [--step]
 //
@@ -36,7 +36,7 @@ function parseArgs(argv) {
   const opts = {
     system: '',
     port: 0,
-    tasks: 20000,
+    tasks: 100000,
     rounds: 3,
     procs: 1,
     concurrency: 50,
