@@ -42,6 +42,9 @@ function median(values) {
   return sorted[Math.floor(sorted.length / 2)];
 }
 
+// The median, or undefined when a round lacks the figure.
+const maybeMedian = (values) => (values.every((v) => typeof v === 'number') ? median(values) : undefined);
+
 const fmt = (x) => Math.round(x).toLocaleString('en-US');
 const pct = (x) => `${(x * 100).toFixed(1)}%`;
 const times = (x) => `${x.toFixed(2)}×`;
@@ -87,6 +90,13 @@ function summarize(modeRows) {
       // queue used (near 1: Redis is the bound; well under: the consumers).
       cores: median(rounds.map((r) => (r.redis_cpu_per_task_us * r.rate) / 1e6)),
       cpuSets: median(rounds.map((r) => r.redis_cpu_per_task_us / r.redis_cpu_per_set_us)),
+      cpuLow: Math.min(...rounds.map((r) => r.redis_cpu_per_task_us)),
+      cpuHigh: Math.max(...rounds.map((r) => r.redis_cpu_per_task_us)),
+      // Lines of older runs lack these.
+      cpuUser: maybeMedian(rounds.map((r) => r.redis_cpu_user_per_task_us)),
+      cpuSys: maybeMedian(rounds.map((r) => r.redis_cpu_sys_per_task_us)),
+      reads: maybeMedian(rounds.map((r) => r.redis_reads_per_task)),
+      commands: maybeMedian(rounds.map((r) => r.redis_commands_per_task)),
     }));
     const fastest = configs.reduce((a, b) => (b.rate > a.rate ? b : a));
     summary.push({
@@ -122,7 +132,6 @@ function report(mode, modeRows) {
       '% of SET ops/s',
       '% of SET, lowest – highest round',
       'Redis CPU per task, µs (in SETs)',
-      'Redis busy (cores)',
     ],
   ];
   for (const s of summary) {
@@ -133,10 +142,40 @@ function report(mode, modeRows) {
       each((c) => pct(c.ofSet)),
       each((c) => `${pct(c.low)} – ${pct(c.high)}`),
       each((c) => `${c.cpuTask.toFixed(1)} (${c.cpuSets.toFixed(2)})`),
-      each((c) => c.cores.toFixed(2)),
     ]);
   }
   printTable(table);
+
+  // Redis's work per drained task, per configuration.
+  console.log();
+  const opt = (x, digits) => (x === undefined ? '–' : x.toFixed(digits));
+  const work = [
+    [
+      'Redis per drained task',
+      'CPU, µs',
+      'lowest – highest round',
+      'user + sys, µs',
+      'in SETs',
+      'read events',
+      'commands',
+      'busy (cores)',
+    ],
+  ];
+  for (const s of summary) {
+    for (const c of s.configs) {
+      work.push([
+        s.id === 'dtq' ? `dtq, ${c.config}` : `${s.name}, ${c.config}`,
+        c.cpuTask.toFixed(1),
+        `${c.cpuLow.toFixed(1)} – ${c.cpuHigh.toFixed(1)}`,
+        `${opt(c.cpuUser, 1)} + ${opt(c.cpuSys, 1)}`,
+        c.cpuSets.toFixed(2),
+        opt(c.reads, 2),
+        opt(c.commands, 2),
+        c.cores.toFixed(2),
+      ]);
+    }
+  }
+  printTable(work);
 
   const counts = summary.flatMap((s) => s.configs.map((c) => c.rounds));
   const rounds =
@@ -188,6 +227,10 @@ console.log("% of SET: each round's drain tasks/s ÷ redis-benchmark SET ops/s (
 console.log(
   'Redis CPU per task: INFO cpu (used_cpu_user + used_cpu_sys) right before and after the drain ÷ tasks;' +
     ' in SETs: ÷ Redis CPU per SET of that benchmark. Redis busy: its CPU during the drain.'
+);
+console.log(
+  'Read events: total_reads_processed; commands: total_commands_processed (the scripts\' own included);' +
+    ' both over the drain ÷ tasks, the bench\'s own INFO and polls aside.'
 );
 
 if (modes.length > 1 && verdicts.every(Boolean)) {
