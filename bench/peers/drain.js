@@ -287,6 +287,9 @@ async function round(opts, system, consumers, admin, n) {
     // (before).
     redis_reads_per_task: (after.reads - before.reads - 1) / opts.tasks,
     redis_commands_per_task: (after.commands - before.commands - 1) / opts.tasks,
+    // The consumer processes' CPU from their start to their stop (a few
+    // idle milliseconds after the last completion included).
+    client_cpu_per_task_us: (done.reduce((a, d) => a + d.cpuS, 0) / opts.tasks) * 1e6,
     redis_cpu_per_set_us: (setCpu / opts.setRequests) * 1e6,
     per_process: done.map((d) => d.count),
   };

@@ -97,6 +97,8 @@ function summarize(modeRows) {
       cpuSys: maybeMedian(rounds.map((r) => r.redis_cpu_sys_per_task_us)),
       reads: maybeMedian(rounds.map((r) => r.redis_reads_per_task)),
       commands: maybeMedian(rounds.map((r) => r.redis_commands_per_task)),
+      client: maybeMedian(rounds.map((r) => r.client_cpu_per_task_us)),
+      total: maybeMedian(rounds.map((r) => r.redis_cpu_per_task_us + r.client_cpu_per_task_us)),
     }));
     const fastest = configs.reduce((a, b) => (b.rate > a.rate ? b : a));
     summary.push({
@@ -159,6 +161,8 @@ function report(mode, modeRows) {
       'read events',
       'commands',
       'busy (cores)',
+      'consumers\' CPU, µs',
+      'Redis + consumers, µs',
     ],
   ];
   for (const s of summary) {
@@ -172,6 +176,8 @@ function report(mode, modeRows) {
         opt(c.reads, 2),
         opt(c.commands, 2),
         c.cores.toFixed(2),
+        opt(c.client, 1),
+        opt(c.total, 1),
       ]);
     }
   }
@@ -231,6 +237,9 @@ console.log(
 console.log(
   'Read events: total_reads_processed; commands: total_commands_processed (the scripts\' own included);' +
     ' both over the drain ÷ tasks, the bench\'s own INFO and polls aside.'
+);
+console.log(
+  "Consumers' CPU: the consumer processes' (dtq: the worker's process, with the bench's polls) over the drain ÷ tasks."
 );
 
 if (modes.length > 1 && verdicts.every(Boolean)) {

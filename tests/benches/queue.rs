@@ -885,7 +885,9 @@ mod peers {
     use redis::aio::MultiplexedConnection;
     use serde_json::json;
 
-    use super::{QUEUE, ROUND_SETS, RedisStats, count_succeeded, env_usize, redis_benchmark};
+    use super::{
+        QUEUE, ROUND_SETS, RedisStats, count_succeeded, env_usize, process_cpu, redis_benchmark,
+    };
 
     /// The port of `DTQ_BENCH_REDIS_PORT`, if it is set.
     pub(super) fn port() -> Result<Option<u16>> {
@@ -970,6 +972,7 @@ mod peers {
                 "redis_cpu_sys_per_task_us": per_task(r.redis_cpu_sys) * 1e6,
                 "redis_reads_per_task": per_task(r.redis_reads),
                 "redis_commands_per_task": per_task(r.redis_commands),
+                "client_cpu_per_task_us": per_task(r.worker_cpu) * 1e6,
                 "redis_cpu_per_set_us": r.set_cpu / ROUND_SETS as f64 * 1e6,
             });
             println!("peer-result {line}");
@@ -999,6 +1002,9 @@ mod peers {
         /// drain, the probe's polls and INFO aside.
         redis_reads: f64,
         redis_commands: f64,
+        /// This process's CPU seconds during the drain: the worker's, with
+        /// the probe's polls.
+        worker_cpu: f64,
         set: f64,
         /// Redis CPU seconds of redis-benchmark's SETs.
         set_cpu: f64,
@@ -1038,6 +1044,7 @@ mod peers {
 
         let keys = QueueKeys::new(QUEUE);
         let before = RedisStats::read(probe).await?;
+        let cpu = process_cpu()?;
         let mut polls = 0u64;
         let stop = tokio_util::sync::CancellationToken::new();
         let started = Instant::now();
@@ -1063,6 +1070,7 @@ mod peers {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let drain = started.elapsed();
+        let worker_cpu = process_cpu()? - cpu;
         let after = RedisStats::read(probe).await?;
         let delta = |name: &str| after.get(name).saturating_sub(before.get(name)) as f64;
         // The probe's polls (one pipeline of two commands each) and an
@@ -1092,6 +1100,7 @@ mod peers {
             redis_cpu_sys: after.cpu_sys() - before.cpu_sys(),
             redis_reads,
             redis_commands,
+            worker_cpu,
             set,
             set_cpu,
         })
