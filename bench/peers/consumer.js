@@ -5,8 +5,9 @@
 //
 //   {type: 'prepare'}  make a consumer (connected, not taking jobs) → 'ready'
 //   {type: 'start'}    take jobs; completions are counted here, in process
-//   {type: 'stop'}     close the consumer → 'done' with the count, the ids
-//                      and the time of the last completion
+//   {type: 'stop'}     close the consumer → 'done' with the count, the ids,
+//                      the time of the last completion and the process's
+//                      CPU time from 'start' to 'stop' (user + system)
 //
 // Progress goes to the parent every 20 ms while it changes: one IPC message
 // per interval, never one per job. Times are process.hrtime (CLOCK_MONOTONIC,
@@ -42,6 +43,7 @@ let count = 0;
 let ids = [];
 let lastAt = 0n;
 let startedAt = 0n;
+let cpuAtStart = null;
 let reported = -1;
 let ticker = null;
 
@@ -71,11 +73,13 @@ process.on('message', async (msg) => {
         break;
       case 'start':
         startedAt = process.hrtime.bigint();
+        cpuAtStart = process.cpuUsage();
         consumer.start();
         ticker = setInterval(report, 20);
         break;
       case 'stop': {
         clearInterval(ticker);
+        const cpu = process.cpuUsage(cpuAtStart);
         const at = lastAt;
         await consumer.close();
         consumer = null;
@@ -85,6 +89,7 @@ process.on('message', async (msg) => {
           ids,
           startedAt: startedAt.toString(),
           lastAt: at.toString(),
+          cpuS: (cpu.user + cpu.system) / 1e6,
         });
         break;
       }

@@ -2,7 +2,7 @@
 // Drain rounds of one peer queue in one configuration, against a running
 // redis-server (scripts/bench-peers starts it):
 //
-//   node drain.js --system bullmq|bee-queue --port PORT [--tasks 20000]
+//   node drain.js --system bullmq|bee-queue --port PORT [--tasks 100000]
 //                 [--rounds 3] [--procs 1] [--concurrency 50]
 //                 [--set-requests 50000] [--timeout-s 300] [--step]
 //
@@ -36,7 +36,7 @@ function parseArgs(argv) {
   const opts = {
     system: '',
     port: 0,
-    tasks: 20000,
+    tasks: 100000,
     rounds: 3,
     procs: 1,
     concurrency: 50,
@@ -80,15 +80,28 @@ function log(...args) {
 
 const seconds = (from, to) => Number(to - from) / 1e9;
 
-// Redis's CPU seconds so far (user + system, all its threads).
-async function redisCpu(admin) {
-  const info = await admin.info('cpu');
-  let cpu = 0;
+// Redis's counters so far: CPU seconds in user space and in the kernel (all
+// its threads, to the microsecond), read events and commands (the scripts'
+// included).
+async function redisStats(admin) {
+  const info = await admin.info('cpu', 'stats');
+  const stats = {};
   for (const line of info.split('\n')) {
     const [k, v] = line.trim().split(':');
-    if (k === 'used_cpu_user' || k === 'used_cpu_sys') cpu += Number(v);
+    if (v !== undefined) stats[k] = Number(v);
   }
-  return cpu;
+  return {
+    user: stats.used_cpu_user,
+    sys: stats.used_cpu_sys,
+    cpu: stats.used_cpu_user + stats.used_cpu_sys,
+    reads: stats.total_reads_processed,
+    commands: stats.total_commands_processed,
+  };
+}
+
+// Redis's CPU seconds so far (user + system, all its threads).
+async function redisCpu(admin) {
+  return (await redisStats(admin)).cpu;
 }
 
 function redisBenchmarkSet(port, requests) {
@@ -216,7 +229,7 @@ async function round(opts, system, consumers, admin, n) {
   await system.fill(opts.port, opts.tasks);
   const fillS = seconds(t, process.hrtime.bigint());
 
-  const cpuBefore = await redisCpu(admin);
+  const before = await redisStats(admin);
   const startedAt = process.hrtime.bigint();
   consumers.send({ type: 'start' });
   // The counts arrive every 20 ms; the end time comes from the consumers.
@@ -234,7 +247,7 @@ async function round(opts, system, consumers, admin, n) {
     opts.timeoutS * 1000,
     () => `${opts.tasks} completions (${consumers.total()} counted, the last ${((Date.now() - lastMoved) / 1000).toFixed(1)} s ago)`
   );
-  const cpuAfter = await redisCpu(admin);
+  const after = await redisStats(admin);
   consumers.send({ type: 'stop' });
   const done = await consumers.collect('done', 60_000);
 
@@ -267,7 +280,16 @@ async function round(opts, system, consumers, admin, n) {
     drain_s: drainS,
     rate: opts.tasks / drainS,
     set,
-    redis_cpu_per_task_us: ((cpuAfter - cpuBefore) / opts.tasks) * 1e6,
+    redis_cpu_per_task_us: ((after.cpu - before.cpu) / opts.tasks) * 1e6,
+    redis_cpu_user_per_task_us: ((after.user - before.user) / opts.tasks) * 1e6,
+    redis_cpu_sys_per_task_us: ((after.sys - before.sys) / opts.tasks) * 1e6,
+    // One INFO is not the consumers': its read (after) or its command
+    // (before).
+    redis_reads_per_task: (after.reads - before.reads - 1) / opts.tasks,
+    redis_commands_per_task: (after.commands - before.commands - 1) / opts.tasks,
+    // The consumer processes' CPU from their start to their stop (a few
+    // idle milliseconds after the last completion included).
+    client_cpu_per_task_us: (done.reduce((a, d) => a + d.cpuS, 0) / opts.tasks) * 1e6,
     redis_cpu_per_set_us: (setCpu / opts.setRequests) * 1e6,
     per_process: done.map((d) => d.count),
   };

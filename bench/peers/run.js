@@ -9,11 +9,12 @@
 //
 //   node run.js --port PORT --tasks N --rounds R --systems "bullmq bee-queue dtq"
 //               --procs "1 2" --concurrency 50 --set-requests 50000
-//               --round-timeout-s 600 --results FILE --root REPO
+//               --round-timeout-s 600 [--mode pinned] --results FILE --root REPO
 //
 // The peers' rounds run in drain.js (--step); dtq's in the peer mode of
 // tests/benches/queue.rs (DTQ_BENCH_REDIS_PORT, DTQ_BENCH_STEP=1) through
-// `cargo bench`. Every round's JSON line is appended to --results.
+// `cargo bench`. Every round's JSON line is appended to --results, with
+// `mode` (the script's CPU mode, pinned or unpinned) added when given.
 
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
@@ -156,7 +157,8 @@ async function main() {
           `${system}, ${procs} process(es)`,
           process.execPath,
           [drain, '--system', system, '--port', opts.port, '--tasks', opts.tasks, '--rounds', opts.rounds,
-            '--procs', procs, '--concurrency', opts.concurrency, '--set-requests', opts['set-requests'], '--step'],
+            '--procs', procs, '--concurrency', opts.concurrency, '--set-requests', opts['set-requests'],
+            '--timeout-s', opts['round-timeout-s'], '--step'],
           {},
           (line) => {
             if (!line.startsWith('{')) return null;
@@ -189,10 +191,12 @@ async function main() {
     for (const c of order) {
       try {
         const r = await c.round(roundMs);
+        if (opts.mode) r.mode = opts.mode;
         fs.appendFileSync(opts.results, JSON.stringify(r) + '\n');
         log(
-          `round ${n}, ${c.label}: ${Math.round(r.rate)} tasks/s (${r.drain_s.toFixed(2)} s), ` +
-            `SET ${Math.round(r.set)}/s, ${((r.rate / r.set) * 100).toFixed(1)}% of SET; fill ${r.fill_s.toFixed(2)} s` +
+          `${opts.mode ? `${opts.mode}, ` : ''}round ${n}, ${c.label}: ${Math.round(r.rate)} tasks/s (${r.drain_s.toFixed(2)} s), ` +
+            `SET ${Math.round(r.set)}/s, ${((r.rate / r.set) * 100).toFixed(1)}% of SET; ` +
+            `Redis ${r.redis_cpu_per_task_us.toFixed(1)} µs/task; fill ${r.fill_s.toFixed(2)} s` +
             (r.per_process && r.per_process.length > 1 ? `, per process ${r.per_process.join('+')}` : '')
         );
       } catch (err) {

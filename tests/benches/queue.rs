@@ -783,10 +783,24 @@ impl RedisStats {
 
     /// CPU seconds the server has used (user + system, all its threads).
     fn cpu(&self) -> f64 {
-        ["used_cpu_user", "used_cpu_sys"]
-            .iter()
-            .filter_map(|k| self.0.get(*k).and_then(|v| v.parse::<f64>().ok()))
-            .sum()
+        self.cpu_user() + self.cpu_sys()
+    }
+
+    /// CPU seconds the server has used in user space (all its threads).
+    fn cpu_user(&self) -> f64 {
+        self.seconds("used_cpu_user")
+    }
+
+    /// CPU seconds the kernel has used for the server (all its threads).
+    fn cpu_sys(&self) -> f64 {
+        self.seconds("used_cpu_sys")
+    }
+
+    fn seconds(&self, name: &str) -> f64 {
+        self.0
+            .get(name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
     }
 }
 
@@ -871,7 +885,9 @@ mod peers {
     use redis::aio::MultiplexedConnection;
     use serde_json::json;
 
-    use super::{QUEUE, ROUND_SETS, RedisStats, count_succeeded, env_usize, redis_benchmark};
+    use super::{
+        QUEUE, ROUND_SETS, RedisStats, count_succeeded, env_usize, process_cpu, redis_benchmark,
+    };
 
     /// The port of `DTQ_BENCH_REDIS_PORT`, if it is set.
     pub(super) fn port() -> Result<Option<u16>> {
@@ -930,7 +946,8 @@ mod peers {
             redis::cmd("FLUSHALL").query_async::<()>(&mut probe).await?;
             let r = round(&server, &config, &mut probe, port, tasks).await?;
             let rate = tasks as f64 / r.drain.as_secs_f64();
-            let cpu_per_task = r.redis_cpu / tasks as f64 * 1e6;
+            let per_task = |x: f64| x / tasks as f64;
+            let cpu_per_task = per_task(r.redis_cpu) * 1e6;
             println!(
                 "{i:>5} {rate:>10.0} {:>9.2} {:>10.0} {:>8.3} {cpu_per_task:>15.1}",
                 r.drain.as_secs_f64(),
@@ -951,6 +968,11 @@ mod peers {
                 "rate": rate,
                 "set": r.set,
                 "redis_cpu_per_task_us": cpu_per_task,
+                "redis_cpu_user_per_task_us": per_task(r.redis_cpu_user) * 1e6,
+                "redis_cpu_sys_per_task_us": per_task(r.redis_cpu_sys) * 1e6,
+                "redis_reads_per_task": per_task(r.redis_reads),
+                "redis_commands_per_task": per_task(r.redis_commands),
+                "client_cpu_per_task_us": per_task(r.worker_cpu) * 1e6,
                 "redis_cpu_per_set_us": r.set_cpu / ROUND_SETS as f64 * 1e6,
             });
             println!("peer-result {line}");
@@ -970,8 +992,19 @@ mod peers {
     struct PeerRound {
         preload: Duration,
         drain: Duration,
-        /// Redis CPU seconds during the drain.
+        /// Redis CPU seconds during the drain, and of it in user space
+        /// and in the kernel.
         redis_cpu: f64,
+        redis_cpu_user: f64,
+        redis_cpu_sys: f64,
+        /// Redis's read events (`total_reads_processed`) and commands
+        /// (`total_commands_processed`, the scripts' included) during the
+        /// drain, the probe's polls and INFO aside.
+        redis_reads: f64,
+        redis_commands: f64,
+        /// This process's CPU seconds during the drain: the worker's, with
+        /// the probe's polls.
+        worker_cpu: f64,
         set: f64,
         /// Redis CPU seconds of redis-benchmark's SETs.
         set_cpu: f64,
@@ -1010,7 +1043,9 @@ mod peers {
         let preload = started.elapsed();
 
         let keys = QueueKeys::new(QUEUE);
-        let cpu = RedisStats::read(probe).await?.cpu();
+        let before = RedisStats::read(probe).await?;
+        let cpu = process_cpu()?;
+        let mut polls = 0u64;
         let stop = tokio_util::sync::CancellationToken::new();
         let started = Instant::now();
         let worker = server.with_roles(Roles::WORKER)?;
@@ -1022,6 +1057,7 @@ mod peers {
                 .zcard(&keys.delayed)
                 .query_async(probe)
                 .await?;
+            polls += 1;
             if len == 0 && delayed == 0 {
                 break;
             }
@@ -1034,7 +1070,13 @@ mod peers {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let drain = started.elapsed();
-        let redis_cpu = RedisStats::read(probe).await?.cpu() - cpu;
+        let worker_cpu = process_cpu()? - cpu;
+        let after = RedisStats::read(probe).await?;
+        let delta = |name: &str| after.get(name).saturating_sub(before.get(name)) as f64;
+        // The probe's polls (one pipeline of two commands each) and an
+        // INFO are not the worker's.
+        let redis_reads = delta("total_reads_processed") - (polls + 1) as f64;
+        let redis_commands = delta("total_commands_processed") - (2 * polls + 1) as f64;
         stop.cancel();
         handle.await??;
         let succeeded = count_succeeded(probe, &keys, &ids).await?;
@@ -1053,7 +1095,12 @@ mod peers {
         Ok(PeerRound {
             preload,
             drain,
-            redis_cpu,
+            redis_cpu: after.cpu() - before.cpu(),
+            redis_cpu_user: after.cpu_user() - before.cpu_user(),
+            redis_cpu_sys: after.cpu_sys() - before.cpu_sys(),
+            redis_reads,
+            redis_commands,
+            worker_cpu,
             set,
             set_cpu,
         })
