@@ -268,7 +268,12 @@ async fn a_failing_attempt_submits_nothing() -> Result<()> {
     let ok = dtq.wait_for("default", &ok, &TERMINAL, WAIT).await?;
     let child = ok["result"]["id"].as_str().context("the child's id")?;
     wait_applied(&dtq, "kids", child, &["SUCCEEDED"]).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // At the source: the failed attempts' completions staged nothing, so
+    // the task has no outbox for anyone to apply, now or later.
+    assert!(
+        !exists(&dtq, &format!("dtq:flow:{{default}}:{id}")).await?,
+        "a failed attempt wrote its staged submissions"
+    );
     assert_eq!(
         tasks_of(&dtq, "kids").await?,
         [child.to_owned()],

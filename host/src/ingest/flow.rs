@@ -6,10 +6,7 @@
 use tracing::{debug, warn};
 
 use super::{IngestError, IngestSettings, SubmitRequest, prepare};
-use crate::store::{
-    ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, TaskStatus, parse_task_ref,
-    task_ref,
-};
+use crate::store::{ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, task_ref};
 
 /// What became of a flow's outbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -166,11 +163,6 @@ async fn submit_staged(
     Ok((new.id, outcome))
 }
 
-/// Whether a child's status, as a flow reads it, has ended.
-pub fn child_ended(status: Option<&str>) -> bool {
-    status.is_none_or(|s| s.parse::<TaskStatus>().is_ok_and(TaskStatus::is_terminal))
-}
-
 /// Look again at the flow of task `id` of `queue` (the sweeper): apply what
 /// is still staged, record every child that has ended (a wake-up that was
 /// missed), and let the flow resume its parent or leave the index.
@@ -182,15 +174,15 @@ pub async fn repair(
 ) -> Result<Applied, StoreError> {
     let mut applied = apply_outbox(store, settings, queue, id).await?;
     let flow = store.flow(queue, id).await?;
-    for child in &flow.children {
-        if flow.settled.contains(child) {
-            continue;
-        }
-        let Some((child_queue, child_id)) = parse_task_ref(child) else {
-            continue;
-        };
-        let status = store.status_of(child_queue, child_id).await?;
-        if child_ended(status.as_deref()) {
+    let unsettled: Vec<String> = flow
+        .children
+        .into_iter()
+        .filter(|child| !flow.settled.contains(child))
+        .collect();
+    // Their records in one read (one pipeline; on a cluster, all at once).
+    let records = store.children_of(&unsettled).await?;
+    for (child, record) in unsettled.iter().zip(records) {
+        if record.is_terminal() {
             applied.resumed |= store
                 .flow_record(queue, id, None, Some(child), true)
                 .await?;

@@ -61,7 +61,7 @@ mod request;
 mod run_at;
 mod validate;
 
-pub use flow::{Applied, apply_outbox, child_ended, repair};
+pub use flow::{Applied, apply_outbox, repair};
 pub use handlers::{Deployed, Handlers};
 pub use request::{
     BatchRequest, KeyHeader, RunAt, SubmitRequest, parse_batch_body, parse_submit_body,

@@ -232,7 +232,7 @@ pub struct FlowState {
 }
 
 /// Read the flow of task `id` of `queue` (one HGETALL).
-pub async fn read_flow(conn: &Conn, queue: &str, id: &str) -> Result<FlowState, StoreError> {
+async fn read_flow(conn: &Conn, queue: &str, id: &str) -> Result<FlowState, StoreError> {
     let keys = QueueKeys::of_task(queue, id);
     let fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(keys.flow(id))
@@ -512,18 +512,9 @@ impl Store {
         })
     }
 
-    /// The status of task `id` of `queue`, `None` when its record is gone.
-    pub async fn status_of(&self, queue: &str, id: &str) -> Result<Option<String>, StoreError> {
-        let keys = QueueKeys::of_task(queue, id);
-        Ok(self
-            .trip(
-                "status_of",
-                redis::cmd("HGET")
-                    .arg(keys.task(id))
-                    .arg("status")
-                    .query_async(&mut self.conn.clone()),
-            )
-            .await?)
+    /// The records of `refs` (`<queue>/<id>`) as [`Child`]ren, in order.
+    pub async fn children_of(&self, refs: &[String]) -> Result<Vec<Child>, StoreError> {
+        self.trip("children", children_of(&self.conn, refs)).await
     }
 
     /// Cancel the children of task `id` of `queue` that have not ended,

@@ -78,7 +78,7 @@ pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
 pub use flow::{
     Child, ClaimOutcome, FlowState, REFUSED, Staged, children, children_of, flow_positions,
-    parse_task_ref, read_flow, stage_outbox, task_ref,
+    parse_task_ref, stage_outbox, task_ref,
 };
 pub use keys::{
     GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue,

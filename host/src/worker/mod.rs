@@ -74,7 +74,6 @@ use running::Registration;
 use shared::Shared;
 
 pub use completion::backoff_ms;
-pub use outbox::sweep_queue as sweep_flows;
 pub use schedule::{Fired, HOLD, Pass, Scheduler, TickSubmission};
 pub use supervise::LoopEnd;
 #[doc(hidden)]

@@ -91,7 +91,7 @@ pub(super) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// One sweep of key set `queue`.
-pub async fn sweep_queue(
+async fn sweep_queue(
     store: &Store,
     ingest: &IngestSettings,
     queue: &str,
