@@ -220,6 +220,20 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// Stop every node (`SIGSTOP`): each keeps its connections open and
+    /// answers nothing, as a host that hangs does. They are killed on drop
+    /// as usual.
+    pub fn freeze(&self) -> Result<()> {
+        for node in self.live() {
+            let pid = node.child.as_ref().context("a live node")?.id();
+            let pid = libc::pid_t::try_from(pid)?;
+            // SAFETY: kill(2) with a child's pid and a signal number.
+            let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
+            ensure!(rc == 0, "SIGSTOP to redis-server {pid} failed");
+        }
+        Ok(())
+    }
+
     /// Wait until a primary other than `old` serves `key`'s slot (its
     /// replica, promoted after `old` was killed) and the cluster is healthy
     /// again.

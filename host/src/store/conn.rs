@@ -18,7 +18,9 @@
 //!   script by its first key's slot, follows MOVED and ASK, and refreshes
 //!   its slot map after a failover. A pipeline is sent to one node, so
 //!   every command of one pipeline must be in one slot (dtq's pipelines
-//!   each touch one queue, or are split per queue in cluster mode).
+//!   each touch one queue, or are split per queue in cluster mode). It is
+//!   watched ([`WatchedCluster`]): one that stops answering for good is
+//!   replaced.
 //!
 //! Notices (a cancel of a running task, a registry change) travel over
 //! pub/sub. On a single node that is plain `PUBLISH`/`SUBSCRIBE`; on a
@@ -51,6 +53,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::StoreError;
 use super::sentinel::{self, SentinelConn, Sentinels};
+use super::watched::WatchedCluster;
 
 /// How long a new connection may take to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,6 +73,11 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 /// client's six took 1.3 to 2.6 s, past the API's deadline, which then
 /// reported a refusal as a Redis that did not answer.
 const RECONNECT_TRIES: usize = 2;
+
+/// How long a cluster connection may go without answering while calls
+/// wait, beyond twice its response timeout, before it is replaced
+/// ([`WatchedCluster`]): a failover's retries end well within it.
+const CLUSTER_STALL_FLOOR: Duration = Duration::from_secs(20);
 
 /// The Redis deployment a process talks to.
 #[derive(Clone)]
@@ -180,7 +188,8 @@ impl Backend {
             )),
             Backend::Cluster { nodes } => {
                 let client = self.cluster_client(nodes, response_timeout, None)?;
-                Ok(Conn::Cluster(client.get_async_connection().await?))
+                let stall = CLUSTER_STALL_FLOOR + 2 * response_timeout;
+                Ok(Conn::Cluster(WatchedCluster::connect(client, stall).await?))
             }
         }
     }
@@ -285,8 +294,9 @@ pub enum Conn {
     Server(ConnectionManager, Arc<str>),
     /// To the master behind Sentinel.
     Sentinel(SentinelConn),
-    /// To a cluster: one link per node, commands routed by slot.
-    Cluster(ClusterConnection),
+    /// To a cluster: one link per node, commands routed by slot, replaced
+    /// if it stalls.
+    Cluster(WatchedCluster),
 }
 
 impl Conn {

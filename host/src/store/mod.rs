@@ -60,6 +60,7 @@ mod submit;
 mod task;
 mod task_read;
 mod types;
+mod watched;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,6 +105,7 @@ pub use types::{
     CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,
     RequeueOutcome, StartDecision, StartedTask, SubmitOutcome,
 };
+pub use watched::WatchedCluster;
 
 pub use latency::RedisLatency;
 use scripts::{Argv, ArgvLayout, Scripts};
