@@ -138,7 +138,7 @@ async fn a_deploy_grant_deploys_only_within_its_limits() -> Result<()> {
     assert_eq!(status, 201, "{body}");
     let before = handler(&dtq, "greeter").await?;
 
-    let outside: [Refused<'_>; 6] = [
+    let outside: [Refused<'_>; 7] = [
         (
             "payments",
             &[("namespace", "mail")],
@@ -178,6 +178,14 @@ async fn a_deploy_grant_deploys_only_within_its_limits() -> Result<()> {
             "kv_quota_mib",
             json!(5),
         ),
+        // Submitting to queues reaches other tenants: the operator's to
+        // grant, whatever the deploy grant covers.
+        (
+            "greeter",
+            &[("namespace", "mail"), ("submit_to", "mail")],
+            "submit_to",
+            json!("mail"),
+        ),
     ];
     for (task, settings, field, value) in outside {
         let refused = deploy(&dtq, task, settings, DEPLOYER).await?;
@@ -194,6 +202,11 @@ async fn a_deploy_grant_deploys_only_within_its_limits() -> Result<()> {
     // A prefix of `tasks=`.
     let (status, body) = deploy(&dtq, "mail-digest", &[("namespace", "mail")], DEPLOYER).await?;
     assert_eq!(status, 201, "{body}");
+    // The operator grants submission.
+    let granted = [("namespace", "mail"), ("submit_to", "mail")];
+    let (status, body) = deploy(&dtq, "greeter", &granted, OPERATOR).await?;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["settings"]["submit_to"], json!("mail"), "{body}");
     Ok(())
 }
 
