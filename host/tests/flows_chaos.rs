@@ -53,6 +53,7 @@
 //! | `DTQ_FLOWS_CHAOS_REDIS_RESTARTS` | 2 | Redis stops and restarts (a cluster primary's, on a cluster), spread evenly over the run |
 //! | `DTQ_FLOWS_CHAOS_DRAIN_SECS` | 120 | deadline for every parent to be terminal once the chaos ends |
 //! | `DTQ_FLOWS_CHAOS_SEED` | random | replays a run's workload and fault schedule (it is printed) |
+//! | `DTQ_FLOWS_CHAOS_NETCUT_MS` | 0 | above 0, the workers reach Redis through a proxy that cuts each of their connections after a random third of this to all of it (`dtq_tests::proxy`), reset mid-traffic, so replies are lost to commands that ran (a completion that staged a parent's children, a child's record in its parent's flow); one server only |
 //! | `DTQ_TEST_REDIS` | `single` | `cluster`: run on a three-primary Redis Cluster |
 //!
 //! Every process writes its log to a file in the test's temporary
@@ -69,10 +70,11 @@ use anyhow::{Result, bail};
 use dtq_host::store::Conn;
 use dtq_tests::chaos::{
     Chaos, ChaosRedis, Figure, REQUEST_TIMEOUT, Servers, Settings, Submission, TERMINAL, Waves,
-    examples, task_fields, wait_terminal,
+    env_var, examples, task_fields, wait_terminal,
 };
 use dtq_tests::cluster::RedisCluster;
 use dtq_tests::process::DtqProcess;
+use dtq_tests::proxy::CuttingProxy;
 use dtq_tests::{ApiClient, PersistentRedis, TempDir};
 use futures::StreamExt;
 use rand::rngs::StdRng;
@@ -224,6 +226,25 @@ impl ChaosRedis for Redis {
 
 /// The flags of every server process besides the ones all chaos servers
 /// run with: both queues, `fan_out`'s grant, and short timings.
+/// The proxy the workers reach Redis through when
+/// `DTQ_FLOWS_CHAOS_NETCUT_MS` is above 0 (not yet cutting).
+async fn cutting_proxy(redis: &Redis) -> Result<Option<CuttingProxy>> {
+    let longest: u64 = env_var("DTQ_FLOWS_CHAOS_NETCUT_MS", 0)?;
+    if longest == 0 {
+        return Ok(None);
+    }
+    let Redis::Single(server) = redis else {
+        bail!("DTQ_FLOWS_CHAOS_NETCUT_MS cuts the connections to one server, not to a cluster");
+    };
+    let upstream = format!("127.0.0.1:{}", server.port()).parse()?;
+    let lifetime = Duration::from_millis(longest / 3)..Duration::from_millis(longest);
+    eprintln!(
+        "flows chaos: every worker connection cut after {:?} to {:?}",
+        lifetime.start, lifetime.end
+    );
+    Ok(Some(CuttingProxy::start(upstream, lifetime).await?))
+}
+
 fn server_flags() -> Vec<String> {
     [
         "--queues",
@@ -672,8 +693,21 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
         log_filter: format!("info,{SWEEP_LOG_TARGET}=debug"),
     };
     let mut api_proc = servers.start(&dir.path, "api", "api").await?;
-    let mut chaos = Chaos::new("flows chaos", dir.path.clone(), redis, servers);
+    // The API talks to Redis directly; the workers through the proxy, if
+    // their connections are cut.
+    let proxy = cutting_proxy(&redis).await?;
+    let worker_servers = match &proxy {
+        Some(proxy) => Servers {
+            redis_url: proxy.redis_url(),
+            ..servers
+        },
+        None => servers,
+    };
+    let mut chaos = Chaos::new("flows chaos", dir.path.clone(), redis, worker_servers);
     chaos.start_workers(WORKERS).await?;
+    if let Some(proxy) = &proxy {
+        proxy.set_cutting(true);
+    }
     eprintln!(
         "flows chaos: API and {WORKERS} workers ready in {:.1} s; logs in {}",
         t_setup.elapsed().as_secs_f64(),
@@ -874,7 +908,7 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
     }
 
     let expected_parents = parents.len();
-    let figures = vec![
+    let mut figures = vec![
         Figure {
             label: "parents submitted (acknowledged)".into(),
             value: acked_ids.len(),
@@ -982,6 +1016,16 @@ async fn flows_resume_once_and_children_exist_once_under_chaos() -> Result<()> {
             &leftovers.other_indexes,
         ),
     ];
+    if let Some(proxy) = &proxy {
+        // The cuts did happen: each worker connection was cut many times.
+        let cuts = usize::try_from(proxy.cuts())?;
+        figures.push(Figure {
+            label: "worker connections cut (at least)".into(),
+            value: cuts.min(WORKERS * 10),
+            expected: WORKERS * 10,
+            note: format!("{cuts} cuts of {} connections", proxy.accepted()),
+        });
+    }
 
     // The table.
     let outages = chaos.outage_summary();
