@@ -585,3 +585,42 @@ async fn purging_a_dead_lettered_parent_deletes_its_flow() -> Result<()> {
     assert!(!exists(&dtq, &flow).await?, "purged with its task");
     Ok(())
 }
+
+/// The sweep looks at a flow that stays unchanged (a parent waiting on
+/// children that do not run) 10 s after its wait, then at gaps as long as
+/// it has waited, up to 5 minutes: not every 10 s for as long as it waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
+    // Children never run here: the parent waits for good.
+    let dtq = Dtq::start(true, &flags(false)).await?;
+    let parent = submit(
+        &dtq,
+        json!({"fan_out": 2, "queue": "kids", "task": "flows"}),
+    )
+    .await?;
+    wait_until(&dtq, &parent, |t| {
+        t["status"] == "WAITING" && t["children"].as_array().is_some_and(|c| c.len() == 2)
+    })
+    .await?;
+    let waited_at: u64 = redis::cmd("HGET")
+        .arg(format!("dtq:task:{{default}}:{parent}"))
+        .arg("updated_at")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    // The looks a sweep at each time takes, the worker's own sweep aside
+    // (its clock is seconds behind these).
+    let mut looks = Vec::new();
+    let mut at = waited_at;
+    while at <= waited_at + 1_000_000 {
+        if dtq.store.flows_due("default", at).await? == [parent.clone()] {
+            looks.push((at - waited_at) / 1_000);
+        }
+        at += 1_000;
+    }
+    assert_eq!(
+        looks,
+        [10, 20, 40, 80, 160, 320, 620, 920],
+        "seconds after the wait"
+    );
+    Ok(())
+}

@@ -41,6 +41,20 @@ use serde::{Deserialize, Serialize};
 use super::scripts::{Argv, ArgvLayout, compose};
 use super::{Conn, QueueKeys, Store, StoreError, TaskStatus};
 
+/// How long a flow stays unchanged before the sweep looks at it (ms).
+const FLOW_GRACE_MS: u64 = 10_000;
+
+/// The longest gap between two looks at a flow that stays unchanged (ms).
+const FLOW_LOOK_MAX_MS: u64 = 300_000;
+
+/// When the sweep looks at a flow again after a look at `now`: as far off
+/// as its task has been unchanged (`changed`, its `updated_at`), within
+/// [`FLOW_GRACE_MS`] and [`FLOW_LOOK_MAX_MS`].
+fn next_look(now: u64, changed: Option<u64>) -> u64 {
+    let unchanged = changed.map_or(0, |at| now.saturating_sub(at));
+    now + unchanged.clamp(FLOW_GRACE_MS, FLOW_LOOK_MAX_MS)
+}
+
 /// `flow_record.lua`'s ARGV by name.
 pub(super) static FLOW_RECORD_ARGV: ArgvLayout = ArgvLayout {
     script: "flow_record",
@@ -469,23 +483,44 @@ impl Store {
     }
 
     /// Of the key set `queue`, the tasks whose flow has staged submissions
-    /// or a waiting task and has not changed since `before` (ms): at most
-    /// a sweep's batch. Each is touched (its time set to now), so that
-    /// another sweeper does not take it up at once.
-    pub async fn flows_due(&self, queue: &str, before: u64) -> Result<Vec<String>, StoreError> {
+    /// or a waiting task and is due a look at `now` (ms): at most a
+    /// sweep's batch. A flow is due 10 s after it last changed, and then
+    /// after ever longer gaps while it stays as it was: each look puts the
+    /// next one as far off as the task has been unchanged (its
+    /// `updated_at`: a parent waiting since its wait), at least 10 s, at
+    /// most 5 minutes. So a parent
+    /// waiting on slow children costs a read of them at 10, 20, 40 s...
+    /// after its wait, then every 5 minutes, not every 10 s for as long
+    /// as it waits.
+    pub async fn flows_due(&self, queue: &str, now: u64) -> Result<Vec<String>, StoreError> {
         let keys = QueueKeys::new(queue);
-        let ids = self.due("flows_due", &keys.flows(), before).await?;
-        if !ids.is_empty() {
-            let mut touch = redis::cmd("ZADD");
-            touch.arg(keys.flows()).arg("XX");
-            let now = crate::base::now_ms();
-            for id in &ids {
-                touch.arg(now).arg(id);
-            }
-            let _: i64 = self
-                .trip("flows_due", touch.query_async(&mut self.conn.clone()))
-                .await?;
+        let ids = self
+            .due(
+                "flows_due",
+                &keys.flows(),
+                now.saturating_sub(FLOW_GRACE_MS),
+            )
+            .await?;
+        if ids.is_empty() {
+            return Ok(ids);
         }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.hget(keys.task(id), "updated_at");
+        }
+        let changed: Vec<Option<u64>> = self
+            .trip("flows_due", pipe.query_async(&mut self.conn.clone()))
+            .await?;
+        // Each is touched (its next look set), so that another sweeper
+        // does not take it up at once.
+        let mut touch = redis::cmd("ZADD");
+        touch.arg(keys.flows()).arg("XX");
+        for (id, changed) in ids.iter().zip(changed) {
+            touch.arg(next_look(now, changed) - FLOW_GRACE_MS).arg(id);
+        }
+        let _: i64 = self
+            .trip("flows_due", touch.query_async(&mut self.conn.clone()))
+            .await?;
         Ok(ids)
     }
 

@@ -9,9 +9,10 @@
 //! queue's indexes, which the sweep of any worker of the queue takes up:
 //! every [`SWEEP_EVERY`], the children that ended more than
 //! [`SETTLE_GRACE`] ago and were not dropped from the settle index, and the
-//! flows unchanged for [`FLOW_GRACE`] (staged submissions not applied, or
-//! a parent waiting: its children's statuses are read again, so a missed
-//! wake-up is repaired).
+//! flows unchanged for 10 s (staged submissions not applied, or a parent
+//! waiting: its children's statuses are read again, so a missed wake-up is
+//! repaired), then after ever longer gaps while they stay so
+//! ([`Store::flows_due`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +30,6 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long after a child ended the sweep tells its parent, if the
 /// worker that ended it has not.
 const SETTLE_GRACE: Duration = Duration::from_secs(2);
-/// How long a flow stays unchanged before the sweep looks at it again.
-const FLOW_GRACE: Duration = Duration::from_secs(10);
 
 /// Spawn what follows the written `completions` (their `outcomes`, in the
 /// same order): apply the staged submissions of each that staged, and tell
@@ -106,10 +105,7 @@ async fn sweep_queue(
             .settle_child(queue, &id, parent.as_deref().unwrap_or(""))
             .await?;
     }
-    for id in store
-        .flows_due(queue, now.saturating_sub(FLOW_GRACE.as_millis() as u64))
-        .await?
-    {
+    for id in store.flows_due(queue, now).await? {
         let repaired = ingest::repair(store, ingest, queue, &id).await?;
         if repaired.applied > 0 || repaired.resumed {
             debug!(queue, task_id = %id, applied = repaired.applied,
