@@ -589,6 +589,7 @@ async fn purging_a_dead_lettered_parent_deletes_its_flow() -> Result<()> {
 /// The sweep looks at a flow that stays unchanged (a parent waiting on
 /// children that do not run) 10 s after its wait, then at gaps as long as
 /// it has waited, up to 5 minutes: not every 10 s for as long as it waits.
+/// A look that finds work (a child ended) is followed by one 10 s later.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
     // Children never run here: the parent waits for good.
@@ -598,7 +599,7 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         json!({"fan_out": 2, "queue": "kids", "task": "flows"}),
     )
     .await?;
-    wait_until(&dtq, &parent, |t| {
+    let waiting = wait_until(&dtq, &parent, |t| {
         t["status"] == "WAITING" && t["children"].as_array().is_some_and(|c| c.len() == 2)
     })
     .await?;
@@ -607,20 +608,59 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         .arg("updated_at")
         .query_async(&mut dtq.redis.conn().await?)
         .await?;
-    // The looks a sweep at each time takes, the worker's own sweep aside
-    // (its clock is seconds behind these).
-    let mut looks = Vec::new();
-    let mut at = waited_at;
-    while at <= waited_at + 1_000_000 {
-        if dtq.store.flows_due("default", at).await? == [parent.clone()] {
-            looks.push((at - waited_at) / 1_000);
+    let settings = dtq_host::ingest::IngestSettings {
+        max_payload_bytes: 1 << 20,
+        max_queue_depth: 0,
+        default_max_attempts: 3,
+        max_timeout_ms: 60_000,
+    };
+    // The sweep at each second from the wait, as a worker's would run it
+    // (the worker's own sweep runs on a clock far behind these): the
+    // seconds after the wait at which it looked at the flow.
+    let looks_between = async |from: u64, to: u64| -> Result<Vec<u64>> {
+        let mut looks = Vec::new();
+        for s in from..=to {
+            let at = waited_at + s * 1_000;
+            if dtq.store.flows_due("default", at).await? == [parent.clone()] {
+                looks.push(s);
+                dtq_host::ingest::repair(&dtq.store, &settings, "default", &parent, at).await?;
+            }
         }
-        at += 1_000;
-    }
+        Ok(looks)
+    };
     assert_eq!(
-        looks,
+        looks_between(0, 1_000).await?,
         [10, 20, 40, 80, 160, 320, 620, 920],
         "seconds after the wait"
+    );
+
+    // A child ends unnoticed (cancelled; no worker here sweeps `kids`, so
+    // its parent is not told): the next look finds it, the one after
+    // comes 10 s later, and the gaps then grow as before.
+    let child = waiting["children"][0]["task_id"]
+        .as_str()
+        .context("child")?;
+    let (code, body) = dtq
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/kids/tasks/{child}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    ensure!(code == 200, "cancel: {code} {body}");
+    assert_eq!(
+        looks_between(1_001, 1_600).await?,
+        [1_220, 1_230, 1_530],
+        "seconds after the wait"
+    );
+    let flow: Vec<String> = redis::cmd("HKEYS")
+        .arg(format!("dtq:flow:{{default}}:{parent}"))
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    assert!(
+        flow.contains(&format!("d:kids/{child}")),
+        "the look recorded the child's end: {flow:?}"
     );
     Ok(())
 }

@@ -163,14 +163,17 @@ async fn submit_staged(
     Ok((new.id, outcome))
 }
 
-/// Look again at the flow of task `id` of `queue` (the sweeper): apply what
-/// is still staged, record every child that has ended (a wake-up that was
-/// missed), and let the flow resume its parent or leave the index.
+/// Look again at the flow of task `id` of `queue` at `now` (the sweeper):
+/// apply what is still staged, record every child that has ended (a
+/// wake-up that was missed), and let the flow resume its parent or leave
+/// the index. A look that finds nothing to do puts the next one further
+/// off ([`Store::flow_unchanged`]).
 pub async fn repair(
     store: &Store,
     settings: &IngestSettings,
     queue: &str,
     id: &str,
+    now: u64,
 ) -> Result<Applied, StoreError> {
     let mut applied = apply_outbox(store, settings, queue, id).await?;
     let flow = store.flow(queue, id).await?;
@@ -181,13 +184,18 @@ pub async fn repair(
         .collect();
     // Their records in one read (one pipeline; on a cluster, all at once).
     let records = store.children_of(&unsettled).await?;
+    let mut ended = 0;
     for (child, record) in unsettled.iter().zip(records) {
         if record.is_terminal() {
+            ended += 1;
             applied.resumed |= store
                 .flow_record(queue, id, None, Some(child), true)
                 .await?;
         }
     }
     applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
+    if applied.applied == 0 && applied.held == 0 && ended == 0 && !applied.resumed {
+        store.flow_unchanged(queue, id, now).await?;
+    }
     Ok(applied)
 }

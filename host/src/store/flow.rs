@@ -484,14 +484,9 @@ impl Store {
 
     /// Of the key set `queue`, the tasks whose flow has staged submissions
     /// or a waiting task and is due a look at `now` (ms): at most a
-    /// sweep's batch. A flow is due 10 s after it last changed, and then
-    /// after ever longer gaps while it stays as it was: each look puts the
-    /// next one as far off as the task has been unchanged (its
-    /// `updated_at`: a parent waiting since its wait), at least 10 s, at
-    /// most 5 minutes. So a parent
-    /// waiting on slow children costs a read of them at 10, 20, 40 s...
-    /// after its wait, then every 5 minutes, not every 10 s for as long
-    /// as it waits.
+    /// sweep's batch. A flow is due 10 s after it last changed, or after
+    /// the gap [`Store::flow_unchanged`] set. Each is touched (due again
+    /// 10 s from now), so that another sweeper does not take it up at once.
     pub async fn flows_due(&self, queue: &str, now: u64) -> Result<Vec<String>, StoreError> {
         let keys = QueueKeys::new(queue);
         let ids = self
@@ -501,27 +496,49 @@ impl Store {
                 now.saturating_sub(FLOW_GRACE_MS),
             )
             .await?;
-        if ids.is_empty() {
-            return Ok(ids);
+        if !ids.is_empty() {
+            let mut touch = redis::cmd("ZADD");
+            touch.arg(keys.flows()).arg("XX");
+            for id in &ids {
+                touch.arg(now).arg(id);
+            }
+            let _: i64 = self
+                .trip("flows_due", touch.query_async(&mut self.conn.clone()))
+                .await?;
         }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            pipe.hget(keys.task(id), "updated_at");
-        }
-        let changed: Vec<Option<u64>> = self
-            .trip("flows_due", pipe.query_async(&mut self.conn.clone()))
-            .await?;
-        // Each is touched (its next look set), so that another sweeper
-        // does not take it up at once.
-        let mut touch = redis::cmd("ZADD");
-        touch.arg(keys.flows()).arg("XX");
-        for (id, changed) in ids.iter().zip(changed) {
-            touch.arg(next_look(now, changed) - FLOW_GRACE_MS).arg(id);
-        }
-        let _: i64 = self
-            .trip("flows_due", touch.query_async(&mut self.conn.clone()))
-            .await?;
         Ok(ids)
+    }
+
+    /// A look at the flow of task `id` of `queue` at `now` found nothing to
+    /// do (nothing staged, no child newly ended): put the next look as far
+    /// off as the task has been unchanged (its `updated_at`: a parent
+    /// waiting since its wait), at least 10 s, at most 5 minutes. So a
+    /// parent waiting on slow children costs a read of them at 10, 20,
+    /// 40 s... after its wait, then every 5 minutes, not every 10 s for as
+    /// long as it waits. A flow no longer in the index is left out of it.
+    pub async fn flow_unchanged(&self, queue: &str, id: &str, now: u64) -> Result<(), StoreError> {
+        let keys = QueueKeys::new(queue);
+        let changed: Option<u64> = self
+            .trip(
+                "flow_unchanged",
+                redis::cmd("HGET")
+                    .arg(keys.task(id))
+                    .arg("updated_at")
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        let _: i64 = self
+            .trip(
+                "flow_unchanged",
+                redis::cmd("ZADD")
+                    .arg(keys.flows())
+                    .arg("XX")
+                    .arg(next_look(now, changed) - FLOW_GRACE_MS)
+                    .arg(id)
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Whether the operation of claim `claim` was committed by `owner`.

@@ -11,8 +11,8 @@
 //! [`SETTLE_GRACE`] ago and were not dropped from the settle index, and the
 //! flows unchanged for 10 s (staged submissions not applied, or a parent
 //! waiting: its children's statuses are read again, so a missed wake-up is
-//! repaired), then after ever longer gaps while they stay so
-//! ([`Store::flows_due`]).
+//! repaired), then after ever longer gaps while a look finds nothing to do
+//! ([`Store::flow_unchanged`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,7 +106,7 @@ async fn sweep_queue(
             .await?;
     }
     for id in store.flows_due(queue, now).await? {
-        let repaired = ingest::repair(store, ingest, queue, &id).await?;
+        let repaired = ingest::repair(store, ingest, queue, &id, now).await?;
         if repaired.applied > 0 || repaired.resumed {
             debug!(queue, task_id = %id, applied = repaired.applied,
                 resumed = repaired.resumed, "flow repaired by the sweep");
