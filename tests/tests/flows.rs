@@ -662,5 +662,34 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         flow.contains(&format!("d:kids/{child}")),
         "the look recorded the child's end: {flow:?}"
     );
+
+    // The last child ends and its parent is told, as a worker tells it:
+    // the parent resumes, and its next look is 10 s off again (it finds
+    // the parent ended), not where the backed-off looks had put it.
+    let last = waiting["children"][1]["task_id"].as_str().context("child")?;
+    let (code, body) = dtq
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/queues/kids/tasks/{last}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    ensure!(code == 200, "cancel: {code} {body}");
+    let told = dtq
+        .store
+        .settle_child("kids", last, &format!("default/{parent}"))
+        .await?;
+    assert!(told, "the parent resumed");
+    let next: f64 = redis::cmd("ZSCORE")
+        .arg("dtq:flows:{default}")
+        .arg(&parent)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    let now = dtq_host::base::now_ms() as f64;
+    assert!(
+        next <= now && next > now - 60_000.0,
+        "the next look is due 10 s from the resumption: {next} (now {now})"
+    );
     Ok(())
 }

@@ -64,6 +64,9 @@ end
 local resumed = resumeIfSettled(taskKey, flowKey, streamKey, taskId, now)
 if resumed then
   addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", resumed, now)
+  -- Its sweep looks may have backed off while it waited: the next comes
+  -- soon, and finds it ended, and takes it out of the index.
+  redis.call("ZADD", flowsKey, "XX", now, taskId)
 end
 flowQuiet(taskKey, flowKey, flowsKey, taskId)
 return resumed and 1 or 0
