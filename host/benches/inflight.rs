@@ -11,7 +11,7 @@
 //!
 //! - `waiter_raw` reads its payload as a bare number: no serde, a data
 //!   image of about 3 KiB;
-//! - `waiter` is a typed SDK handler (serde), a data image of about 31 KiB.
+//! - `waiter` is a typed SDK handler (serde), a data image of about 15 KiB.
 //!   With `DTQ_BENCH_TOUCH_KIB` (default 0) each call first writes that
 //!   much of its heap and holds it while it waits.
 //!

@@ -10,7 +10,7 @@
 //! The payload is the wait in milliseconds, a bare JSON number, taken as
 //! the SDK's `RawJson` and read with `str::parse`. Without `serde_json`
 //! the component's data image is about 3 KiB (one page) where `waiter`'s
-//! is about 31 KiB. Each instance maps that image, so this is a handler
+//! is about 15 KiB. Each instance maps that image, so this is a handler
 //! whose own memory per call is as small as a Rust handler's gets, which
 //! leaves the host's share of a call to be measured.
 
