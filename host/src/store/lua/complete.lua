@@ -57,7 +57,10 @@
     message. Such a hash is this attempt's (attempt 1): the completion
     writes what `start` would have (attempts, started_at) with the rest,
     in the same HSET on success, where an empty log is not written: the
-    hash has none yet, and a reader takes a missing log as empty. Anything
+    hash has none yet, and a reader takes a missing log as empty. Nor is
+    `finished_at`: such a success writes `updated_at` with that time, and
+    a reader takes it for a succeeded task without `finished_at`
+    (store/task.rs, `finished_at`). Anything
     else found (the attempt written by its first heartbeat, the message
     reclaimed and started elsewhere, the task completed) is checked as for
     any attempt.
@@ -256,14 +259,15 @@ local function carriedSuccess(key, idem, first)
     ran = "-"
   end
   -- Each field the hash lacks costs a scan of it and an append: a
-  -- handler that logged nothing adds no `log`.
+  -- handler that logged nothing adds no `log`, and `updated_at` stands for
+  -- `finished_at`.
   if log == "" then
     rcall("HSET", key, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-      "result", ARGV[first + C_DETAIL], "finished_at", now, "digests", ran,
+      "result", ARGV[first + C_DETAIL], "digests", ran,
       "started_at", ARGV[first + C_CARRIED_AT])
   else
     rcall("HSET", key, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-      "log", log, "result", ARGV[first + C_DETAIL], "finished_at", now, "digests", ran,
+      "log", log, "result", ARGV[first + C_DETAIL], "digests", ran,
       "started_at", ARGV[first + C_CARRIED_AT])
   end
   rcall("EXPIRE", key, retention)
