@@ -103,13 +103,15 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 /// What the task hashes say: status, attempts, created_at, finished_at,
-/// error; read straight from Redis.
+/// error, updated_at; read straight from Redis. A carried attempt's
+/// success writes no `finished_at`: its `updated_at` is that time.
 type Row = (
     Option<String>,
     Option<u64>,
     Option<u64>,
     Option<u64>,
     Option<String>,
+    Option<u64>,
 );
 
 async fn rows(dtq: &Dtq, ids: &[String]) -> Result<Vec<Row>> {
@@ -125,6 +127,7 @@ async fn rows(dtq: &Dtq, ids: &[String]) -> Result<Vec<Row>> {
                 "created_at",
                 "finished_at",
                 "error",
+                "updated_at",
             ]);
         }
         let got: Vec<Row> = pipe.query_async(&mut conn).await?;
@@ -244,7 +247,7 @@ async fn run(
     }
     let waits: Vec<u64> = rows
         .iter()
-        .map(|r| r.3.unwrap_or(0).saturating_sub(r.2.unwrap_or(0)))
+        .map(|r| r.3.or(r.5).unwrap_or(0).saturating_sub(r.2.unwrap_or(0)))
         .collect();
     let longest = waits.iter().copied().max().unwrap_or(0);
     let read_backs: usize = workers

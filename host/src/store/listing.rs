@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::stream_id::{InvalidStreamId, StreamId};
-use super::task::number;
+use super::task::{finished_at, number};
 use super::{MAX_PARTITIONS, QueueKeys, Store, StoreError, TaskStatus, from_value};
 
 /// The most index entries one listing request reads (and task summaries
@@ -456,21 +456,24 @@ fn summary(values: Vec<Option<String>>) -> Result<Option<TaskSummary>, StoreErro
         return Ok(None);
     };
     let mut take = |name: &str| fields.remove(name);
+    let status: TaskStatus = status.parse()?;
+    let updated_at = number(take("updated_at"), "updated_at")?.unwrap_or(0);
+    let finished = number(take("finished_at"), "finished_at")?;
     Ok(Some(TaskSummary {
         task_id: String::new(),
         queue: String::new(),
-        status: status.parse()?,
+        status,
         task: take("task").unwrap_or_default(),
         attempts: number(take("attempts"), "attempts")?.unwrap_or(0) as u32,
         max_attempts: number(take("max_attempts"), "max_attempts")?.unwrap_or(1) as u32,
         idempotency_key: take("idempotency_key"),
         created_at: number(take("created_at"), "created_at")?.unwrap_or(0),
-        updated_at: number(take("updated_at"), "updated_at")?.unwrap_or(0),
+        updated_at,
         started_at: number(take("started_at"), "started_at")?,
-        finished_at: number(take("finished_at"), "finished_at")?,
+        finished_at: finished_at(status, finished, updated_at),
         run_at: number(take("run_at"), "run_at")?,
         expires_at: number(take("expires_at"), "expires_at")?,
-        held_by: take("held_by").filter(|_| status == "SCHEDULED"),
+        held_by: take("held_by").filter(|_| status == TaskStatus::Scheduled),
     }))
 }
 

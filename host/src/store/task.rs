@@ -249,6 +249,22 @@ pub(super) fn number(value: Option<String>, name: &str) -> Result<Option<u64>, S
         .transpose()
 }
 
+/// When a task reached its terminal status: its field `finished_at`, or,
+/// for a success that wrote none, its `updated_at`. A carried attempt's
+/// success (`complete.lua`) writes only `updated_at`, with the time
+/// `finished_at` would hold: one field less to add to every hash, and
+/// nothing changes a succeeded task's `updated_at` after.
+pub(super) fn finished_at(
+    status: TaskStatus,
+    finished_at: Option<u64>,
+    updated_at: u64,
+) -> Option<u64> {
+    match finished_at {
+        None if status == TaskStatus::Succeeded => Some(updated_at),
+        finished_at => finished_at,
+    }
+}
+
 impl TaskRecord {
     /// Parse a task hash as HGETALL returns it.
     pub fn from_fields(fields: HashMap<String, String>) -> Result<TaskRecord, StoreError> {
@@ -257,6 +273,8 @@ impl TaskRecord {
         let mut take = |name: &str| fields.remove(name).filter(|v| !v.is_empty());
         let id = required(take("id"), "id")?;
         let status = required(take("status"), "status")?.parse()?;
+        let updated_at = number(take("updated_at"), "updated_at")?.unwrap_or(0);
+        let finished = number(take("finished_at"), "finished_at")?;
         Ok(TaskRecord {
             queue: required(take("queue"), "queue")?,
             task: required(take("task"), "task")?,
@@ -270,9 +288,9 @@ impl TaskRecord {
             error: take("error"),
             log: take("log"),
             created_at: number(take("created_at"), "created_at")?.unwrap_or(0),
-            updated_at: number(take("updated_at"), "updated_at")?.unwrap_or(0),
+            updated_at,
             started_at: number(take("started_at"), "started_at")?,
-            finished_at: number(take("finished_at"), "finished_at")?,
+            finished_at: finished_at(status, finished, updated_at),
             run_at: number(take("run_at"), "run_at")?,
             expires_at: number(take("expires_at"), "expires_at")?,
             msg_id: take("msg_id"),
@@ -515,6 +533,27 @@ mod tests {
             .into_iter()
             .map(|a| (a.attempt, a.outcome))
             .collect()
+    }
+
+    #[test]
+    fn a_success_without_finished_at_finished_when_it_was_updated() {
+        // A carried attempt's success writes `updated_at` only.
+        let carried = hash(&[("status", "SUCCEEDED"), ("updated_at", "7000")]);
+        let task = TaskRecord::from_fields(carried).expect("parses");
+        assert_eq!(task.finished_at, Some(7000));
+        let written = hash(&[
+            ("status", "SUCCEEDED"),
+            ("updated_at", "7000"),
+            ("finished_at", "6990"),
+        ]);
+        let task = TaskRecord::from_fields(written).expect("parses");
+        assert_eq!(task.finished_at, Some(6990));
+        // Any other status says when it finished itself, if it did.
+        for status in ["RUNNING", "FAILED"] {
+            let other = hash(&[("status", status), ("updated_at", "7000")]);
+            let task = TaskRecord::from_fields(other).expect("parses");
+            assert_eq!(task.finished_at, None, "{status}");
+        }
     }
 
     #[test]

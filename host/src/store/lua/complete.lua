@@ -57,7 +57,10 @@
     message. Such a hash is this attempt's (attempt 1): the completion
     writes what `start` would have (attempts, started_at) with the rest,
     in the same HSET on success, where an empty log is not written: the
-    hash has none yet, and a reader takes a missing log as empty. Anything
+    hash has none yet, and a reader takes a missing log as empty. Nor is
+    `finished_at`: such a success writes `updated_at` with that time, and
+    a reader takes it for a succeeded task without `finished_at`
+    (store/task.rs, `finished_at`). Anything
     else found (the attempt written by its first heartbeat, the message
     reclaimed and started elsewhere, the task completed) is checked as for
     any attempt.
@@ -164,9 +167,10 @@ local direct = { success = "SUCCEEDED", staged = "SUCCEEDED", fatal = "FAILED",
 local staging = { staged = true, wait = true }
 local acks = {}
 
--- Where each completion's values start in ARGV; every outcome is checked
--- before anything is written.
-local starts, count = {}, 0
+-- Where each completion's values start in ARGV, and how many name an
+-- idempotency record (in KEYS, before the flow hashes); every outcome is
+-- checked before anything is written.
+local starts, count, keyed = {}, 0, 0
 local a, argc = ARG_COMPLETIONS, #ARGV
 while a <= argc do
   local outcome = ARGV[a + C_OUTCOME]
@@ -175,6 +179,9 @@ while a <= argc do
   end
   count = count + 1
   starts[count] = a
+  if ARGV[a + C_HAS_KEY] == "1" then
+    keyed = keyed + 1
+  end
   local carried = ARGV[a + C_CARRIED_AT] ~= ""
   a = a + C_OPTIONAL
   if not carried then
@@ -234,33 +241,39 @@ local function stage()
 end
 
 -- The common case first, with the least reading: a carried attempt that
--- succeeded. It was the task's first, so there is no earlier error to
--- clear nor digests to append to. Any other state found (its first beat
--- wrote the attempt, or it is not this attempt's) takes the full path:
--- returns whether this one was written.
-local function carriedSuccess()
-  if carriedAt == "" or outcome ~= "success" then
-    return false
-  end
-  local c = rcall("HMGET", taskKey, "status", "msg_id", "attempts")
+-- succeeded (completion values from ARGV[first], task hash `key`,
+-- idempotency record `idem`). It was the task's first, so there is no
+-- earlier error to clear nor digests to append to. Any other state found
+-- (its first beat wrote the attempt, or it is not this attempt's) takes
+-- the full path: returns whether this one was written. It reads only
+-- what it writes, into locals: `readCompletion` is for the full path.
+local function carriedSuccess(key, idem, first)
+  local msgId = ARGV[first + C_MSG_ID]
+  local c = rcall("HMGET", key, "status", "msg_id", "attempts")
   if not carriedFirst(c[1], c[3], c[2], msgId) then
     return false
   end
-  local ran = digest ~= "" and digest or "-"
-  -- Each field the hash lacks costs a scan of it and an append: a
-  -- handler that logged nothing adds no `log`.
-  if log == "" then
-    rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-      "result", detail, "finished_at", now, "digests", ran, "started_at", carriedAt)
-  else
-    rcall("HSET", taskKey, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
-      "log", log, "result", detail, "finished_at", now, "digests", ran,
-      "started_at", carriedAt)
+  local taskId, now, log = ARGV[first + C_TASK_ID], ARGV[first + C_NOW], ARGV[first + C_LOG]
+  local ran = ARGV[first + C_DIGEST]
+  if ran == "" then
+    ran = "-"
   end
-  rcall("EXPIRE", taskKey, retention)
+  -- Each field the hash lacks costs a scan of it and an append: a
+  -- handler that logged nothing adds no `log`, and `updated_at` stands for
+  -- `finished_at`.
+  if log == "" then
+    rcall("HSET", key, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+      "result", ARGV[first + C_DETAIL], "digests", ran,
+      "started_at", ARGV[first + C_CARRIED_AT])
+  else
+    rcall("HSET", key, "status", "SUCCEEDED", "attempts", "1", "updated_at", now,
+      "log", log, "result", ARGV[first + C_DETAIL], "digests", ran,
+      "started_at", ARGV[first + C_CARRIED_AT])
+  end
+  rcall("EXPIRE", key, retention)
   pushEvent(taskId, "SUCCEEDED", "1", now)
-  if hasKey then
-    setIdemState(idemKey, taskId, "completed", now)
+  if idem then
+    setIdemState(idem, taskId, "completed", now)
   end
   acks[#acks + 1] = msgId
   return true
@@ -428,10 +441,6 @@ end
 -- when it has one and ended.
 local function completeOne(key, idem, flow, first)
   readCompletion(key, idem, flow, first)
-  if carriedSuccess() then
-    return 1, "SUCCEEDED"
-  end
-
   local f = rcall("HMGET", taskKey, "status", "msg_id", "attempts", "max_attempts",
     "cancel_requested", "error", "digests", "parent")
   local current, attempts, maxAttempts, cancelRequested, hadError, digests =
@@ -514,28 +523,28 @@ local function notOlder(ids, from)
 end
 
 local out = {}
-local record = 7 + count
-for i = 1, count do
-  if ARGV[starts[i] + C_HAS_KEY] == "1" then
-    record = record + 1
-  end
-end
-local idemAt, flowAt = 7 + count, record
+local idemAt, flowAt = 7 + count, 7 + count + keyed
 for i = 1, count do
   local first, idemKey, flow = starts[i], nil, nil
   if ARGV[first + C_HAS_KEY] == "1" then
     idemKey, idemAt = KEYS[idemAt], idemAt + 1
   end
-  if staging[ARGV[first + C_OUTCOME]] then
-    flow, flowAt = KEYS[flowAt], flowAt + 1
+  local outcome = ARGV[first + C_OUTCOME]
+  if outcome == "success" and ARGV[first + C_CARRIED_AT] ~= ""
+      and carriedSuccess(KEYS[6 + i], idemKey, first) then
+    out[i] = "SUCCEEDED"
+  else
+    if staging[outcome] then
+      flow, flowAt = KEYS[flowAt], flowAt + 1
+    end
+    local code, status, parent = completeOne(KEYS[6 + i], idemKey, flow, first)
+    -- An OK word is the status alone: no string is built for it.
+    local word = code == 1 and status or code .. ":" .. status
+    if parent then
+      word = word .. "^" .. parent
+    end
+    out[i] = word
   end
-  local code, status, parent = completeOne(KEYS[6 + i], idemKey, flow, first)
-  -- An OK word is the status alone: no string is built for it.
-  local word = code == 1 and status or code .. ":" .. status
-  if parent then
-    word = word .. "^" .. parent
-  end
-  out[i] = word
 end
 
 -- 2. The batch's lifecycle events, in one entry.
