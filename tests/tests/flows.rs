@@ -666,7 +666,9 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
     // The last child ends and its parent is told, as a worker tells it:
     // the parent resumes, and its next look is 10 s off again (it finds
     // the parent ended), not where the backed-off looks had put it.
-    let last = waiting["children"][1]["task_id"].as_str().context("child")?;
+    let last = waiting["children"][1]["task_id"]
+        .as_str()
+        .context("child")?;
     let (code, body) = dtq
         .call(
             reqwest::Method::POST,
