@@ -637,18 +637,16 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
     // A child ends unnoticed (cancelled; no worker here sweeps `kids`, so
     // its parent is not told): the next look finds it, the one after
     // comes 10 s later, and the gaps then grow as before.
-    let child = waiting["children"][0]["task_id"]
-        .as_str()
-        .context("child")?;
-    let (code, body) = dtq
-        .call(
-            reqwest::Method::POST,
-            &format!("/v1/queues/kids/tasks/{child}/cancel"),
-            None,
-            &[],
-        )
-        .await?;
-    ensure!(code == 200, "cancel: {code} {body}");
+    let cancel_kid = async |n: usize| -> Result<String> {
+        let child = waiting["children"][n]["task_id"]
+            .as_str()
+            .context("child")?;
+        let path = format!("/v1/queues/kids/tasks/{child}/cancel");
+        let (code, body) = dtq.call(reqwest::Method::POST, &path, None, &[]).await?;
+        ensure!(code == 200, "cancel: {code} {body}");
+        Ok(child.to_owned())
+    };
+    let child = cancel_kid(0).await?;
     assert_eq!(
         looks_between(1_001, 1_600).await?,
         [1_220, 1_230, 1_530],
@@ -666,21 +664,10 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
     // The last child ends and its parent is told, as a worker tells it:
     // the parent resumes, and its next look is 10 s off again (it finds
     // the parent ended), not where the backed-off looks had put it.
-    let last = waiting["children"][1]["task_id"]
-        .as_str()
-        .context("child")?;
-    let (code, body) = dtq
-        .call(
-            reqwest::Method::POST,
-            &format!("/v1/queues/kids/tasks/{last}/cancel"),
-            None,
-            &[],
-        )
-        .await?;
-    ensure!(code == 200, "cancel: {code} {body}");
+    let last = cancel_kid(1).await?;
     let told = dtq
         .store
-        .settle_child("kids", last, &format!("default/{parent}"))
+        .settle_child("kids", &last, &format!("default/{parent}"))
         .await?;
     assert!(told, "the parent resumed");
     let next: f64 = redis::cmd("ZSCORE")
