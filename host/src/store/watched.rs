@@ -33,6 +33,11 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// up on it until the next window.
 const REBUILD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long after a call got no answer the connection counts as failing,
+/// with nothing in flight: a call given up on before a quiet time (a
+/// request its client dropped) is no evidence of a stall.
+const FAILING_FOR: Duration = Duration::from_secs(5);
+
 /// A cluster connection with a deadline on each call and a watchdog that
 /// replaces it when it stalls. Cheap to clone: clones share it.
 #[derive(Clone)]
@@ -64,9 +69,10 @@ struct Health {
     /// Since when the connection has not answered: its last answer, or the
     /// start of the first call after a quiet time, or its making.
     quiet_since: Instant,
-    /// Whether the last call to end got no answer (an error of the link
-    /// or the cluster, or its deadline).
-    failing: bool,
+    /// When the last call to end got no answer (an error of the link or
+    /// the cluster, its deadline, or its caller giving up), if none has
+    /// been answered since.
+    failed_at: Option<Instant>,
 }
 
 impl Health {
@@ -75,19 +81,22 @@ impl Health {
             generation: 0,
             in_flight: 0,
             quiet_since: now,
-            failing: false,
+            failed_at: None,
         }
     }
 
     /// Whether the connection has had calls waiting or failing, and no
     /// answer, for `stall` or longer.
     fn stalled(&self, now: Instant, stall: Duration) -> bool {
-        (self.in_flight > 0 || self.failing) && now.duration_since(self.quiet_since) >= stall
+        let failing = self
+            .failed_at
+            .is_some_and(|at| now.duration_since(at) < FAILING_FOR);
+        (self.in_flight > 0 || failing) && now.duration_since(self.quiet_since) >= stall
     }
 
     /// A call starts; returns the generation it belongs to.
     fn begin(&mut self, now: Instant) -> u64 {
-        if self.in_flight == 0 && !self.failing {
+        if self.in_flight == 0 && self.failed_at.is_none() {
             self.quiet_since = now;
         }
         self.in_flight += 1;
@@ -102,8 +111,10 @@ impl Health {
         self.in_flight -= 1;
         if answered {
             self.quiet_since = now;
+            self.failed_at = None;
+        } else {
+            self.failed_at = Some(now);
         }
-        self.failing = !answered;
     }
 
     /// A new connection took over.
@@ -111,7 +122,7 @@ impl Health {
         self.generation += 1;
         self.in_flight = 0;
         self.quiet_since = now;
-        self.failing = false;
+        self.failed_at = None;
     }
 
     /// A try to replace the connection failed: wait a whole window before
@@ -357,6 +368,22 @@ mod tests {
     }
 
     #[test]
+    fn a_call_given_up_on_before_a_quiet_time_is_no_stall() {
+        let t0 = Instant::now();
+        let mut health = Health::new(t0);
+        let call = health.begin(t0);
+        health.end(call, true, t0);
+        // A request its client dropped, then nothing for an hour.
+        let dropped = health.begin(t0 + secs(1));
+        health.end(dropped, false, t0 + secs(1));
+        assert!(!health.stalled(t0 + secs(3600), STALL));
+        // Failing again after the window with no answer is a stall.
+        let call = health.begin(t0 + secs(3600));
+        health.end(call, false, t0 + secs(3600));
+        assert!(health.stalled(t0 + secs(3601), STALL));
+    }
+
+    #[test]
     fn calls_of_a_replaced_connection_count_for_nothing() {
         let t0 = Instant::now();
         let mut health = Health::new(t0);
@@ -370,7 +397,7 @@ mod tests {
         // The old call's failure, arriving late, neither fails the new
         // connection nor unbalances its count.
         health.end(old, false, t0 + STALL + secs(1));
-        assert!(!health.failing && health.in_flight == 0);
+        assert!(health.failed_at.is_none() && health.in_flight == 0);
         let new = health.begin(t0 + STALL * 3);
         health.end(new, true, t0 + STALL * 3);
         assert_eq!(health.in_flight, 0);
