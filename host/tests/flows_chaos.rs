@@ -224,8 +224,6 @@ impl ChaosRedis for Redis {
 // ---------------------------------------------------------------------------
 // Processes
 
-/// The flags of every server process besides the ones all chaos servers
-/// run with: both queues, `fan_out`'s grant, and short timings.
 /// The proxy the workers reach Redis through when
 /// `DTQ_FLOWS_CHAOS_NETCUT_MS` is above 0 (not yet cutting).
 async fn cutting_proxy(redis: &Redis) -> Result<Option<CuttingProxy>> {
@@ -245,6 +243,8 @@ async fn cutting_proxy(redis: &Redis) -> Result<Option<CuttingProxy>> {
     Ok(Some(CuttingProxy::start(upstream, lifetime).await?))
 }
 
+/// The flags of every server process besides the ones all chaos servers
+/// run with: both queues, `fan_out`'s grant, and short timings.
 fn server_flags() -> Vec<String> {
     [
         "--queues",

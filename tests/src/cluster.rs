@@ -225,11 +225,8 @@ impl RedisCluster {
     /// as usual.
     pub fn freeze(&self) -> Result<()> {
         for node in self.live() {
-            let pid = node.child.as_ref().context("a live node")?.id();
-            let pid = libc::pid_t::try_from(pid)?;
-            // SAFETY: kill(2) with a child's pid and a signal number.
-            let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
-            ensure!(rc == 0, "SIGSTOP to redis-server {pid} failed");
+            let child = node.child.as_ref().context("a live node")?;
+            crate::process::send_signal(child.id(), libc::SIGSTOP)?;
         }
         Ok(())
     }

@@ -133,19 +133,10 @@ impl DtqProcess {
         }
     }
 
-    /// Send `signal` to the process.
+    /// Send `signal` to the process. It is reaped only in `crash`,
+    /// `wait_exit` or on drop, so its pid is still its own.
     pub fn signal(&self, signal: libc::c_int) -> Result<()> {
-        let pid = libc::pid_t::try_from(self.pid()).context("pid fits pid_t")?;
-        // SAFETY: kill(2) with the pid of a child this struct owns and has
-        // not reaped yet (it is reaped only in `crash`, `wait_exit` or on
-        // drop), so the pid cannot have been reused by another process.
-        let rc = unsafe { libc::kill(pid, signal) };
-        ensure!(
-            rc == 0,
-            "kill({pid}, {signal}): {}",
-            std::io::Error::last_os_error()
-        );
-        Ok(())
+        send_signal(self.pid(), signal)
     }
 
     /// SIGKILL: the process dies at once, as in a crash.
@@ -238,4 +229,19 @@ pub fn stdout_json(out: &std::process::Output) -> Result<serde_json::Value> {
 /// `out`'s stderr as text.
 pub fn stderr_text(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Send `signal` to process `pid`, a child of this process that has not
+/// been reaped (so the pid cannot have been reused by another process).
+pub fn send_signal(pid: u32, signal: libc::c_int) -> Result<()> {
+    let pid = libc::pid_t::try_from(pid).context("pid fits pid_t")?;
+    // SAFETY: kill(2) with a pid and a signal number; the caller's child
+    // is not reaped, so the pid names it.
+    let rc = unsafe { libc::kill(pid, signal) };
+    ensure!(
+        rc == 0,
+        "kill({pid}, {signal}): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }

@@ -193,13 +193,10 @@ impl Call {
     async fn run<T>(mut self, call: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
         let result = match tokio::time::timeout(self.shared.stall, call).await {
             Ok(result) => result,
-            Err(_) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the Redis Cluster did not answer within {:?} \
-                     (the connection is replaced if this goes on)",
-                    self.shared.stall
-                ),
+            Err(_) => Err(timed_out(format!(
+                "the Redis Cluster did not answer within {:?} \
+                 (the connection is replaced if this goes on)",
+                self.shared.stall
             ))),
         };
         self.end(answered(&result));
@@ -265,10 +262,12 @@ async fn watchdog(shared: Weak<Shared>) {
              making a new one",
             quiet.as_secs()
         );
-        let made = tokio::time::timeout(REBUILD_TIMEOUT, shared.client.get_async_connection());
-        match made.await {
-            Ok(Ok(conn)) => {
-                let mut state = shared.state();
+        let made = tokio::time::timeout(REBUILD_TIMEOUT, shared.client.get_async_connection())
+            .await
+            .unwrap_or_else(|_| Err(timed_out(format!("not made within {REBUILD_TIMEOUT:?}"))));
+        let mut state = shared.state();
+        match made {
+            Ok(conn) => {
                 state.conn = conn;
                 state.health.replaced(Instant::now());
                 tracing::info!(
@@ -276,16 +275,17 @@ async fn watchdog(shared: Weak<Shared>) {
                     "a new Redis Cluster connection took over"
                 );
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "no new Redis Cluster connection: {e}; trying again");
-                shared.state().health.retry_later(Instant::now());
-            }
-            Err(_) => {
-                tracing::warn!("no new Redis Cluster connection within {REBUILD_TIMEOUT:?}");
-                shared.state().health.retry_later(Instant::now());
+                state.health.retry_later(Instant::now());
             }
         }
     }
+}
+
+/// An I/O time-out saying `what`.
+fn timed_out(what: String) -> RedisError {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, what).into()
 }
 
 impl ConnectionLike for WatchedCluster {
