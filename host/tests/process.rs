@@ -222,6 +222,70 @@ async fn a_live_worker_keeps_a_task_longer_than_the_visibility_timeout() -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_busy_workers_beats_take_none_of_its_own_finished_attempts_for_stale() -> Result<()> {
+    // A carried attempt's success leaves the hash no trace of its worker,
+    // so a beat that reads it between the completion's write and the
+    // attempt's release finds the task not this attempt's. That attempt is
+    // done, not taken over: it must not be reported as stale. Beats every
+    // third of a second against a burst of carried tasks meet many such.
+    const TASKS: u64 = 4_000;
+    let redis = RedisServer::start()?;
+    let dir = TempDir::new("process")?;
+    let api_proc = Proc::start(&dir, "api", "api", &redis, &[]).await?;
+    let api = client(&api_proc);
+    for first in (0..TASKS).step_by(1_000) {
+        let tasks: Vec<Value> = (first..first + 1_000)
+            .map(|n| json!({"task": "echo", "payload": {"n": n}}))
+            .collect();
+        let (status, body) = api
+            .call(
+                reqwest::Method::POST,
+                "/v1/queues/default/tasks/batch",
+                Some(json!({ "tasks": tasks })),
+                &[],
+            )
+            .await?;
+        ensure!(status == 200, "batch: {status} {body}");
+    }
+    let worker = Proc::start(&dir, "worker", "worker", &redis, &[]).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, stats) = api
+            .call(reqwest::Method::GET, "/v1/queues/default", None, &[])
+            .await?;
+        if stats["ready"] == 0 && stats["running"] == 0 {
+            ensure!(stats["dead_lettered"] == 0, "{stats}");
+            break;
+        }
+        ensure!(Instant::now() < deadline, "not drained: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = worker.log_text();
+    let stale = log
+        .lines()
+        .filter(|line| line.contains("no longer this attempt's"))
+        .count();
+    assert_eq!(stale, 0, "finished attempts reported stale:\n{log}");
+    // Every task succeeded, in its first attempt.
+    let mut conn = redis.conn().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("dtq:task:{default}:*")
+        .query_async(&mut conn)
+        .await?;
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("HMGET").arg(key).arg("status").arg("attempts");
+    }
+    let records: Vec<(String, String)> = pipe.query_async(&mut conn).await?;
+    let first_time = records
+        .iter()
+        .filter(|(status, attempts)| status == "SUCCEEDED" && attempts == "1")
+        .count();
+    assert_eq!((keys.len(), first_time), (TASKS as usize, TASKS as usize));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_the_running_task_finish_and_takes_no_new_work() -> Result<()> {
     let redis = RedisServer::start()?;
     let dir = TempDir::new("process")?;

@@ -97,7 +97,7 @@ async fn execute(
             .series(queue, &shared.metrics.task_label(&task.task)),
     };
     record_call(&shared.metrics, &series, &report);
-    if registration.is_stale() {
+    if !registration.begin_completion() {
         // Another worker took the task over (the heartbeat that found it
         // logged it): this attempt was interrupted, or finished just before,
         // and writes nothing; its completion would be refused anyway.

@@ -3,7 +3,7 @@
 //! one ([`Registration`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,9 +20,27 @@ struct Held {
     /// for a message it decided not to run (whose completion is on its way).
     attempt: Option<u32>,
     cancel: CancelHandle,
-    /// Set once the heartbeat found the task reclaimed elsewhere.
-    stale: Arc<AtomicBool>,
+    /// Where the attempt is ([`RUNNING`], [`STALE`], [`COMPLETING`]),
+    /// shared with its registration.
+    phase: Arc<AtomicU8>,
 }
+
+/// Where a held attempt is ([`Held::phase`]), as the heartbeat and its
+/// executor see it. The two race (a beat may read the task hash just after
+/// the attempt's own completion was written), and whichever moves it first
+/// decides.
+///
+/// Held: starting or running its call.
+const RUNNING: u8 = 0;
+/// Found stale by the heartbeat (its task reclaimed elsewhere, or ended)
+/// while running: interrupted, it writes nothing.
+const STALE: u8 = 1;
+/// Its call is over and its completion is on the way to the completer,
+/// which writes it unless the completion script finds the attempt no longer
+/// the task's. A beat that then finds the task ended has most likely met
+/// that very completion (a carried attempt's leaves no trace of its
+/// worker), and there is nothing left to stop.
+const COMPLETING: u8 = 2;
 
 /// [`Held`] messages by registration id; foldhash: the ids are this
 /// process's own, and the map is hashed into three times per task.
@@ -83,7 +101,7 @@ impl Running {
             .map(|delivery| {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let cancel = CancelHandle::new();
-                let stale = Arc::new(AtomicBool::new(false));
+                let phase = Arc::new(AtomicU8::new(RUNNING));
                 held.insert(
                     id,
                     Held {
@@ -96,14 +114,14 @@ impl Running {
                         },
                         attempt: None,
                         cancel: cancel.clone(),
-                        stale: stale.clone(),
+                        phase: phase.clone(),
                     },
                 );
                 Registration {
                     running: self.clone(),
                     id,
                     cancel,
-                    stale,
+                    phase,
                 }
             })
             .collect();
@@ -185,13 +203,16 @@ impl Running {
     }
 
     /// Stop the attempt registered as `id` as stale: interrupted, and it
-    /// hands over no completion. Returns it the first time only.
+    /// hands over no completion. Returns it the first time only, and only
+    /// while its call runs: one whose completion is already on its way is
+    /// left to it (the completion script refuses one that is not the
+    /// task's attempt).
     pub(super) fn stop_stale(&self, id: u64) -> Option<(Delivery, u32)> {
         let held = self.lock();
         let h = held.get(&id)?;
-        if h.stale.swap(true, Ordering::AcqRel) {
-            return None;
-        }
+        h.phase
+            .compare_exchange(RUNNING, STALE, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
         h.cancel.cancel();
         Some((h.delivery.clone(), h.attempt.unwrap_or(0)))
     }
@@ -224,7 +245,7 @@ pub(super) struct Registration {
     running: Arc<Running>,
     id: u64,
     cancel: CancelHandle,
-    stale: Arc<AtomicBool>,
+    phase: Arc<AtomicU8>,
 }
 
 impl Registration {
@@ -235,8 +256,19 @@ impl Registration {
 
     /// Whether the attempt was found stale: its task was reclaimed by
     /// another worker, and it must write nothing.
-    pub(super) fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::Acquire)
+    #[cfg(test)]
+    fn is_stale(&self) -> bool {
+        self.phase.load(Ordering::Acquire) == STALE
+    }
+
+    /// The attempt's call is over: its completion goes to the completer,
+    /// and from now on a beat that finds the task not this attempt's stops
+    /// nothing. `false` when a beat found it stale first: it must write
+    /// nothing.
+    pub(super) fn begin_completion(&self) -> bool {
+        self.phase
+            .compare_exchange(RUNNING, COMPLETING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
 
@@ -352,5 +384,34 @@ mod tests {
         // Once its registration is gone, a late report touches nothing.
         drop(run);
         assert!(running.stop_stale(ids[0]).is_none());
+    }
+
+    #[test]
+    fn an_attempt_whose_completion_is_on_its_way_is_not_stopped_as_stale() {
+        let running = Arc::new(Running::default());
+        let [done, stale] = hold(&running, [delivery("1-0", "a"), delivery("2-0", "b")]);
+        running.started_as([(&done, 1), (&stale, 1)]);
+        let id = |msg_id: &str| {
+            running.started()["q"]
+                .iter()
+                .find(|(_, d, _)| d.msg_id == msg_id)
+                .map(|(id, _, _)| *id)
+                .expect("beaten for")
+        };
+        let (done_id, stale_id) = (id("1-0"), id("2-0"));
+
+        // Its call ended and its completion went to the completer; a beat
+        // that then finds the task ended (that very completion, written)
+        // stops nothing and reports nothing. It is still beaten for until
+        // its completion is written.
+        assert!(done.begin_completion());
+        assert!(running.stop_stale(done_id).is_none(), "reported");
+        assert!(!done.is_stale() && !done.cancel_handle().is_cancelled());
+        assert_eq!(running.started()["q"].len(), 2);
+
+        // Found stale first: it may not hand over a completion.
+        assert!(running.stop_stale(stale_id).is_some());
+        assert!(!stale.begin_completion());
+        assert!(stale.is_stale());
     }
 }
