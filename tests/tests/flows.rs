@@ -428,6 +428,87 @@ async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<()> {
+    // Children never run here: they wait, QUEUED.
+    let dtq = Dtq::start(true, &flags(false)).await?;
+    let (parent, waiting) = waiting_parent(&dtq, 3).await?;
+    let children: Vec<String> = waiting["children"]
+        .as_array()
+        .context("children")?
+        .iter()
+        .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
+        .collect();
+    let statuses = async || -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for id in &children {
+            let task = dtq.task("kids", id).await?;
+            out.push(task["status"].as_str().unwrap_or_default().to_owned());
+        }
+        Ok(out)
+    };
+    let score = async || -> Result<Option<u64>> {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg("dtq:flows:{default}")
+            .arg(&parent)
+            .query_async(&mut dtq.redis.conn().await?)
+            .await?;
+        Ok(score.map(|s| s as u64))
+    };
+    let indexed = async || -> Result<bool> { Ok(score().await?.is_some()) };
+    let settings = dtq_host::ingest::IngestSettings {
+        max_payload_bytes: 1 << 20,
+        max_queue_depth: 0,
+        default_max_attempts: 3,
+        max_timeout_ms: 60_000,
+    };
+    let look = async |at: u64| {
+        dtq_host::ingest::repair(&dtq.store, &settings, "default", &parent, at).await
+    };
+
+    // It has waited long: its next look is minutes off.
+    let at = dtq_host::base::now_ms();
+    let _: u64 = redis::cmd("ZADD")
+        .arg("dtq:flows:{default}")
+        .arg("XX")
+        .arg("CH")
+        .arg(at + 300_000)
+        .arg(&parent)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    // The parent's cancel lands, and its canceller (an API process killed
+    // mid-call) never reaches the children.
+    let outcome = dtq.store.cancel("default", &parent, at).await?;
+    assert_eq!(outcome, dtq_host::store::CancelOutcome::Cancelled);
+    let next = score()
+        .await?
+        .context("a cancelled parent's live flow stays swept")?;
+    assert!(
+        next < at + 60_000,
+        "its next look comes soon: {next} (cancelled at {at})"
+    );
+
+    // Within the canceller's grace a look leaves them to it.
+    assert_eq!(look(at + 1_000).await?.cancelled, 0);
+    assert_eq!(statuses().await?, ["QUEUED"; 3]);
+
+    // Past it, the sweep cancels them, and they tell their parent.
+    assert_eq!(look(at + 2_000).await?.cancelled, 3);
+    assert_eq!(statuses().await?, ["CANCELLED"; 3]);
+    assert!(indexed().await?, "not yet told");
+    for child in &children {
+        dtq.store
+            .settle_child("kids", child, &format!("default/{parent}"))
+            .await?;
+    }
+    // Every child ended: the flow leaves the index, and the parent stays
+    // cancelled.
+    assert!(!indexed().await?, "a settled cancelled flow left the index");
+    assert_eq!(look(at + 3_000).await?.cancelled, 0);
+    assert_eq!(dtq.task("default", &parent).await?["status"], "CANCELLED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_submission_inside_an_operation_applies_with_its_commit() -> Result<()> {
     let dtq = Dtq::start(true, &flags(true)).await?;
     // Attempt 1 commits the operation, then fails: the submission applies

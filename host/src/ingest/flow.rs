@@ -6,7 +6,9 @@
 use tracing::{debug, warn};
 
 use super::{IngestError, IngestSettings, SubmitRequest, prepare};
-use crate::store::{ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, task_ref};
+use crate::store::{
+    CancelOutcome, ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, task_ref,
+};
 
 /// What became of a flow's outbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -18,7 +20,15 @@ pub struct Applied {
     pub held: usize,
     /// Whether the parent resumed.
     pub resumed: bool,
+    /// Children of a cancelled parent cancelled by this look: those its
+    /// canceller did not reach ([`repair`]).
+    pub cancelled: usize,
 }
+
+/// How long after a parent's cancel the sweeper may cancel its children:
+/// until then its canceller (`POST .../cancel`) is still at it, and its
+/// answer lists the children it cancelled.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Apply every staged submission still in the outbox of task `id` of
 /// `queue`, in the order they were staged. A submission its queue has no
@@ -165,9 +175,11 @@ async fn submit_staged(
 
 /// Look again at the flow of task `id` of `queue` at `now` (the sweeper):
 /// apply what is still staged, record every child that has ended (a
-/// wake-up that was missed), and let the flow resume its parent or leave
-/// the index. A look that finds nothing to do puts the next one further
-/// off ([`Store::flow_unchanged`]).
+/// wake-up that was missed), cancel the children still live of a parent
+/// cancelled at least `CANCEL_GRACE` (2 s) ago, whose canceller died part-way,
+/// and let the flow resume its parent or leave the index. A look that
+/// finds nothing to do puts the next one further off
+/// ([`Store::flow_unchanged`]).
 pub async fn repair(
     store: &Store,
     settings: &IngestSettings,
@@ -185,16 +197,33 @@ pub async fn repair(
     // Their records in one read (one pipeline; on a cluster, all at once).
     let records = store.children_of(&unsettled).await?;
     let mut ended = 0;
+    let mut live = Vec::new();
     for (child, record) in unsettled.iter().zip(records) {
         if record.is_terminal() {
             ended += 1;
             applied.resumed |= store
                 .flow_record(queue, id, None, Some(child), true)
                 .await?;
+        } else {
+            live.push(record);
+        }
+    }
+    if !live.is_empty()
+        && let Some(at) = store.cancelled_at(queue, id).await?
+        && at.saturating_add(CANCEL_GRACE.as_millis() as u64) <= now
+    {
+        // Each cancelled child is told to its parent as it ends, and takes
+        // its own children with it the same way.
+        for child in live {
+            match store.cancel(&child.queue, &child.task_id, now).await? {
+                CancelOutcome::Cancelled | CancelOutcome::Requested => applied.cancelled += 1,
+                CancelOutcome::Terminal(_) | CancelOutcome::NotFound => {}
+            }
         }
     }
     applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
-    if applied.applied == 0 && applied.held == 0 && ended == 0 && !applied.resumed {
+    let found = applied.applied + applied.held + ended + applied.cancelled;
+    if found == 0 && !applied.resumed {
         store.flow_unchanged(queue, id, now).await?;
     }
     Ok(applied)

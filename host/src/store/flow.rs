@@ -430,6 +430,29 @@ impl Store {
         self.trip("flow", read_flow(&self.conn, queue, id)).await
     }
 
+    /// When task `id` of `queue` was cancelled (ms since epoch, its
+    /// `finished_at`), or `None` when it is not CANCELLED (or gone).
+    pub async fn cancelled_at(&self, queue: &str, id: &str) -> Result<Option<u64>, StoreError> {
+        let keys = QueueKeys::of_task(queue, id);
+        let (status, at): (Option<String>, Option<String>) = self
+            .trip(
+                "cancelled_at",
+                redis::cmd("HMGET")
+                    .arg(keys.task(id))
+                    .arg("status")
+                    .arg("finished_at")
+                    .query_async(&mut self.conn.clone()),
+            )
+            .await?;
+        if status.as_deref() != Some("CANCELLED") {
+            return Ok(None);
+        }
+        let at = at.unwrap_or_default();
+        at.parse()
+            .map(Some)
+            .map_err(|_| StoreError::Corrupt(format!("task {id}: finished_at {at:?}")))
+    }
+
     /// The children of task `id` of `queue`, as they are now.
     pub async fn children(&self, queue: &str, id: &str) -> Result<Vec<Child>, StoreError> {
         self.trip("children", children(&self.conn, queue, id)).await

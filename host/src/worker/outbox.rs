@@ -111,6 +111,10 @@ async fn sweep_queue(
             debug!(queue, task_id = %id, applied = repaired.applied,
                 resumed = repaired.resumed, "flow repaired by the sweep");
         }
+        if repaired.cancelled > 0 {
+            warn!(queue, task_id = %id, children = repaired.cancelled,
+                "cancelled the children of a cancelled parent that its cancel left running");
+        }
     }
     Ok(())
 }

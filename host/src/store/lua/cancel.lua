@@ -6,7 +6,9 @@
   its stream message only acknowledges it. A RUNNING task is flagged and its
   worker told on the cancel channel; the worker interrupts the sandbox and
   completes the task as CANCELLED. A WAITING task (flows) is cancelled at
-  once too; its caller then cancels its children (store/flow.rs). A task
+  once too; its caller then cancels its children (store/flow.rs), and its
+  flow stays in the flows index until they have all ended, for the sweeper
+  to cancel any the caller did not reach (include/flow.lua). A task
   with a parent cancelled here joins the settle index, for the sweeper to
   tell its parent.
 
@@ -99,7 +101,9 @@ end
 if f[4] then
   redis.call("ZADD", settleKey, now, taskId)
 end
-if status == "WAITING" then
-  flowQuiet(taskKey, flowKey, flowsKey, taskId)
+if status == "WAITING" and not flowQuiet(taskKey, flowKey, flowsKey, taskId) then
+  -- Its sweep looks may have backed off while it waited: the next comes
+  -- soon, for the children its caller does not reach.
+  redis.call("ZADD", flowsKey, "XX", now, taskId)
 end
 return {1, "CANCELLED"}

@@ -43,10 +43,17 @@ local FLOW_TERMINAL = { SUCCEEDED = true, FAILED = true, CANCELLED = true, EXPIR
 
 -- A flow whose task has ended with nothing staged leaves the queue's index
 -- of flows (the sweeper's work list) and expires with its task (a
--- dead-lettered task's, kept until purged, stays). Returns whether it left.
+-- dead-lettered task's, kept until purged, stays). A cancelled task takes
+-- its children with it: its flow stays until every child has ended, so
+-- that the sweeper cancels those its canceller did not reach (an API
+-- process that died part-way; ingest/flow.rs, `repair`). Returns whether
+-- it left.
 local function flowQuiet(taskKey, flowKey, flowsKey, taskId)
   local status = redis.call("HGET", taskKey, "status")
   if status and not FLOW_TERMINAL[status] then
+    return false
+  end
+  if status == "CANCELLED" and not flowSettled(flowKey) then
     return false
   end
   if tonumber(redis.call("HGET", flowKey, "staged") or "0") > 0 then
