@@ -19,7 +19,7 @@
 //! | `dtq_handler_info` | gauge | `task`, `digest` | 1 for each handler this process's worker has loaded, with its module's SHA-256 |
 //! | `dtq_sandbox_slot_reset` | gauge | `mode` | 1 for how this process's worker resets a pool slot between calls ([`SlotReset`]) |
 //! | `dtq_redis_round_trip_seconds` | histogram | `operation` | each round trip the store makes to Redis, by operation (the scripts and commands of [`crate::store::Store`]; `read`, the worker's blocking read, includes its wait for a message, up to 500 ms) |
-//! | `dtq_queue_depth` | gauge | `queue`, `state` | tasks of each queue by state (`ready`, `running`, `delayed`, `dead_lettered`), read from Redis at scrape time |
+//! | `dtq_queue_depth` | gauge | `queue`, `state` | tasks of each queue by state (`ready`, `running`, `delayed`, `waiting`, `dead_lettered`), read from Redis at scrape time |
 //! | `dtq_redis_up` | gauge | | 1 if this scrape read the queue depths within the API's Redis deadline, else 0 (and no `dtq_queue_depth`) |
 //!
 //! # Cardinality
@@ -643,6 +643,7 @@ fn depth_registry(depths: Option<&[QueueStats]>) -> Registry {
             ("ready", stats.ready),
             ("running", stats.running),
             ("delayed", stats.delayed),
+            ("waiting", stats.waiting),
             ("dead_lettered", stats.dead_lettered),
         ] {
             family
@@ -656,8 +657,8 @@ fn depth_registry(depths: Option<&[QueueStats]>) -> Registry {
     registry.register(
         "dtq_queue_depth",
         "Tasks of each queue that exists in Redis, by state: ready (not yet delivered), \
-         running (delivered, not acknowledged), delayed (scheduled and retries), \
-         dead_lettered; read at scrape time",
+         running (delivered, not acknowledged), delayed (scheduled and retries), waiting \
+         (parents waiting for their children), dead_lettered; read at scrape time",
         family,
     );
     registry
@@ -792,6 +793,7 @@ mod tests {
             ready: 3,
             running: 1,
             delayed: 2,
+            waiting: 4,
             dead_lettered: 0,
             partitions: 1,
             paused: false,
@@ -805,6 +807,10 @@ mod tests {
         );
         assert!(
             text.contains("dtq_queue_depth{queue=\"emails\",state=\"dead_lettered\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("dtq_queue_depth{queue=\"emails\",state=\"waiting\"} 4\n"),
             "{text}"
         );
         text.clear();

@@ -93,7 +93,7 @@ export async function queuesPage(ctx) {
     heading('Queues'),
     h('table', { id: 'queues' },
       h('caption', { class: 'sr-only' }, 'Queues and their counts'),
-      h('thead', {}, h('tr', {}, ['Queue', 'State', 'Ready', 'Running', 'Delayed', 'Dead-lettered', '']
+      h('thead', {}, h('tr', {}, ['Queue', 'State', 'Ready', 'Running', 'Delayed', 'Waiting', 'Dead-lettered', '']
         .map((c) => h('th', { scope: 'col' }, c)))),
       tbody),
     updated,
@@ -143,12 +143,13 @@ export async function queuesPage(ctx) {
       h('td', { 'data-count': 'ready' }, q.ready),
       h('td', { 'data-count': 'running' }, q.running),
       h('td', { 'data-count': 'delayed' }, q.delayed),
+      h('td', { 'data-count': 'waiting' }, q.waiting ?? 0),
       h('td', { 'data-count': 'dead_lettered' },
         h('a', { href: `#/queues/${seg(q.queue)}/dlq` }, q.dead_lettered)),
       h('td', {}, h('a', { href: `#/queues/${seg(q.queue)}/tasks` }, 'tasks'))),
     ));
     if (!queues.length) {
-      tbody.replaceChildren(h('tr', {}, h('td', { colspan: 7 },
+      tbody.replaceChildren(h('tr', {}, h('td', { colspan: 8 },
         'No queue has received a submission yet (or this token may read none).')));
     }
     updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;

@@ -126,6 +126,7 @@ async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -
     assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
     let result = &done["result"];
     assert_eq!(result["sum"], 15, "0 + 1 + ... + 5: {result}");
+    assert_eq!(dtq.store.stats("default").await?.waiting, 0, "it resumed");
     assert_eq!(result["children"], 6);
     assert_eq!(result["failed"], 0);
     // The run after the wait is the same attempt, not a new one.
@@ -402,6 +403,14 @@ async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()
         .iter()
         .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
         .collect();
+    let (_, stats) = dtq
+        .call(reqwest::Method::GET, "/v1/queues/default", None, &[])
+        .await?;
+    assert_eq!(
+        (&stats["waiting"], &stats["ready"], &stats["running"]),
+        (&json!(1), &json!(0), &json!(0)),
+        "the waiting parent is counted as waiting, and only there: {stats}"
+    );
     let (code, body) = dtq
         .call(
             reqwest::Method::POST,
@@ -413,6 +422,7 @@ async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["status"], "CANCELLED");
     assert_eq!(body["cancelled_children"], json!(children), "it says so");
+    assert_eq!(dtq.store.stats("default").await?.waiting, 0, "cancelled");
     let parent = dtq.task("default", &parent).await?;
     assert_eq!(parent["status"], "CANCELLED");
     assert!(
@@ -687,6 +697,7 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
     // Children never run here: the parent waits for good.
     let dtq = Dtq::start(true, &flags(false)).await?;
     let (parent, waiting) = waiting_parent(&dtq, 2).await?;
+    assert_eq!(dtq.store.stats("default").await?.waiting, 1);
     let waited_at: u64 = redis::cmd("HGET")
         .arg(format!("dtq:task:{{default}}:{parent}"))
         .arg("updated_at")
@@ -762,6 +773,7 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         .settle_child("kids", &last, &format!("default/{parent}"))
         .await?;
     assert!(told, "the parent resumed");
+    assert_eq!(dtq.store.stats("default").await?.waiting, 0, "resumed");
     let next: f64 = redis::cmd("ZSCORE")
         .arg("dtq:flows:{default}")
         .arg(&parent)

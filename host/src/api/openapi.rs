@@ -760,6 +760,9 @@ pub(super) mod schemas {
         running: u64,
         /// Scheduled tasks and retries.
         delayed: u64,
+        /// Parents WAITING for their children (flows): acknowledged,
+        /// holding no slot, counted in none of the others.
+        waiting: u64,
         /// Dead-lettered tasks.
         dead_lettered: u64,
         /// Partitions the queue is spread over; the counts are their sums.

@@ -299,6 +299,7 @@ fn queues_text(answer: &Map<String, Value>) -> String {
         "ready",
         "running",
         "delayed",
+        "waiting",
         "dead_lettered",
         "partitions",
     ];

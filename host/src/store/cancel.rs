@@ -63,7 +63,8 @@ impl Store {
             .key(&keys.stream)
             .key(keys.settle())
             .key(keys.flow(id))
-            .key(keys.flows());
+            .key(keys.flows())
+            .key(keys.waiting());
         Argv::new(&mut inv, &CANCEL_ARGV)
             .put("TASK_ID", id)
             .put("NOW", now)

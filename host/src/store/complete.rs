@@ -166,13 +166,14 @@ impl Store {
         let staging = batch.iter().filter(|c| c.stages()).count();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.scripts.complete.get_hash())
-            .arg(6 + batch.len() + keyed + staging)
+            .arg(7 + batch.len() + keyed + staging)
             .arg(&keys.stream)
             .arg(&keys.delayed)
             .arg(&keys.dlq)
             .arg(&keys.events)
             .arg(keys.flows())
-            .arg(keys.settle());
+            .arg(keys.settle())
+            .arg(keys.waiting());
         for c in batch {
             cmd.arg(keys.task(&c.task_id));
         }

@@ -379,7 +379,8 @@ impl Store {
             .key(keys.flow(id))
             .key(&keys.stream)
             .key(&keys.events)
-            .key(keys.flows());
+            .key(keys.flows())
+            .key(keys.waiting());
         Argv::new(&mut inv, &FLOW_RECORD_ARGV)
             .put("TASK_ID", id)
             .put("EID", eid.unwrap_or(""))

@@ -31,6 +31,7 @@
 //! | `dtq:group:{q}:<group>` | sorted set | the tasks holding a slot of `<group>` under a group limit, by when admitted (`lua/admit.lua`) |
 //! | `dtq:flow:{q}:<id>` | hash | task `<id>`'s flow (flows): its staged submissions not yet applied (its outbox), its children and which of them ended (`lua/include/flow.lua`); expires with its task |
 //! | `dtq:flows:{q}` | sorted set | tasks whose flow has staged submissions or who wait for children, by when it last changed (ms): the sweep's work list (`flow.rs`) |
+//! | `dtq:waiting:{q}` | sorted set | tasks WAITING for their children (flows), by when they began to wait (ms): the queue's `waiting` count (`lua/include/flow.lua`) |
 //! | `dtq:settle:{q}` | sorted set | tasks with a parent that ended and whose parent may not have been told yet, by when they ended (ms) |
 //! | [`LIMITS`] | hash | each queue's limits, JSON (`limits.rs`) |
 //! | [`PAUSED`] | hash | paused queues: each name, and when it was paused (ms) (`pause.rs`) |
@@ -191,6 +192,12 @@ impl QueueKeys {
     /// list (`store/flow.rs`).
     pub fn flows(&self) -> String {
         format!("dtq:flows:{{{}}}", self.queue)
+    }
+
+    /// The tasks WAITING for their children, by when they began to wait
+    /// (ms): the count of waiting parents.
+    pub fn waiting(&self) -> String {
+        format!("dtq:waiting:{{{}}}", self.queue)
     }
 
     /// The tasks with a parent that ended and whose parent may not have

@@ -25,6 +25,7 @@ impl Store {
             ready: 0,
             running: 0,
             delayed: 0,
+            waiting: 0,
             dead_lettered: 0,
             partitions: names.len() as u32,
             paused: paused.is_some(),
@@ -33,6 +34,7 @@ impl Store {
             stats.ready += part.ready;
             stats.running += part.running;
             stats.delayed += part.delayed;
+            stats.waiting += part.waiting;
             stats.dead_lettered += part.dead_lettered;
         }
         Ok(stats)
@@ -46,8 +48,9 @@ impl Store {
         pipe.xlen(&keys.stream)
             .zcard(&keys.delayed)
             .zcard(&keys.dlq)
+            .zcard(keys.waiting())
             .exists(&keys.stream);
-        let (len, delayed, dead_lettered, exists): (u64, u64, u64, bool) = self
+        let (len, delayed, dead_lettered, waiting, exists): (u64, u64, u64, u64, bool) = self
             .trip("stats", pipe.query_async(&mut self.conn.clone()))
             .await?;
         let mut running = 0;
@@ -81,6 +84,7 @@ impl Store {
             ready: len.saturating_sub(running),
             running,
             delayed,
+            waiting,
             dead_lettered,
             partitions: 1,
             paused: false,

@@ -336,6 +336,9 @@ pub struct QueueStats {
     pub running: u64,
     /// Scheduled tasks and retries.
     pub delayed: u64,
+    /// Parents WAITING for their children (flows): acknowledged, holding
+    /// no slot, counted in none of the above.
+    pub waiting: u64,
     /// Dead-lettered tasks.
     pub dead_lettered: u64,
     /// Partitions the queue is spread over (see `store::partitions`); the

@@ -21,6 +21,7 @@
     KEYS[6] settle index         dtq:settle:{q}
     KEYS[7] the task's flow      dtq:flow:{q}:<id>
     KEYS[8] flows index          dtq:flows:{q}
+    KEYS[9] waiting set          dtq:waiting:{q}
 
     ARGV by name (the ARG_ locals below; store/cancel.rs, CANCEL_ARGV):
     ARG_TASK_ID         task id
@@ -62,6 +63,7 @@ local ARG_GROUP = 9
 
 local taskKey, delayedKey, eventsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local streamKey, settleKey, flowKey, flowsKey = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local waitingKey = KEYS[9]
 local taskId, now, hasKey = ARGV[ARG_TASK_ID], ARGV[ARG_NOW], ARGV[ARG_HAS_KEY] == "1"
 local retention, eventsMaxLen = tonumber(ARGV[ARG_RETENTION]), ARGV[ARG_EVENTS_MAX_LEN]
 local channel, message, publish = ARGV[ARG_CHANNEL], ARGV[ARG_MESSAGE], ARGV[ARG_PUBLISH]
@@ -101,9 +103,12 @@ end
 if f[4] then
   redis.call("ZADD", settleKey, now, taskId)
 end
-if status == "WAITING" and not flowQuiet(taskKey, flowKey, flowsKey, taskId) then
-  -- Its sweep looks may have backed off while it waited: the next comes
-  -- soon, for the children its caller does not reach.
-  redis.call("ZADD", flowsKey, "XX", now, taskId)
+if status == "WAITING" then
+  redis.call("ZREM", waitingKey, taskId)
+  if not flowQuiet(taskKey, flowKey, flowsKey, taskId) then
+    -- Its sweep looks may have backed off while it waited: the next comes
+    -- soon, for the children its caller does not reach.
+    redis.call("ZADD", flowsKey, "XX", now, taskId)
+  end
 end
 return {1, "CANCELLED"}

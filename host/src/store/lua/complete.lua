@@ -17,7 +17,8 @@
     KEYS[4] events stream     dtq:events:{q}
     KEYS[5] flows index       dtq:flows:{q}
     KEYS[6] settle index      dtq:settle:{q}
-    KEYS[7 + i]  the task hash of completion i (from 0), dtq:task:{q}:<id>
+    KEYS[7] waiting set       dtq:waiting:{q}
+    KEYS[8 + i]  the task hash of completion i (from 0), dtq:task:{q}:<id>
     then the idempotency records dtq:idempotency:{q}:<key> of the
     completions that have a key, in their order (none for the others)
     then the flow hashes dtq:flow:{q}:<id> of the completions whose
@@ -153,7 +154,7 @@ local C_CARRIED_AT = 8
 local C_OPTIONAL = 9
 
 local streamKey, delayedKey, dlqKey, eventsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local flowsKey, settleKey = KEYS[5], KEYS[6]
+local flowsKey, settleKey, waitingKey = KEYS[5], KEYS[6], KEYS[7]
 local group, retention = ARGV[ARG_GROUP], ARGV[ARG_RETENTION]
 local eventsMaxLen = ARGV[ARG_EVENTS_MAX_LEN]
 
@@ -397,10 +398,11 @@ local function waitOne(attempts)
   rcall("HDEL", taskKey, "worker", "expires_at")
   stage()
   pushEvent(taskId, "WAITING", attempts, now)
+  rcall("ZADD", waitingKey, now, taskId)
   if msgId ~= "" then
     acks[#acks + 1] = msgId
   end
-  local resumed = resumeIfSettled(taskKey, flowKey, streamKey, taskId, now)
+  local resumed = resumeIfSettled(taskKey, flowKey, streamKey, waitingKey, taskId, now)
   if resumed then
     pushEvent(taskId, "QUEUED", resumed, now)
     return "QUEUED"
@@ -523,7 +525,7 @@ local function notOlder(ids, from)
 end
 
 local out = {}
-local idemAt, flowAt = 7 + count, 7 + count + keyed
+local idemAt, flowAt = 8 + count, 8 + count + keyed
 for i = 1, count do
   local first, idemKey, flow = starts[i], nil, nil
   if ARGV[first + C_HAS_KEY] == "1" then
@@ -531,13 +533,13 @@ for i = 1, count do
   end
   local outcome = ARGV[first + C_OUTCOME]
   if outcome == "success" and ARGV[first + C_CARRIED_AT] ~= ""
-      and carriedSuccess(KEYS[6 + i], idemKey, first) then
+      and carriedSuccess(KEYS[7 + i], idemKey, first) then
     out[i] = "SUCCEEDED"
   else
     if staging[outcome] then
       flow, flowAt = KEYS[flowAt], flowAt + 1
     end
-    local code, status, parent = completeOne(KEYS[6 + i], idemKey, flow, first)
+    local code, status, parent = completeOne(KEYS[7 + i], idemKey, flow, first)
     -- An OK word is the status alone: no string is built for it.
     local word = code == 1 and status or code .. ":" .. status
     if parent then

@@ -10,6 +10,7 @@
     KEYS[3] ready stream       dtq:stream:{q}
     KEYS[4] events stream      dtq:events:{q}
     KEYS[5] flows index        dtq:flows:{q}
+    KEYS[6] waiting set        dtq:waiting:{q}
 
     ARGV by name (the ARG_ locals below; store/flow.rs, FLOW_RECORD_ARGV):
     ARG_TASK_ID         the parent's id
@@ -38,6 +39,7 @@ local ARG_NOW = 6
 local ARG_EVENTS_MAX_LEN = 7
 
 local taskKey, flowKey, streamKey, eventsKey, flowsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local waitingKey = KEYS[6]
 local taskId, eid, child = ARGV[ARG_TASK_ID], ARGV[ARG_EID], ARGV[ARG_CHILD]
 local now, eventsMaxLen = ARGV[ARG_NOW], ARGV[ARG_EVENTS_MAX_LEN]
 
@@ -61,7 +63,7 @@ if child ~= "" then
     redis.call("HINCRBY", flowKey, "settled", 1)
   end
 end
-local resumed = resumeIfSettled(taskKey, flowKey, streamKey, taskId, now)
+local resumed = resumeIfSettled(taskKey, flowKey, streamKey, waitingKey, taskId, now)
 if resumed then
   addEvent(eventsKey, eventsMaxLen, taskId, "QUEUED", resumed, now)
   -- Its sweep looks may have backed off while it waited: the next comes

@@ -15,6 +15,10 @@
   A `d:` may come before its `c:` (a child that ended before its parent
   recorded it); the counts meet once both are written.
 
+  A WAITING task is also in its queue's waiting set, dtq:waiting:{q} (by
+  when it began to wait): the count of waiting parents. complete.lua adds
+  it as it waits; it leaves as it resumes or is cancelled (cancel.lua).
+
   `resumeIfSettled` resumes a WAITING parent whose flow is settled (no
   staged submission, every child terminal): back to QUEUED with a new
   stream message, its `attempts` one less, so that the run `start.lua`
@@ -27,10 +31,11 @@ local function flowSettled(flowKey)
   return tonumber(f[1] or "0") <= 0 and tonumber(f[3] or "0") >= tonumber(f[2] or "0")
 end
 
-local function resumeIfSettled(taskKey, flowKey, streamKey, taskId, now)
+local function resumeIfSettled(taskKey, flowKey, streamKey, waitingKey, taskId, now)
   if redis.call("HGET", taskKey, "status") ~= "WAITING" or not flowSettled(flowKey) then
     return false
   end
+  redis.call("ZREM", waitingKey, taskId)
   local attempts = redis.call("HINCRBY", taskKey, "attempts", -1)
   local msgId = redis.call("XADD", streamKey, "*", "id", taskId)
   redis.call("HSET", taskKey, "status", "QUEUED", "updated_at", now, "msg_id", msgId)
