@@ -114,6 +114,16 @@ async fn waiting_parent(dtq: &Dtq, children: usize) -> Result<(String, Value)> {
     Ok((parent, waiting))
 }
 
+/// The ids of the children of `task` (its JSON), in order.
+fn child_ids(task: &Value) -> Result<Vec<String>> {
+    task["children"]
+        .as_array()
+        .context("children")?
+        .iter()
+        .map(|c| c["task_id"].as_str().map(str::to_owned).context("task_id"))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parent_fans_out_waits_and_resumes_once_with_its_childrens_results() -> Result<()> {
     let dtq = Dtq::start(true, &flags(true)).await?;
@@ -397,12 +407,7 @@ async fn a_submission_without_a_grant_is_refused_before_the_handler_returns() ->
 async fn cancelling_a_waiting_parent_cancels_its_waiting_children() -> Result<()> {
     let dtq = Dtq::start(true, &flags(false)).await?;
     let (parent, waiting) = waiting_parent(&dtq, 3).await?;
-    let children: Vec<String> = waiting["children"]
-        .as_array()
-        .context("children")?
-        .iter()
-        .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
-        .collect();
+    let children = child_ids(&waiting)?;
     let (_, stats) = dtq
         .call(reqwest::Method::GET, "/v1/queues/default", None, &[])
         .await?;
@@ -442,12 +447,7 @@ async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<(
     // Children never run here: they wait, QUEUED.
     let dtq = Dtq::start(true, &flags(false)).await?;
     let (parent, waiting) = waiting_parent(&dtq, 3).await?;
-    let children: Vec<String> = waiting["children"]
-        .as_array()
-        .context("children")?
-        .iter()
-        .filter_map(|c| c["task_id"].as_str().map(str::to_owned))
-        .collect();
+    let children = child_ids(&waiting)?;
     let statuses = async || -> Result<Vec<String>> {
         let mut out = Vec::new();
         for id in &children {
@@ -465,12 +465,7 @@ async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<(
         Ok(score.map(|s| s as u64))
     };
     let indexed = async || -> Result<bool> { Ok(score().await?.is_some()) };
-    let settings = dtq_host::ingest::IngestSettings {
-        max_payload_bytes: 1 << 20,
-        max_queue_depth: 0,
-        default_max_attempts: 3,
-        max_timeout_ms: 60_000,
-    };
+    let settings = dtq.config.ingest_settings();
     let look = async |at: u64| {
         dtq_host::ingest::repair(&dtq.store, &settings, "default", &parent, at).await
     };
@@ -703,12 +698,7 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         .arg("updated_at")
         .query_async(&mut dtq.redis.conn().await?)
         .await?;
-    let settings = dtq_host::ingest::IngestSettings {
-        max_payload_bytes: 1 << 20,
-        max_queue_depth: 0,
-        default_max_attempts: 3,
-        max_timeout_ms: 60_000,
-    };
+    let settings = dtq.config.ingest_settings();
     // The sweep at each second from the wait, as a worker's would run it
     // (the worker's own sweep runs on a clock far behind these): the
     // seconds after the wait at which it looked at the flow.
