@@ -277,6 +277,7 @@ async fn drive(b: &Client, base: &str, api: &ApiClient, echo: &str, dead: &str) 
     })
     .await?;
     wait_text(b, &format!("{row} td[data-count='ready']"), |t| t == "0").await?;
+    wait_text(b, &format!("{row} td[data-count='waiting']"), |t| t == "0").await?;
     wait_text(b, "#stream-state", |t| t == "live").await?;
     let caption = wait_text(b, ".chart figcaption", |t| t.contains("32 completed")).await?;
     ensure!(caption.contains("1 not succeeded"), "{caption}");
