@@ -492,6 +492,14 @@ async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<(
         "its next look comes soon: {next} (cancelled at {at})"
     );
 
+    // A record without its `finished_at` (written by hand, or by an older
+    // version) is timed by its `updated_at`, the same instant here.
+    let _: u64 = redis::cmd("HDEL")
+        .arg(format!("dtq:task:{{default}}:{parent}"))
+        .arg("finished_at")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+
     // Within the canceller's grace a look leaves them to it.
     assert_eq!(look(at + 1_000).await?.cancelled, 0);
     assert_eq!(statuses().await?, ["QUEUED"; 3]);

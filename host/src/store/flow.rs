@@ -431,27 +431,29 @@ impl Store {
         self.trip("flow", read_flow(&self.conn, queue, id)).await
     }
 
-    /// When task `id` of `queue` was cancelled (ms since epoch, its
-    /// `finished_at`), or `None` when it is not CANCELLED (or gone).
+    /// When task `id` of `queue` was cancelled (ms since epoch: its
+    /// `finished_at`, else its `updated_at`), or `None` when it is not
+    /// CANCELLED (or gone). A cancelled task with neither time readable
+    /// counts as cancelled long ago (0): its children are to be cancelled
+    /// all the same, and a sweep must not stop at it.
     pub async fn cancelled_at(&self, queue: &str, id: &str) -> Result<Option<u64>, StoreError> {
         let keys = QueueKeys::of_task(queue, id);
-        let (status, at): (Option<String>, Option<String>) = self
+        let (status, finished, updated): (Option<String>, Option<String>, Option<String>) = self
             .trip(
                 "cancelled_at",
                 redis::cmd("HMGET")
                     .arg(keys.task(id))
                     .arg("status")
                     .arg("finished_at")
+                    .arg("updated_at")
                     .query_async(&mut self.conn.clone()),
             )
             .await?;
         if status.as_deref() != Some("CANCELLED") {
             return Ok(None);
         }
-        let at = at.unwrap_or_default();
-        at.parse()
-            .map(Some)
-            .map_err(|_| StoreError::Corrupt(format!("task {id}: finished_at {at:?}")))
+        let ms = |at: Option<String>| at.and_then(|at| at.parse().ok());
+        Ok(Some(ms(finished).or_else(|| ms(updated)).unwrap_or(0)))
     }
 
     /// The children of task `id` of `queue`, as they are now.
