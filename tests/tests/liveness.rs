@@ -97,16 +97,8 @@ async fn outage(redis: &RedisServer, length: Duration) -> Result<()> {
 }
 
 fn signal(redis: &RedisServer, signal: libc::c_int) -> Result<()> {
-    let pid = libc::pid_t::try_from(redis.pid())?;
-    // SAFETY: kill(2) on the pid of the redis-server child the harness
-    // owns and has not reaped (it is reaped only on drop).
-    let rc = unsafe { libc::kill(pid, signal) };
-    ensure!(
-        rc == 0,
-        "kill({pid}, {signal}): {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
+    // The harness reaps its redis-server child only on drop.
+    dtq_tests::process::send_signal(redis.pid(), signal)
 }
 
 /// One field of the task hash of `id` in the default queue.

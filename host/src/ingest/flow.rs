@@ -6,9 +6,7 @@
 use tracing::{debug, warn};
 
 use super::{IngestError, IngestSettings, SubmitRequest, prepare};
-use crate::store::{
-    CancelOutcome, ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, task_ref,
-};
+use crate::store::{ClaimOutcome, FlowState, Staged, Store, StoreError, SubmitOutcome, task_ref};
 
 /// What became of a flow's outbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -20,8 +18,9 @@ pub struct Applied {
     pub held: usize,
     /// Whether the parent resumed.
     pub resumed: bool,
-    /// Children of a cancelled parent cancelled by this look: those its
-    /// canceller did not reach ([`repair`]).
+    /// Tasks of a cancelled parent's flow (its children, and theirs)
+    /// cancelled by this look: those its canceller did not reach
+    /// ([`repair`]).
     pub cancelled: usize,
 }
 
@@ -197,29 +196,21 @@ pub async fn repair(
     // Their records in one read (one pipeline; on a cluster, all at once).
     let records = store.children_of(&unsettled).await?;
     let mut ended = 0;
-    let mut live = Vec::new();
-    for (child, record) in unsettled.iter().zip(records) {
+    for (child, record) in unsettled.iter().zip(&records) {
         if record.is_terminal() {
             ended += 1;
             applied.resumed |= store
                 .flow_record(queue, id, None, Some(child), true)
                 .await?;
-        } else {
-            live.push(record);
         }
     }
-    if !live.is_empty()
+    if ended < records.len()
         && let Some(at) = store.cancelled_at(queue, id).await?
         && at.saturating_add(CANCEL_GRACE.as_millis() as u64) <= now
     {
-        // Each cancelled child is told to its parent as it ends, and takes
-        // its own children with it the same way.
-        for child in live {
-            match store.cancel(&child.queue, &child.task_id, now).await? {
-                CancelOutcome::Cancelled | CancelOutcome::Requested => applied.cancelled += 1,
-                CancelOutcome::Terminal(_) | CancelOutcome::NotFound => {}
-            }
-        }
+        // What `POST .../cancel` does after the parent: each child, and
+        // theirs; each tells its parent as it ends.
+        applied.cancelled = store.cancel_children(queue, id).await?.len();
     }
     applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
     let found = applied.applied + applied.held + ended + applied.cancelled;

@@ -113,7 +113,7 @@ async fn sweep_queue(
         }
         if repaired.cancelled > 0 {
             warn!(queue, task_id = %id, children = repaired.cancelled,
-                "cancelled the children of a cancelled parent that its cancel left running");
+                "cancelled what a cancelled parent's cancel left running of its children and theirs");
         }
     }
     Ok(())
