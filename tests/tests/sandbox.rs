@@ -1079,11 +1079,13 @@ async fn keys_cannot_leave_the_namespace() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_state_survives_between_calls() -> Result<()> {
     let redis = RedisServer::start()?;
-    // With this host's reset (PAGEMAP_SCAN where safe), and with the
-    // `madvise` reset a host falls back to.
-    for madvise_slot_reset in [false, true] {
+    // With this host's reset (PAGEMAP_SCAN where safe), with the `madvise`
+    // reset a host falls back to, and with so many slots that each keeps a
+    // page of its memory at most and zeroes its fiber stack.
+    for (madvise_slot_reset, max_concurrent_calls) in [(false, 64), (true, 64), (false, 10_000)] {
         let config = SandboxConfig {
             madvise_slot_reset,
+            max_concurrent_calls,
             ..SandboxConfig::default()
         };
         let sandbox = Sandbox::new(config, redis.manager().await?)?;

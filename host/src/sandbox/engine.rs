@@ -40,8 +40,12 @@ const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 /// own). A slot keeps its last call's dirty pages until its next call, so
 /// a worker of many calls (`--concurrency 10000`) would otherwise keep up
 /// to [`MEMORY_KEEP_RESIDENT`] for each after a burst: gigabytes that
-/// serve no call. Up to 256 calls each gets the whole per-slot figure.
-const KEEP_RESIDENT_BUDGET: usize = 256 << 20;
+/// serve no call. Up to 64 calls each gets the whole per-slot figure, 256
+/// calls 256 KiB each (more than a typical call dirties), 10,000 calls a
+/// page each: there the pages a finished call dirtied go back to the
+/// kernel at once, and the calls still running are what the worker holds
+/// (`docs/sandbox.md`, "Calls in flight").
+const KEEP_RESIDENT_BUDGET: usize = 64 << 20;
 
 /// What each of `calls` calls' slots keeps resident of `per_call`: all of
 /// it while the calls fit in [`KEEP_RESIDENT_BUDGET`], else an equal share
@@ -50,6 +54,18 @@ const KEEP_RESIDENT_BUDGET: usize = 256 << 20;
 fn keep_resident(calls: u32, per_call: usize, page: usize) -> usize {
     let share = KEEP_RESIDENT_BUDGET / (calls.max(1) as usize);
     share.min(per_call) / page * page
+}
+
+/// How much of a finished call's fiber stack its slot keeps, zeroed, for
+/// the next call, when `calls` calls share the pool: `None` (wasmtime's
+/// default: the stack is left as the call left it, every page it dirtied
+/// resident) while each slot may keep more than a page of its memory
+/// ([`keep_resident`]), else the top page, which every call uses; the
+/// rest goes back to the kernel. Zeroing costs a `memset` of that page and
+/// an `madvise` per call, paid only where calls are so many that each
+/// page they hold counts (a slot's stack holds about 11 KiB once used).
+fn stack_keep_resident(calls: u32, page: usize) -> Option<usize> {
+    (keep_resident(calls, MEMORY_KEEP_RESIDENT, page) <= page).then_some(page)
 }
 
 /// The host's page size; 4 KiB if the system does not say.
@@ -96,8 +112,9 @@ fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotReset {
     /// The pages the call dirtied are found with the `PAGEMAP_SCAN` ioctl,
-    /// restored with `memcpy` and kept resident, up to 1 MiB a slot; the
-    /// rest is handed back with `madvise`.
+    /// restored with `memcpy` and kept resident, up to 1 MiB a slot (past
+    /// 64 calls, a share of 64 MiB for all); the rest is handed back with
+    /// `madvise`.
     PagemapScan,
     /// wasmtime's default: the slot is handed back to the kernel with
     /// `madvise`, because the sandbox's configuration asks for it
@@ -183,11 +200,15 @@ pub(crate) fn build(config: &SandboxConfig, reset: SlotReset) -> Result<Engine, 
         .max_tables_per_module(per_call(limits.tables))
         .max_memory_size(limits.memory_bytes)
         .table_elements(limits.table_elements);
+    let page = host_page_size();
     if reset == SlotReset::PagemapScan {
-        let page = host_page_size();
         pool.pagemap_scan(Enabled::Yes)
             .linear_memory_keep_resident(keep_resident(calls, MEMORY_KEEP_RESIDENT, page))
             .table_keep_resident(keep_resident(calls, TABLE_KEEP_RESIDENT, page));
+    }
+    let stack_keep = stack_keep_resident(calls, page);
+    if let Some(keep) = stack_keep {
+        pool.async_stack_keep_resident(keep);
     }
 
     let mut cfg = Config::new();
@@ -201,6 +222,7 @@ pub(crate) fn build(config: &SandboxConfig, reset: SlotReset) -> Result<Engine, 
         .cranelift_opt_level(OptLevel::Speed)
         .max_wasm_stack(limits.stack_bytes)
         .async_stack_size(limits.stack_bytes + HOST_STACK_MARGIN)
+        .async_stack_zeroing(stack_keep.is_some())
         .memory_init_cow(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
 
@@ -272,9 +294,11 @@ mod tests {
     fn kept_memory_is_shared_out_past_the_budget() {
         const PAGE: usize = 4 << 10;
         let keep = |calls| keep_resident(calls, MEMORY_KEEP_RESIDENT, PAGE);
-        // The fleet's default and the benches' 256 keep everything.
+        // The sandbox's default of 64 keeps everything, the benches' 256
+        // a quarter of it.
         assert_eq!(keep(8), MEMORY_KEEP_RESIDENT);
-        assert_eq!(keep(256), MEMORY_KEEP_RESIDENT);
+        assert_eq!(keep(64), MEMORY_KEEP_RESIDENT);
+        assert_eq!(keep(256), 256 << 10);
         assert_eq!(
             keep_resident(0, TABLE_KEEP_RESIDENT, PAGE),
             TABLE_KEEP_RESIDENT
@@ -282,7 +306,7 @@ mod tests {
         // Past it, the calls together keep at most the budget, in pages,
         // whatever the page size.
         for page in [PAGE, 16 << 10, 64 << 10] {
-            for calls in [257, 1_000, 10_000, 100_000] {
+            for calls in [65, 256, 1_000, 10_000, 100_000] {
                 let each = keep_resident(calls, MEMORY_KEEP_RESIDENT, page);
                 assert!(each < MEMORY_KEEP_RESIDENT, "{calls}: {each}");
                 assert!(
@@ -292,9 +316,24 @@ mod tests {
                 assert_eq!(each % page, 0, "{calls}, page {page}: {each}");
             }
         }
-        assert_eq!(keep(10_000), 24 << 10);
+        assert_eq!(keep(10_000), PAGE);
         // More calls than the budget has pages: nothing is kept.
         assert_eq!(keep(1_000_000), 0);
+    }
+
+    #[test]
+    fn stacks_are_zeroed_only_where_memory_keeps_a_page_or_less() {
+        const PAGE: usize = 4 << 10;
+        for calls in [1, 64, 256, 1_000, 8_192] {
+            assert_eq!(stack_keep_resident(calls, PAGE), None, "{calls}");
+        }
+        for calls in [8_193, 10_000, 1_000_000] {
+            assert_eq!(stack_keep_resident(calls, PAGE), Some(PAGE), "{calls}");
+        }
+        // Larger pages reach it sooner: 10,000 calls keep none of a 16 KiB
+        // page of memory.
+        assert_eq!(stack_keep_resident(2_048, 16 << 10), None);
+        assert_eq!(stack_keep_resident(10_000, 16 << 10), Some(16 << 10));
     }
 
     /// A file system root holding some files, removed on drop.
