@@ -522,6 +522,69 @@ async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_asks_a_running_child_of_a_cancelled_parent_to_stop_once() -> Result<()> {
+    // Children never run here: they wait, QUEUED, but for the one marked
+    // RUNNING by hand (its worker's `start`).
+    let dtq = Dtq::start(true, &flags(false)).await?;
+    let (parent, waiting) = waiting_parent(&dtq, 2).await?;
+    let children = child_ids(&waiting)?;
+    let running = format!("dtq:task:{{kids}}:{}", children[0]);
+    let _: u64 = redis::cmd("HSET")
+        .arg(&running)
+        .arg("status")
+        .arg("RUNNING")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    let at = dtq_host::base::now_ms();
+    let outcome = dtq.store.cancel("default", &parent, at).await?;
+    assert_eq!(outcome, dtq_host::store::CancelOutcome::Cancelled);
+    let settings = dtq.config.ingest_settings();
+    let look = async |at: u64| {
+        dtq_host::ingest::repair(&dtq.store, &settings, "default", &parent, at).await
+    };
+
+    // Past the canceller's grace the sweep cancels the queued child and
+    // asks the running one to stop.
+    assert_eq!(look(at + 2_000).await?.cancelled, 2);
+    assert_eq!(dtq.task("kids", &children[1]).await?["status"], "CANCELLED");
+    let flag: Option<String> = redis::cmd("HGET")
+        .arg(&running)
+        .arg("cancel_requested")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    assert_eq!(flag.as_deref(), Some("1"));
+    // The request stands: later looks, while the child still runs, ask
+    // again but count nothing new (no warning, and the looks back off).
+    let next_look = async || -> Result<u64> {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg("dtq:flows:{default}")
+            .arg(&parent)
+            .query_async(&mut dtq.redis.conn().await?)
+            .await?;
+        Ok(score.context("the flow is still swept")? as u64)
+    };
+    // (The first records the cancelled child's end, which its own settle
+    // would have told the parent later.)
+    assert_eq!(look(at + 12_000).await?.cancelled, 0);
+    let before = next_look().await?;
+    assert_eq!(look(at + 22_000).await?.cancelled, 0);
+    assert!(next_look().await? > before, "an unchanged look backs off");
+    assert_eq!(dtq.task("kids", &children[0]).await?["status"], "RUNNING");
+
+    // Its worker dies and the reclaim puts it back in the queue, still
+    // flagged: the next look cancels it outright.
+    let _: u64 = redis::cmd("HSET")
+        .arg(&running)
+        .arg("status")
+        .arg("QUEUED")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    look(at + 32_000).await?;
+    assert_eq!(dtq.task("kids", &children[0]).await?["status"], "CANCELLED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_submission_inside_an_operation_applies_with_its_commit() -> Result<()> {
     let dtq = Dtq::start(true, &flags(true)).await?;
     // Attempt 1 commits the operation, then fails: the submission applies

@@ -178,7 +178,8 @@ async fn submit_staged(
 /// cancelled at least `CANCEL_GRACE` (2 s) ago, whose canceller died part-way,
 /// and let the flow resume its parent or leave the index. A look that
 /// finds nothing to do puts the next one further off
-/// ([`Store::flow_unchanged`]).
+/// ([`Store::flow_unchanged`]); asking a running child to stop again, as
+/// each look does until it ends, is not counted as something done.
 pub async fn repair(
     store: &Store,
     settings: &IngestSettings,
@@ -209,8 +210,20 @@ pub async fn repair(
         && at.saturating_add(CANCEL_GRACE.as_millis() as u64) <= now
     {
         // What `POST .../cancel` does after the parent: each child, and
-        // theirs; each tells its parent as it ends.
-        applied.cancelled = store.cancel_children(queue, id).await?.len();
+        // theirs; each tells its parent as it ends. A child already asked
+        // to stop is asked again (its worker may have missed the message;
+        // one whose worker died is cancelled outright) but not counted.
+        let asked: Vec<&str> = records
+            .iter()
+            .filter(|child| child.cancel_requested)
+            .map(|child| child.task_id.as_str())
+            .collect();
+        applied.cancelled = store
+            .cancel_children(queue, id)
+            .await?
+            .iter()
+            .filter(|child| !asked.contains(&child.as_str()))
+            .count();
     }
     applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
     let found = applied.applied + applied.held + ended + applied.cancelled;

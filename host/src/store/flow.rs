@@ -220,6 +220,10 @@ pub struct Child {
     pub result: Option<String>,
     /// Its error, once it failed (or its last, while it retries).
     pub error: Option<String>,
+    /// Whether a cancel asked it to stop while it ran (the flag its
+    /// worker's heartbeat reads); not shown.
+    #[serde(skip)]
+    pub cancel_requested: bool,
 }
 
 impl Child {
@@ -300,7 +304,7 @@ pub async fn children_of(conn: &Conn, refs: &[String]) -> Result<Vec<Child>, Sto
         return Ok(Vec::new());
     }
     let cluster = matches!(conn, Conn::Cluster(_));
-    const FIELDS: [&str; 4] = ["task", "status", "result", "error"];
+    const FIELDS: [&str; 5] = ["task", "status", "result", "error", "cancel_requested"];
     let mut cmds = Vec::with_capacity(refs.len());
     let mut parsed = Vec::with_capacity(refs.len());
     for r in refs {
@@ -340,6 +344,7 @@ pub async fn children_of(conn: &Conn, refs: &[String]) -> Result<Vec<Child>, Sto
                 status: status.unwrap_or_else(|| "MISSING".to_owned()),
                 result,
                 error,
+                cancel_requested: next().is_some_and(|flag| flag == "1"),
             }
         })
         .collect())
