@@ -529,12 +529,16 @@ async fn the_sweep_asks_a_running_child_of_a_cancelled_parent_to_stop_once() -> 
     let (parent, waiting) = waiting_parent(&dtq, 2).await?;
     let children = child_ids(&waiting)?;
     let running = format!("dtq:task:{{kids}}:{}", children[0]);
-    let _: u64 = redis::cmd("HSET")
-        .arg(&running)
-        .arg("status")
-        .arg("RUNNING")
-        .query_async(&mut dtq.redis.conn().await?)
-        .await?;
+    let mark = async |status: &str| -> Result<()> {
+        let _: u64 = redis::cmd("HSET")
+            .arg(&running)
+            .arg("status")
+            .arg(status)
+            .query_async(&mut dtq.redis.conn().await?)
+            .await?;
+        Ok(())
+    };
+    mark("RUNNING").await?;
     let at = dtq_host::base::now_ms();
     let outcome = dtq.store.cancel("default", &parent, at).await?;
     assert_eq!(outcome, dtq_host::store::CancelOutcome::Cancelled);
@@ -573,12 +577,7 @@ async fn the_sweep_asks_a_running_child_of_a_cancelled_parent_to_stop_once() -> 
 
     // Its worker dies and the reclaim puts it back in the queue, still
     // flagged: the next look cancels it outright.
-    let _: u64 = redis::cmd("HSET")
-        .arg(&running)
-        .arg("status")
-        .arg("QUEUED")
-        .query_async(&mut dtq.redis.conn().await?)
-        .await?;
+    mark("QUEUED").await?;
     look(at + 32_000).await?;
     assert_eq!(dtq.task("kids", &children[0]).await?["status"], "CANCELLED");
     Ok(())
