@@ -95,6 +95,17 @@ async fn wait_until(dtq: &Dtq, id: &str, done: impl Fn(&Value) -> bool) -> Resul
     }
 }
 
+/// When the sweep next looks at the flow of `parent` (of `default`), in ms
+/// (its score in the flows index); `None` once it left the index.
+async fn next_look(dtq: &Dtq, parent: &str) -> Result<Option<u64>> {
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg("dtq:flows:{default}")
+        .arg(parent)
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    Ok(score.map(|s| s as u64))
+}
+
 /// Submit a parent fanning out to `children` on `kids` (which `dtq`'s
 /// worker does not run) and wait until it waits with all of them applied;
 /// its id and the task as the API shows it then.
@@ -456,14 +467,7 @@ async fn children_a_dead_canceller_left_are_cancelled_by_the_sweep() -> Result<(
         }
         Ok(out)
     };
-    let score = async || -> Result<Option<u64>> {
-        let score: Option<f64> = redis::cmd("ZSCORE")
-            .arg("dtq:flows:{default}")
-            .arg(&parent)
-            .query_async(&mut dtq.redis.conn().await?)
-            .await?;
-        Ok(score.map(|s| s as u64))
-    };
+    let score = async || next_look(&dtq, &parent).await;
     let indexed = async || -> Result<bool> { Ok(score().await?.is_some()) };
     let settings = dtq.config.ingest_settings();
     let look = async |at: u64| {
@@ -559,20 +563,17 @@ async fn the_sweep_asks_a_running_child_of_a_cancelled_parent_to_stop_once() -> 
     assert_eq!(flag.as_deref(), Some("1"));
     // The request stands: later looks, while the child still runs, ask
     // again but count nothing new (no warning, and the looks back off).
-    let next_look = async || -> Result<u64> {
-        let score: Option<f64> = redis::cmd("ZSCORE")
-            .arg("dtq:flows:{default}")
-            .arg(&parent)
-            .query_async(&mut dtq.redis.conn().await?)
-            .await?;
-        Ok(score.context("the flow is still swept")? as u64)
+    let swept = async || {
+        next_look(&dtq, &parent)
+            .await?
+            .context("the flow is still swept")
     };
     // (The first records the cancelled child's end, which its own settle
     // would have told the parent later.)
     assert_eq!(look(at + 12_000).await?.cancelled, 0);
-    let before = next_look().await?;
+    let before = swept().await?;
     assert_eq!(look(at + 22_000).await?.cancelled, 0);
-    assert!(next_look().await? > before, "an unchanged look backs off");
+    assert!(swept().await? > before, "an unchanged look backs off");
     assert_eq!(dtq.task("kids", &children[0]).await?["status"], "RUNNING");
 
     // Its worker dies and the reclaim puts it back in the queue, still
@@ -834,14 +835,12 @@ async fn the_sweep_looks_at_a_long_wait_ever_less_often() -> Result<()> {
         .await?;
     assert!(told, "the parent resumed");
     assert_eq!(dtq.store.stats("default").await?.waiting, 0, "resumed");
-    let next: f64 = redis::cmd("ZSCORE")
-        .arg("dtq:flows:{default}")
-        .arg(&parent)
-        .query_async(&mut dtq.redis.conn().await?)
-        .await?;
-    let now = dtq_host::base::now_ms() as f64;
+    let next = next_look(&dtq, &parent)
+        .await?
+        .context("the resumed flow is still swept")?;
+    let now = dtq_host::base::now_ms();
     assert!(
-        next <= now && next > now - 60_000.0,
+        next <= now && next > now - 60_000,
         "the next look is due 10 s from the resumption: {next} (now {now})"
     );
     Ok(())
