@@ -9,6 +9,10 @@
 //!   compiled component, `InstancePre`, a new `Store` per call, no WASI
 //!   context, host state, limits or deadline: `dtq_host::sandbox::baseline`),
 //!   in rounds alternating with dtq's call, and dtq's cost as a ratio of it;
+//! - a call that writes 64 KiB to 1 MiB of its heap, in sandboxes sized
+//!   for 64 to 8 192 calls: what a handler pays that dirties more than its
+//!   slot keeps resident between calls (the pool's share per slot falls as
+//!   its slots grow);
 //! - calls per second with 1 and 2 concurrent callers;
 //! - loading a module cold (compiling it) and cached (deserializing the
 //!   artifact), for the smallest and the largest guest.
@@ -154,6 +158,10 @@ async fn bench() -> Result<()> {
     );
     println!();
 
+    // --- calls that dirty more than their slot keeps ----------------------
+    dirtying(&redis, &cache).await?;
+    println!();
+
     // --- throughput -------------------------------------------------------
     for concurrency in [1, 2] {
         let per_task = THROUGHPUT_CALLS / concurrency;
@@ -178,6 +186,47 @@ async fn bench() -> Result<()> {
             "throughput, echo, {concurrency} concurrent caller(s):  {:.0} calls/s",
             (per_task * concurrency) as f64 / elapsed.as_secs_f64()
         );
+    }
+    Ok(())
+}
+
+/// Calls in flight a sandbox is sized for, and how much of its heap each
+/// call writes, for [`dirtying`].
+const DIRTYING_SLOTS: [u32; 4] = [64, 256, 1_024, 8_192];
+const DIRTYING_KIB: [usize; 3] = [64, 256, 1_024];
+
+/// What a call that writes more memory than its slot keeps resident
+/// between calls pays: `waiter` with no wait, writing `touch_kib` of its
+/// heap, one call at a time in a sandbox of each size of
+/// [`DIRTYING_SLOTS`]. A slot keeps up to 1 MiB of a call's dirty pages
+/// resident (restored with `memcpy`), less past 64 calls (a share of one
+/// budget for all); what the next call writes beyond that share it takes
+/// again from the kernel, a page fault a page.
+async fn dirtying(redis: &RedisServer, cache: &TempDir) -> Result<()> {
+    println!("waiter writing N KiB of heap, one call at a time, median (p99) per call:");
+    let header: Vec<String> = DIRTYING_KIB
+        .iter()
+        .map(|kib| format!("{:>22}", format!("{kib} KiB")))
+        .collect();
+    println!("  {:>6}  {}", "slots", header.join("  "));
+    let wasm = std::fs::read(guests::WAITER)?;
+    for slots in DIRTYING_SLOTS {
+        let sandbox = Sandbox::new(
+            SandboxConfig {
+                cache_dir: Some(cache.path.clone()),
+                max_concurrent_calls: slots,
+                ..SandboxConfig::default()
+            },
+            redis.manager().await?,
+        )?;
+        sandbox.load("waiter", &wasm)?;
+        let mut row = Vec::with_capacity(DIRTYING_KIB.len());
+        for kib in DIRTYING_KIB {
+            let payload = format!(r#"{{"ms":0,"touch_kib":{kib}}}"#);
+            let (median, p99) = latency(&sandbox, "waiter", &payload).await?;
+            row.push(format!("{:>22}", format!("{} ({})", us(median), us(p99))));
+        }
+        println!("  {slots:>6}  {}", row.join("  "));
     }
     Ok(())
 }

@@ -1080,9 +1080,12 @@ async fn keys_cannot_leave_the_namespace() -> Result<()> {
 async fn no_state_survives_between_calls() -> Result<()> {
     let redis = RedisServer::start()?;
     // With this host's reset (PAGEMAP_SCAN where safe), with the `madvise`
-    // reset a host falls back to, and with so many slots that each keeps a
-    // page of its memory at most and zeroes its fiber stack.
-    for (madvise_slot_reset, max_concurrent_calls) in [(false, 64), (true, 64), (false, 10_000)] {
+    // reset a host falls back to, and with so many slots that each zeroes
+    // its fiber stack and keeps one page of its memory (8,192) or none
+    // (10,000).
+    for (madvise_slot_reset, max_concurrent_calls) in
+        [(false, 64), (true, 64), (false, 8_192), (false, 10_000)]
+    {
         let config = SandboxConfig {
             madvise_slot_reset,
             max_concurrent_calls,

@@ -37,22 +37,34 @@ const TABLE_KEEP_RESIDENT: usize = 64 << 10;
 /// What the pool's linear memories may keep resident between calls, in
 /// all, for calls of one memory each (each further memory a component
 /// defines may keep as much again; tables have a budget as large of their
-/// own). A slot keeps its last call's dirty pages until its next call, so
-/// a worker of many calls (`--concurrency 10000`) would otherwise keep up
-/// to [`MEMORY_KEEP_RESIDENT`] for each after a burst: gigabytes that
-/// serve no call. Up to 64 calls each gets the whole per-slot figure, 256
-/// calls 256 KiB each (more than a typical call dirties), 10,000 calls a
-/// page each: there the pages a finished call dirtied go back to the
-/// kernel at once, and the calls still running are what the worker holds
-/// (`docs/sandbox.md`, "Calls in flight").
-const KEEP_RESIDENT_BUDGET: usize = 64 << 20;
+/// own), up to [`BUDGET_CALLS`] calls. A slot keeps its last call's dirty
+/// pages until its next call, so a worker of many calls would otherwise
+/// keep up to [`MEMORY_KEEP_RESIDENT`] for each after a burst: gigabytes
+/// that serve no call. Up to 256 calls each gets the whole per-slot
+/// figure, 1,024 calls 256 KiB each.
+const KEEP_RESIDENT_BUDGET: usize = 256 << 20;
+
+/// Calls past which the budget itself shrinks, as one over the calls:
+/// [`KEEP_RESIDENT_BUDGET`] × `BUDGET_CALLS` ÷ calls in all (64 MiB at
+/// 4,096 calls, 16 KiB a slot; a page a slot at 8,192; none at 10,000).
+/// A worker of thousands of calls is one whose calls wait (`--concurrency
+/// 10000`): there every page a finished call keeps adds to what the
+/// worker holds, and the calls still running should be all of it
+/// (`docs/sandbox.md`, "Calls in flight"). Below it a slot's share stays
+/// large enough for calls that write a lot of memory: one that writes
+/// 1 MiB costs about 3× as much where its slot keeps only a quarter of it
+/// (`docs/sandbox.md`, "Calls that write more than a slot keeps").
+const BUDGET_CALLS: u32 = 1_024;
 
 /// What each of `calls` calls' slots keeps resident of `per_call`: all of
-/// it while the calls fit in [`KEEP_RESIDENT_BUDGET`], else an equal share
-/// of the budget in whole pages of `page` bytes (wasmtime rounds a figure
-/// up to the host's page; 0: reset with `madvise`, wasmtime's default).
+/// it while the calls fit in the budget ([`KEEP_RESIDENT_BUDGET`], less
+/// past [`BUDGET_CALLS`] calls), else an equal share of the budget in
+/// whole pages of `page` bytes (wasmtime rounds a figure up to the host's
+/// page; 0: reset with `madvise`, wasmtime's default).
 fn keep_resident(calls: u32, per_call: usize, page: usize) -> usize {
-    let share = KEEP_RESIDENT_BUDGET / (calls.max(1) as usize);
+    let calls = u64::from(calls.max(1));
+    let budget = KEEP_RESIDENT_BUDGET as u64 * u64::from(BUDGET_CALLS).min(calls) / calls;
+    let share = usize::try_from(budget / calls).unwrap_or(usize::MAX);
     share.min(per_call) / page * page
 }
 
@@ -113,8 +125,8 @@ fn memory_reservation(slots: u64, cap: u64) -> Option<u64> {
 pub enum SlotReset {
     /// The pages the call dirtied are found with the `PAGEMAP_SCAN` ioctl,
     /// restored with `memcpy` and kept resident, up to 1 MiB a slot (past
-    /// 64 calls, a share of 64 MiB for all); the rest is handed back with
-    /// `madvise`.
+    /// 256 calls, a share of 256 MiB for all, less past 1,024 calls); the
+    /// rest is handed back with `madvise`.
     PagemapScan,
     /// wasmtime's default: the slot is handed back to the kernel with
     /// `madvise`, because the sandbox's configuration asks for it
@@ -294,46 +306,51 @@ mod tests {
     fn kept_memory_is_shared_out_past_the_budget() {
         const PAGE: usize = 4 << 10;
         let keep = |calls| keep_resident(calls, MEMORY_KEEP_RESIDENT, PAGE);
-        // The sandbox's default of 64 keeps everything, the benches' 256
-        // a quarter of it.
+        // The sandbox's default of 64 and the benches' 256 keep
+        // everything; 1,024 a quarter of it.
         assert_eq!(keep(8), MEMORY_KEEP_RESIDENT);
         assert_eq!(keep(64), MEMORY_KEEP_RESIDENT);
-        assert_eq!(keep(256), 256 << 10);
+        assert_eq!(keep(256), MEMORY_KEEP_RESIDENT);
+        assert_eq!(keep(1_024), 256 << 10);
         assert_eq!(
             keep_resident(0, TABLE_KEEP_RESIDENT, PAGE),
             TABLE_KEEP_RESIDENT
         );
         // Past it, the calls together keep at most the budget, in pages,
-        // whatever the page size.
+        // whatever the page size; past BUDGET_CALLS calls, a budget that
+        // falls as they rise.
         for page in [PAGE, 16 << 10, 64 << 10] {
-            for calls in [65, 256, 1_000, 10_000, 100_000] {
+            for calls in [257, 1_000, 1_024, 1_025, 4_096, 10_000, 100_000] {
                 let each = keep_resident(calls, MEMORY_KEEP_RESIDENT, page);
+                let budget =
+                    KEEP_RESIDENT_BUDGET * BUDGET_CALLS.min(calls) as usize / calls as usize;
                 assert!(each < MEMORY_KEEP_RESIDENT, "{calls}: {each}");
-                assert!(
-                    calls as usize * each <= KEEP_RESIDENT_BUDGET,
-                    "{calls}: {each}"
-                );
+                assert!(calls as usize * each <= budget, "{calls}: {each}");
                 assert_eq!(each % page, 0, "{calls}, page {page}: {each}");
             }
         }
-        assert_eq!(keep(10_000), PAGE);
-        // More calls than the budget has pages: nothing is kept.
-        assert_eq!(keep(1_000_000), 0);
+        assert_eq!(keep(2_048), 64 << 10);
+        assert_eq!(keep(4_096), 16 << 10);
+        assert_eq!(keep(8_192), PAGE);
+        // A worker of 10,000 calls keeps no page of a finished call's
+        // memory.
+        assert_eq!(keep(10_000), 0);
+        assert_eq!(keep(u32::MAX), 0);
     }
 
     #[test]
     fn stacks_are_zeroed_only_where_memory_keeps_a_page_or_less() {
         const PAGE: usize = 4 << 10;
-        for calls in [1, 64, 256, 1_000, 8_192] {
+        for calls in [1, 64, 256, 1_000, 4_096] {
             assert_eq!(stack_keep_resident(calls, PAGE), None, "{calls}");
         }
-        for calls in [8_193, 10_000, 1_000_000] {
+        for calls in [8_192, 10_000, 1_000_000] {
             assert_eq!(stack_keep_resident(calls, PAGE), Some(PAGE), "{calls}");
         }
-        // Larger pages reach it sooner: 10,000 calls keep none of a 16 KiB
-        // page of memory.
+        // Larger pages reach it sooner: 4,096 calls keep one 16 KiB page of
+        // memory.
         assert_eq!(stack_keep_resident(2_048, 16 << 10), None);
-        assert_eq!(stack_keep_resident(10_000, 16 << 10), Some(16 << 10));
+        assert_eq!(stack_keep_resident(4_096, 16 << 10), Some(16 << 10));
     }
 
     /// A file system root holding some files, removed on drop.
