@@ -199,9 +199,10 @@ const DIRTYING_KIB: [usize; 3] = [64, 256, 1_024];
 /// between calls pays: `waiter` with no wait, writing `touch_kib` of its
 /// heap, one call at a time in a sandbox of each size of
 /// [`DIRTYING_SLOTS`]. A slot keeps up to 1 MiB of a call's dirty pages
-/// resident (restored with `memcpy`), less past 64 calls (a share of one
-/// budget for all); what the next call writes beyond that share it takes
-/// again from the kernel, a page fault a page.
+/// resident (restored with `memcpy`), less past 256 calls (a share of one
+/// budget for all, which itself falls past 1,024 calls); what the next
+/// call writes beyond that share it takes again from the kernel, a page
+/// fault a page.
 async fn dirtying(redis: &RedisServer, cache: &TempDir) -> Result<()> {
     println!("waiter writing N KiB of heap, one call at a time, median (p99) per call:");
     let header: Vec<String> = DIRTYING_KIB

@@ -575,11 +575,15 @@ async fn the_sweep_asks_a_running_child_of_a_cancelled_parent_to_stop_once() -> 
     assert_eq!(look(at + 22_000).await?.cancelled, 0);
     assert!(swept().await? > before, "an unchanged look backs off");
     assert_eq!(dtq.task("kids", &children[0]).await?["status"], "RUNNING");
+    // The mechanism says so itself, and still lists the child it asked
+    // again (the API's `cancelled_children`).
+    let again = dtq.store.cancel_children("default", &parent).await?;
+    assert_eq!((again.ids, again.new), (vec![children[0].clone()], 0));
 
     // Its worker dies and the reclaim puts it back in the queue, still
-    // flagged: the next look cancels it outright.
+    // flagged: the next look cancels it outright, which counts.
     mark("QUEUED").await?;
-    look(at + 32_000).await?;
+    assert_eq!(look(at + 32_000).await?.cancelled, 1);
     assert_eq!(dtq.task("kids", &children[0]).await?["status"], "CANCELLED");
     Ok(())
 }

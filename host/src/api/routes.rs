@@ -373,7 +373,7 @@ pub(super) async fn cancel(
         let outcome = store.cancel(&q, &i, now_ms()).await?;
         let children = match outcome {
             CancelOutcome::Cancelled | CancelOutcome::Requested => {
-                store.cancel_children(&q, &i).await?
+                store.cancel_children(&q, &i).await?.ids
             }
             CancelOutcome::Terminal(_) | CancelOutcome::NotFound => Vec::new(),
         };

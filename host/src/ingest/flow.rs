@@ -210,20 +210,10 @@ pub async fn repair(
         && at.saturating_add(CANCEL_GRACE.as_millis() as u64) <= now
     {
         // What `POST .../cancel` does after the parent: each child, and
-        // theirs; each tells its parent as it ends. A child already asked
-        // to stop is asked again (its worker may have missed the message;
-        // one whose worker died is cancelled outright) but not counted.
-        let asked: Vec<&str> = records
-            .iter()
-            .filter(|child| child.cancel_requested)
-            .map(|child| child.task_id.as_str())
-            .collect();
-        applied.cancelled = store
-            .cancel_children(queue, id)
-            .await?
-            .iter()
-            .filter(|child| !asked.contains(&child.as_str()))
-            .count();
+        // theirs; each tells its parent as it ends. A running child a
+        // cancel asked to stop before is asked again (its worker may have
+        // missed the message) but not counted.
+        applied.cancelled = store.cancel_children(queue, id).await?.new;
     }
     applied.resumed |= store.flow_record(queue, id, None, None, false).await?;
     let found = applied.applied + applied.held + ended + applied.cancelled;

@@ -601,10 +601,13 @@ impl Store {
     }
 
     /// Cancel the children of task `id` of `queue` that have not ended,
-    /// and theirs in turn (a child waiting for its own); returns the ids
-    /// of those cancelled or asked to stop, in submission order.
-    pub async fn cancel_children(&self, queue: &str, id: &str) -> Result<Vec<String>, StoreError> {
-        let mut cancelled = Vec::new();
+    /// and theirs in turn (a child waiting for its own).
+    pub async fn cancel_children(
+        &self,
+        queue: &str,
+        id: &str,
+    ) -> Result<ChildrenCancelled, StoreError> {
+        let mut cancelled = ChildrenCancelled::default();
         let mut parents = vec![(queue.to_owned(), id.to_owned())];
         // A flow is a tree; the bound stops a cycle written by hand.
         let mut budget = 100_000usize;
@@ -615,9 +618,13 @@ impl Store {
                 }
                 budget -= 1;
                 let now = crate::base::now_ms();
-                match self.cancel(&child.queue, &child.task_id, now).await? {
+                let outcome = self.cancel(&child.queue, &child.task_id, now).await?;
+                match outcome {
                     super::CancelOutcome::Cancelled | super::CancelOutcome::Requested => {
-                        cancelled.push(child.task_id.clone());
+                        let asked_before =
+                            child.cancel_requested && outcome == super::CancelOutcome::Requested;
+                        cancelled.new += usize::from(!asked_before);
+                        cancelled.ids.push(child.task_id.clone());
                         parents.push((child.queue, child.task_id));
                     }
                     super::CancelOutcome::Terminal(_) | super::CancelOutcome::NotFound => {}
@@ -626,4 +633,16 @@ impl Store {
         }
         Ok(cancelled)
     }
+}
+
+/// What [`Store::cancel_children`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChildrenCancelled {
+    /// The ids of the children (and theirs) cancelled or asked to stop,
+    /// each parent's in submission order.
+    pub ids: Vec<String>,
+    /// How many of them this call changed: all but the running ones a
+    /// cancel had asked to stop before (asked again, in case their worker
+    /// missed the message, but nothing new).
+    pub new: usize,
 }

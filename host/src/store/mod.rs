@@ -78,8 +78,8 @@ pub(crate) use entries::{fresh_deliveries, own_pending};
 pub use events::{EventId, EventsGap, EventsStart, InvalidEventId, QueueEvent};
 pub use expiry::EXPIRED_ERROR;
 pub use flow::{
-    Child, ClaimOutcome, FlowState, REFUSED, Staged, children, children_of, flow_positions,
-    parse_task_ref, stage_outbox, task_ref,
+    Child, ChildrenCancelled, ClaimOutcome, FlowState, REFUSED, Staged, children, children_of,
+    flow_positions, parse_task_ref, stage_outbox, task_ref,
 };
 pub use keys::{
     GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue,
