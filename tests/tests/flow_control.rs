@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use dtq_host::base::now_ms;
+use dtq_host::store::{Limits, QueueKeys, Rate};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -325,6 +327,186 @@ async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
     Ok(())
 }
 
+/// One read of a queue whose rate limit admits 3 in a window, with 5
+/// tasks and a message naming no task in its stream: the read and its
+/// admission are one round trip, which returns the first 3 tasks admitted
+/// (carried: they run with no `start`) and counts the stray message as
+/// read without charging it, and holds the other 2 (SCHEDULED, held by the
+/// rate, out of the stream, in the delayed set). A second read in the same
+/// window holds every new task.
+#[tokio::test]
+async fn a_read_of_a_limited_queue_admits_what_it_reads_in_one_round_trip() -> Result<()> {
+    let q = "read-admit";
+    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let store = &dtq.store;
+    store.ensure_group(q).await?;
+    let keys = QueueKeys::new(q);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            dtq.submit_new(q, json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    let mut redis = dtq.redis.conn().await?;
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.stream)
+        .arg("*")
+        .arg("other")
+        .arg("x")
+        .query_async(&mut redis)
+        .await?;
+    // One window for the whole test (a window is counted from the epoch).
+    let limits = Limits {
+        rate: Some(Rate {
+            limit: 3,
+            per_ms: 1_000_000_000_000,
+        }),
+        group_concurrency: None,
+    };
+    let grace = Duration::from_secs(30);
+    let mut conn = store.dedicated_connection(WAIT).await?;
+    let trips = store.round_trips();
+    let read = store
+        .read_admitted(&mut conn, q, "reader", 10, &limits, 1, grace, now_ms())
+        .await?;
+    assert_eq!(store.round_trips() - trips, 1, "a read and its admission");
+    assert_eq!(read.read, 6, "every message read, the stray one included");
+    let admitted: Vec<&str> = read.deliveries.iter().map(|d| d.task_id.as_str()).collect();
+    assert_eq!(admitted, ids[..3], "the first three admitted, in order");
+    ensure!(
+        read.deliveries.iter().all(|d| d.carried.is_some()),
+        "an admitted task lost what its message carries: {:?}",
+        read.deliveries
+    );
+    let held_by_rate = |task: &Value| task["status"] == "SCHEDULED" && task["held"]["by"] == "rate";
+    for id in &ids[3..] {
+        let task = dtq.task(q, id).await?;
+        ensure!(held_by_rate(&task), "{task}");
+    }
+    let stream_len: u64 = redis::cmd("XLEN")
+        .arg(&keys.stream)
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(stream_len, 4, "the held ones leave the stream");
+    assert_eq!(pending_consumers(&dtq, q).await?, ["reader"]);
+    let delayed: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&keys.delayed)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await?;
+    let mut want = ids[3..].to_vec();
+    want.sort();
+    let mut delayed = delayed;
+    delayed.sort();
+    assert_eq!(delayed, want);
+
+    // The window's count was kept: the next read holds all it reads.
+    let mut late = Vec::new();
+    for i in 0..2 {
+        late.push(
+            dtq.submit_new(q, json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    let read = store
+        .read_admitted(&mut conn, q, "reader", 10, &limits, 1, grace, now_ms())
+        .await?;
+    assert_eq!((read.read, read.deliveries.len()), (2, 0));
+    for id in &late {
+        let task = dtq.task(q, id).await?;
+        ensure!(held_by_rate(&task), "{task}");
+    }
+
+    // A queue whose group is gone (a Redis restarted without its data):
+    // Redis's own code, which the fetch loop answers by making the group.
+    let gone = store
+        .read_admitted(
+            &mut conn,
+            "no-group",
+            "reader",
+            10,
+            &limits,
+            1,
+            grace,
+            now_ms(),
+        )
+        .await;
+    match gone {
+        Err(dtq_host::store::StoreError::Redis(e)) => {
+            assert_eq!(e.code(), Some("NOGROUP"), "{e}");
+        }
+        other => panic!("a read without a group answered {other:?}"),
+    }
+    Ok(())
+}
+
+/// How many round trips of `operation` the store made, as `/metrics`
+/// shows them (0 for one it never made).
+async fn trips_of(dtq: &Dtq, operation: &str) -> Result<u64> {
+    let auth = format!("Bearer {ADMIN}");
+    let response = reqwest::Client::new()
+        .get(format!("{}/metrics", dtq.api))
+        .header("Authorization", auth)
+        .send()
+        .await?;
+    ensure!(response.status() == 200, "/metrics: {}", response.status());
+    let text = response.text().await?;
+    let series = format!("dtq_redis_round_trip_seconds_count{{operation=\"{operation}\"}} ");
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map(str::parse)
+        .transpose()?
+        .unwrap_or(0))
+}
+
+/// A busy queue under a limit that does not bind, drained four slots at a
+/// time: its batches are admitted by the reads that deliver them, with no
+/// `admit` round trip of their own (one at most, for a wait that delivered
+/// as the queue was paused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_limited_queue_is_admitted_by_its_reads() -> Result<()> {
+    let q = "busy-limited";
+    let dtq = Dtq::start(
+        true,
+        &["--queues", q, "--concurrency", "4", "--admin-token", ADMIN],
+    )
+    .await?;
+    set_limits(
+        &dtq,
+        q,
+        json!({"rate": {"limit": 1_000_000, "per_ms": 1000}}),
+    )
+    .await?;
+    set_paused(&dtq, q, true).await?;
+    // Every worker has stopped reading the queue, its wait included.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        ids.push(
+            dtq.submit_new(q, json!({"task": "echo", "payload": i}), None)
+                .await?,
+        );
+    }
+    set_paused(&dtq, q, false).await?;
+    succeeded(&dtq, q, &ids).await?;
+    let (admits, reads) = (
+        trips_of(&dtq, "admit").await?,
+        trips_of(&dtq, "read_admit").await?,
+    );
+    ensure!(
+        reads >= 25,
+        "100 tasks four at a time in {reads} admitting reads"
+    );
+    ensure!(
+        admits <= 1,
+        "{admits} admit round trips beside {reads} reads"
+    );
+    Ok(())
+}
+
 /// Whether intervals `a` and `b` (start, end) overlap.
 fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
@@ -533,7 +715,7 @@ type PendingSummary = (
 /// The consumers a queue's pending messages are on (XPENDING's summary).
 async fn pending_consumers(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
     let reply: PendingSummary = redis::cmd("XPENDING")
-        .arg(dtq_host::store::QueueKeys::new(queue).stream)
+        .arg(QueueKeys::new(queue).stream)
         .arg(dtq_host::store::GROUP)
         .query_async(&mut dtq.redis.conn().await?)
         .await?;

@@ -115,7 +115,7 @@ impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Fields {
 /// task name of letters, digits and `_.-`), so the payload needs no
 /// escaping.
 pub(super) fn run_head(new: &NewTask) -> Option<String> {
-    // A grouped task is admitted by its hash (`lua/admit.lua`), so it goes
+    // A grouped task is admitted by its hash (`lua/include/admission.lua`), so it goes
     // through `start` like any attempt after the first; so does a child
     // (flows), whose completion reads its parent from its hash.
     if new.expires_at.is_some()

@@ -27,8 +27,8 @@
 //! | `dtq:cancel:{q}` | pub/sub channel | cancel requests of the queue's running tasks (message: `<queue>\n<task id>`), published by `cancel.lua` (`SPUBLISH` on a cluster: the queue's shard only) |
 //! | `dtq:partitions:{q}` | string | the queue's partition count, in every partition's slot; checked by `ingest.lua` (absent: 1) |
 //! | `dtq:partition-history:{q}` | sorted set | partition counts a raise replaced → until when (ms) keyed records may still be in their partitions (partition 0 only; see `store::partitions`) |
-//! | `dtq:rate:{q}` | hash | a rate-limited queue's window `w` (its number, by Redis's clock) and the starts `n` counted in it (`lua/admit.lua`) |
-//! | `dtq:group:{q}:<group>` | sorted set | the tasks holding a slot of `<group>` under a group limit, by when admitted (`lua/admit.lua`) |
+//! | `dtq:rate:{q}` | hash | a rate-limited queue's window `w` (its number, by Redis's clock) and the starts `n` counted in it (`lua/include/admission.lua`) |
+//! | `dtq:group:{q}:<group>` | sorted set | the tasks holding a slot of `<group>` under a group limit, by when admitted (`lua/include/admission.lua`) |
 //! | `dtq:flow:{q}:<id>` | hash | task `<id>`'s flow (flows): its staged submissions not yet applied (its outbox), its children and which of them ended (`lua/include/flow.lua`); expires with its task |
 //! | `dtq:flows:{q}` | sorted set | tasks whose flow has staged submissions or who wait for children, by when it last changed (ms): the sweep's work list (`flow.rs`) |
 //! | `dtq:waiting:{q}` | sorted set | tasks WAITING for their children (flows), by when they began to wait (ms): the queue's `waiting` count (`lua/include/flow.lua`) |
@@ -212,13 +212,13 @@ impl QueueKeys {
     }
 
     /// The rate limit's window of this key set: the window and the starts
-    /// counted in it (`lua/admit.lua`).
+    /// counted in it (`lua/include/admission.lua`).
     pub fn rate(&self) -> String {
         format!("dtq:rate:{{{}}}", self.queue)
     }
 
     /// The prefix of this key set's group sets: the running tasks of each
-    /// group, `<prefix><group>` (`lua/admit.lua`).
+    /// group, `<prefix><group>` (`lua/include/admission.lua`).
     pub fn group_prefix(&self) -> String {
         format!("dtq:group:{{{}}}:", self.queue)
     }

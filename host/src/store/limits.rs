@@ -1,10 +1,13 @@
 //! A queue's limits ([`Limits`]: a fleet-wide rate of starts, and running
 //! tasks per group), kept in [`LIMITS`], and the admission of a batch of
-//! fetched messages under them (`lua/admit.lua`).
+//! fetched messages under them (`lua/include/admission.lua`).
 //!
 //! Workers read the limits of their queues with the pause state, every
-//! [`PAUSE_POLL`](super::PAUSE_POLL), and call [`Store::admit`] before
-//! starting a batch of a queue that has some; a queue without limits pays
+//! [`PAUSE_POLL`](super::PAUSE_POLL). The fetch loop reads a queue that
+//! has some with [`Store::read_admitted`], which admits what it reads in
+//! the same round trip (`lua/read_admit.lua`); messages delivered another
+//! way (a wait, a reclaim, a read back) are admitted by [`Store::admit`]
+//! before they start (`lua/admit.lua`). A queue without limits pays
 //! nothing. What the script counts lives in each partition's own slot, so
 //! under Redis Cluster a queue's partitions count apart: a queue of one
 //! partition is limited exactly, a partitioned one has its rate split
@@ -16,8 +19,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use redis::{ScriptInvocation, Value};
+
 use super::scripts::{Argv, ArgvLayout};
-use super::{Delivery, GROUP, LIMITS, QueueKeys, Store, StoreError};
+use super::{Conn, Delivery, GROUP, LIMITS, QueueKeys, Store, StoreError, entries};
 
 /// The longest `group` a submission may carry, in bytes.
 pub const MAX_GROUP_BYTES: usize = 128;
@@ -101,25 +106,81 @@ pub enum Admission {
     HeldByGroup,
 }
 
+/// The ARGV names of `lua/include/admission.lua`, first in the layout of
+/// each script that includes it, then `$rest`.
+macro_rules! admission_names {
+    ($($rest:literal),*) => {
+        &[
+            "GROUP",
+            "NOW",
+            "RATE_LIMIT",
+            "RATE_PER_MS",
+            "GROUP_LIMIT",
+            "GROUP_PREFIX",
+            "TASK_PREFIX",
+            "GROUP_RETRY_MS",
+            "ADMIT_GRACE_MS",
+            $($rest),*
+        ]
+    };
+}
+
 /// `admit.lua`'s ARGV by name; then, from `DELIVERIES`, a message id and a
 /// task id per delivery.
 pub(super) static ADMIT_ARGV: ArgvLayout = ArgvLayout {
     script: "admit",
     prefix: "ARG_",
     first: 1,
-    names: &[
-        "GROUP",
-        "NOW",
-        "RATE_LIMIT",
-        "RATE_PER_MS",
-        "GROUP_LIMIT",
-        "GROUP_PREFIX",
-        "TASK_PREFIX",
-        "GROUP_RETRY_MS",
-        "ADMIT_GRACE_MS",
-    ],
+    names: admission_names!(),
     rest: Some("DELIVERIES"),
 };
+
+/// `read_admit.lua`'s ARGV by name.
+pub(super) static READ_ADMIT_ARGV: ArgvLayout = ArgvLayout {
+    script: "read_admit",
+    prefix: "ARG_",
+    first: 1,
+    names: admission_names!("CONSUMER", "COUNT"),
+    rest: None,
+};
+
+/// What [`Store::read_admitted`] read: how many messages, and the admitted
+/// ones.
+#[derive(Debug, Default)]
+pub struct ReadAdmitted {
+    /// Messages the read delivered, admitted or held.
+    pub read: usize,
+    /// The admitted ones, to start (those naming no task left out).
+    pub deliveries: Vec<Delivery>,
+}
+
+/// The keys and the arguments of `lua/include/admission.lua` for partition
+/// `queue` (its `keys`, one of `partitions`) under `limits` at `now`, into
+/// `inv` under `layout`: the script's own arguments follow.
+fn admission<'i, 's>(
+    inv: &'i mut ScriptInvocation<'s>,
+    layout: &'static ArgvLayout,
+    keys: &QueueKeys,
+    limits: &Limits,
+    partitions: u32,
+    grace: Duration,
+    now: u64,
+) -> Argv<'i, ScriptInvocation<'s>> {
+    inv.key(&keys.stream).key(&keys.delayed).key(keys.rate());
+    let (rate_limit, per_ms) = limits.rate.map_or((0, 1), |rate| {
+        ((rate.limit / partitions.max(1)).max(1), rate.per_ms.max(1))
+    });
+    Argv::new(inv, layout)
+        .put("GROUP", GROUP)
+        .put("NOW", now)
+        .put("RATE_LIMIT", rate_limit)
+        .put("RATE_PER_MS", per_ms)
+        .put("GROUP_LIMIT", limits.group_concurrency.unwrap_or(0))
+        .put("GROUP_PREFIX", keys.group_prefix())
+        .put("TASK_PREFIX", keys.task_prefix())
+        .put("GROUP_RETRY_MS", GROUP_RETRY.as_millis() as u64)
+        .put("ADMIT_GRACE_MS", grace.as_millis() as u64)
+}
 
 impl Store {
     /// Set `queue`'s limits (all of them: a limit not in `limits` is
@@ -196,26 +257,11 @@ impl Store {
     ) -> Result<Vec<Admission>, StoreError> {
         let keys = QueueKeys::new(queue);
         let mut inv = self.scripts.admit.prepare_invoke();
-        inv.key(&keys.stream).key(&keys.delayed).key(keys.rate());
+        admission(&mut inv, &ADMIT_ARGV, &keys, limits, partitions, grace, now).done();
         for d in deliveries {
-            inv.key(keys.task(&d.task_id));
-        }
-        let (rate_limit, per_ms) = limits.rate.map_or((0, 1), |rate| {
-            ((rate.limit / partitions.max(1)).max(1), rate.per_ms.max(1))
-        });
-        Argv::new(&mut inv, &ADMIT_ARGV)
-            .put("GROUP", GROUP)
-            .put("NOW", now)
-            .put("RATE_LIMIT", rate_limit)
-            .put("RATE_PER_MS", per_ms)
-            .put("GROUP_LIMIT", limits.group_concurrency.unwrap_or(0))
-            .put("GROUP_PREFIX", keys.group_prefix())
-            .put("TASK_PREFIX", keys.task_prefix())
-            .put("GROUP_RETRY_MS", GROUP_RETRY.as_millis() as u64)
-            .put("ADMIT_GRACE_MS", grace.as_millis() as u64)
-            .done();
-        for d in deliveries {
-            inv.arg(&d.msg_id).arg(&d.task_id);
+            inv.key(keys.task(&d.task_id))
+                .arg(&d.msg_id)
+                .arg(&d.task_id);
         }
         let codes: Vec<i64> = self
             .trip("admit", inv.invoke_async(&mut self.conn.clone()))
@@ -236,6 +282,50 @@ impl Store {
                 other => Err(StoreError::Protocol(format!("admit answered code {other}"))),
             })
             .collect()
+    }
+
+    /// Read up to `count` new messages of partition `queue` (one of
+    /// `partitions`) for `consumer` on `conn` and admit them under
+    /// `limits`, in one round trip (`lua/read_admit.lua`): what
+    /// [`Store::admit`] decides of a batch [`Store::read`] delivered,
+    /// without the second round trip. Never blocks. `conn` is a dedicated
+    /// connection, as for [`Store::read`]; not to be cancelled, as a read.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a read's and an admission's inputs"
+    )]
+    pub async fn read_admitted(
+        &self,
+        conn: &mut Conn,
+        queue: &str,
+        consumer: &str,
+        count: usize,
+        limits: &Limits,
+        partitions: u32,
+        grace: Duration,
+        now: u64,
+    ) -> Result<ReadAdmitted, StoreError> {
+        let keys = QueueKeys::new(queue);
+        let mut inv = self.scripts.read_admit.prepare_invoke();
+        admission(
+            &mut inv,
+            &READ_ADMIT_ARGV,
+            &keys,
+            limits,
+            partitions,
+            grace,
+            now,
+        )
+        .put("CONSUMER", consumer)
+        .put("COUNT", count)
+        .done();
+        let reply: (usize, Value) = self.trip("read_admit", inv.invoke_async(conn)).await?;
+        let mut deliveries = Vec::new();
+        entries::parse(reply.1, Some(queue), &mut deliveries)?;
+        Ok(ReadAdmitted {
+            read: reply.0,
+            deliveries,
+        })
     }
 }
 

@@ -85,7 +85,7 @@ pub use keys::{
     GROUP, LIMITS, PAUSED, QUEUES, QueueKeys, logical_queue, partition_of_id, partition_queue,
     partitioned_id,
 };
-pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate};
+pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate, ReadAdmitted};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
 pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};

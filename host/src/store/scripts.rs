@@ -166,6 +166,7 @@ pub(crate) struct Scripts {
     pub(crate) idem_forward: Script,
     pub(crate) queue_register: Script,
     pub(crate) admit: Script,
+    pub(crate) read_admit: Script,
 }
 
 impl Scripts {
@@ -188,11 +189,12 @@ impl Scripts {
             task_read: script!("task_read", "carried"),
             idem_forward: script!("idem_forward"),
             queue_register: script!("queue_register"),
-            admit: script!("admit", "clock"),
+            admit: script!("admit", "clock", "admission"),
+            read_admit: script!("read_admit", "clock", "admission"),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 18] {
+    pub(crate) fn all(&self) -> [&Script; 19] {
         [
             &self.ingest,
             &self.start,
@@ -212,6 +214,7 @@ impl Scripts {
             &self.idem_forward,
             &self.queue_register,
             &self.admit,
+            &self.read_admit,
         ]
     }
 }
@@ -315,6 +318,7 @@ mod tests {
     /// entries, reads).
     const UNCODED: &[&str] = &[
         "admit",
+        "read_admit",
         "promote",
         "reclaim",
         "dlq_purge",
@@ -506,6 +510,7 @@ mod tests {
             promote, reclaim, schedules, start, task_read,
         };
         let text = |file: &str| argv_check::text("store", &[file]);
+        let admission = |file: &str| argv_check::text("store", &["include/admission", file]);
         vec![
             (&start::START_ARGV, text("start")),
             (&start::HEARTBEAT_ARGV, text("heartbeat")),
@@ -524,7 +529,8 @@ mod tests {
             (&partitions::PARTITIONS_RAISE_ARGV, text("partitions_raise")),
             (&task_read::TASK_READ_ARGV, text("task_read")),
             (&QUEUE_REGISTER_ARGV, text("queue_register")),
-            (&limits::ADMIT_ARGV, text("admit")),
+            (&limits::ADMIT_ARGV, admission("admit")),
+            (&limits::READ_ADMIT_ARGV, admission("read_admit")),
             (&progress::PROGRESS_ARGV, text("progress")),
             (&flow::FLOW_RECORD_ARGV, text("flow_record")),
             (&flow::FLOW_STAGE_ARGV, text("flow_stage")),

@@ -60,6 +60,14 @@
 //! grace period beside the tasks already running, rather than pending on
 //! a stopped worker until another reclaims it a visibility timeout later.
 //!
+//! A queue with limits (`flow.rs`) is read by a script that admits what
+//! it reads in the same round trip ([`crate::store::Store::read_admitted`]):
+//! a read then an `admit` kept each batch's slots idle for a second round
+//! trip before it started, which cost a drain under a limit that does not
+//! bind about a seventh of its rate (`docs/queue-bench.md`). The wait's
+//! blocking read cannot be a script; what it delivers is admitted on its
+//! own, as are messages reclaimed or read back.
+//!
 //! Reading back: a read whose reply is lost on a broken connection may
 //! still have delivered messages, which are then pending on this worker
 //! though it never received them; so may a `start` or a reclaim whose reply
@@ -81,6 +89,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::flow::Flow;
+use super::shared::Admit;
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise, wait};
 use crate::store::{
     Conn, Delivery, GROUP, PAUSE_POLL, StoreError, fresh_deliveries, logical_queue, own_pending,
@@ -369,14 +378,40 @@ async fn read_queue(
         }
     }
     let asked = asked.min(permits.len());
-    match read_now(conn, queue, stream, &shared.consumer, asked).await {
-        Ok(deliveries) => {
-            let filled = deliveries.len() >= asked;
+    // A queue with limits is admitted in the read's own round trip.
+    let (read, admit) = match shared.limits_of(queue) {
+        None => (
+            read_now(conn, queue, stream, &shared.consumer, asked)
+                .await
+                .map(|deliveries| (deliveries.len(), deliveries)),
+            Admit::Due,
+        ),
+        Some((limits, partitions)) => (
+            shared
+                .feed
+                .read_admitted(
+                    conn,
+                    queue,
+                    &shared.consumer,
+                    asked,
+                    &limits,
+                    partitions,
+                    shared.config.visibility_timeout(),
+                    crate::base::now_ms(),
+                )
+                .await
+                .map(|read| (read.read, read.deliveries)),
+            Admit::Done,
+        ),
+    };
+    match read {
+        Ok((read, deliveries)) => {
+            let filled = read >= asked;
+            round.found |= read > 0;
             if !deliveries.is_empty() {
-                round.found = true;
                 let batch = permits.split_off(permits.len() - deliveries.len());
                 let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
-                spawn_dispatch(shared, queue, deliveries, holds, batch);
+                spawn_dispatch(shared, queue, deliveries, admit, holds, batch);
             }
             filled
         }
@@ -403,11 +438,12 @@ fn server_code(e: &StoreError) -> Option<&str> {
 
 /// Start and dispatch `deliveries` of `queue`, held already (before the
 /// next read, so that reading back never takes them a second time), on a
-/// task of their own.
+/// task of their own; admitted first if `admit` says it is due.
 pub(super) fn spawn_dispatch(
     shared: &Arc<Shared>,
     queue: &str,
     deliveries: Vec<Delivery>,
+    admit: Admit,
     holds: Vec<super::Registration>,
     permits: Vec<OwnedSemaphorePermit>,
 ) {
@@ -415,7 +451,7 @@ pub(super) fn spawn_dispatch(
     let queue = queue.to_owned();
     shared.tracker.spawn(async move {
         shared2
-            .dispatch_held(&queue, deliveries, holds, permits)
+            .dispatch_held(&queue, deliveries, admit, holds, permits)
             .await
     });
 }
@@ -461,7 +497,7 @@ async fn read_back(
                 "read back messages delivered here but never received or started"
             );
             let batch = permits.split_off(room - deliveries.len());
-            spawn_dispatch(shared, queue, deliveries, holds, batch);
+            spawn_dispatch(shared, queue, deliveries, Admit::Due, holds, batch);
         }
         if permits.is_empty() {
             return Ok((false, dispatched));

@@ -15,10 +15,12 @@
 //! on: a paused queue's running tasks finish, and its scheduled ones come
 //! due into its stream as usual.
 //!
-//! Limits: a batch of a queue with limits is admitted by the store
-//! ([`crate::store::Store::admit`]) before it starts; the ones held leave
-//! the stream for the delayed set, and their slots are free at once for
-//! other work. A limit set or lifted applies within the same poll.
+//! Limits: a batch of a queue with limits is admitted by the store before
+//! it starts, by the read itself in the fetch loop
+//! ([`crate::store::Store::read_admitted`]), else on its own
+//! ([`crate::store::Store::admit`]); the ones held leave the stream for the
+//! delayed set, and their slots are free at once for other work. A limit
+//! set or lifted applies within the same poll.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -17,6 +17,16 @@ use crate::metrics::WorkerMetrics;
 use crate::sandbox::Sandbox;
 use crate::store::{Admission, Delivery, Limits, StartDecision, Store, StoreError, logical_queue};
 
+/// Whether a batch of a queue with limits is admitted yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admit {
+    /// Admit it before it starts, if its queue has limits
+    /// ([`Store::admit`]): delivered by a wait, a reclaim, a read back.
+    Due,
+    /// Admitted by the read that delivered it ([`Store::read_admitted`]).
+    Done,
+}
+
 /// State every loop of one worker shares.
 pub(super) struct Shared {
     pub(super) store: Store,
@@ -97,7 +107,8 @@ impl Shared {
             self.running
                 .hold_unheld(&queue.into(), deliveries, permits.len());
         if !deliveries.is_empty() {
-            self.dispatch_held(queue, deliveries, holds, permits).await;
+            self.dispatch_held(queue, deliveries, Admit::Due, holds, permits)
+                .await;
         }
     }
 
@@ -108,7 +119,7 @@ impl Shared {
 
     /// The limits of the queue of partition `queue`, if it has some, and
     /// its partition count as this worker knows it.
-    fn limits_of(&self, queue: &str) -> Option<(Limits, u32)> {
+    pub(super) fn limits_of(&self, queue: &str) -> Option<(Limits, u32)> {
         let logical = logical_queue(queue);
         let limits = *self.flow.borrow().limits.get(logical)?;
         let partitions = self
@@ -166,7 +177,7 @@ impl Shared {
     }
 
     /// [`Shared::dispatch_unheld`] of messages held already, one guard in
-    /// `holds` per delivery.
+    /// `holds` per delivery, admitted first if `admit` says it is due.
     ///
     /// Deliveries of a paused queue (a wait or a reclaim that returned as
     /// the queue was paused) are not started: they stay pending on this
@@ -176,6 +187,7 @@ impl Shared {
         self: &Arc<Self>,
         queue: &str,
         deliveries: Vec<Delivery>,
+        admit: Admit,
         holds: Vec<Registration>,
         permits: Vec<OwnedSemaphorePermit>,
     ) {
@@ -183,10 +195,12 @@ impl Shared {
             tracing::debug!(queue, count = deliveries.len(), "paused: not started");
             return;
         }
-        let Some((mut deliveries, holds, mut permits)) =
-            self.admitted(queue, deliveries, holds, permits).await
-        else {
-            return;
+        let (mut deliveries, holds, mut permits) = match admit {
+            Admit::Done => (deliveries, holds, permits),
+            Admit::Due => match self.admitted(queue, deliveries, holds, permits).await {
+                Some(admitted) => admitted,
+                None => return,
+            },
         };
         if deliveries.is_empty() {
             return;

@@ -17,6 +17,7 @@ use redis::streams::StreamInfoGroupsReply;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::fetch::spawn_dispatch;
+use super::shared::Admit;
 use super::{READ_BLOCK, Shared};
 use crate::store::{Conn, GROUP, QueueKeys, StoreError, fresh_deliveries};
 
@@ -85,7 +86,7 @@ pub(super) async fn read_waiting(
         }
         let batch = permits.split_off(permits.len().saturating_sub(deliveries.len()));
         let holds = shared.running.hold(&queue.as_str().into(), &deliveries);
-        spawn_dispatch(shared, queue, deliveries, holds, batch);
+        spawn_dispatch(shared, queue, deliveries, Admit::Due, holds, batch);
     }
     Ok(())
 }

@@ -1,0 +1,70 @@
+--[[
+  Read up to COUNT new messages of a queue with limits for a consumer and
+  admit them (include/admission.lua) in one step: the fetch loop's read of
+  a queue with limits. A read then an `admit` would keep a batch's slots
+  idle for the second round trip before it starts; here the batch starts
+  as soon as the read's reply arrives, as one without limits does. The
+  blocking wait of an idle worker still reads with XREADGROUP … BLOCK
+  (no script blocks) and admits what it delivered with `admit.lua`.
+
+  Each message is decided as `admit.lua` decides it: the admitted ones are
+  returned, pending on the consumer as any message read; the held ones
+  are out of the stream already. A message that names no task is returned
+  as read, neither counted nor held (the worker skips it, as from any
+  read). Its task id is read as the worker reads it (store/carried.rs,
+  `task_id`): an `id` field, else the first line of `run`.
+
+  If the reply is lost, the admitted messages are pending on the consumer
+  with the rate window charged for them; the worker reads them back and
+  `admit.lua` admits them again, charging the window a second time (a
+  group slot is not taken twice). A lost reply can only slow the queue.
+
+  Input:
+    KEYS[1..3] as include/admission.lua
+
+    ARGV by name (the ARG_ locals; store/limits.rs, READ_ADMIT_ARGV):
+    those of include/admission.lua, then
+    ARG_CONSUMER  the consumer (worker) reading
+    ARG_COUNT     how many messages to read at most
+
+  Output: { read, admitted }: how many messages the read delivered, and
+  the admitted ones as XREADGROUP gives its entries, each { id, fields }.
+]]
+local ARG_CONSUMER = 10
+local ARG_COUNT = 11
+
+-- The task id of a message's fields (flat: name, value, ...), or nil.
+local function messageTaskId(fields)
+  local run
+  for j = 1, #fields, 2 do
+    if fields[j] == "id" then
+      return fields[j + 1]
+    elseif fields[j] == "run" and not run then
+      run = fields[j + 1]
+    end
+  end
+  if run then
+    local newline = string.find(run, "\n", 1, true)
+    if newline and newline > 1 then
+      return string.sub(run, 1, newline - 1)
+    end
+  end
+  return nil
+end
+
+local reply = redis.call("XREADGROUP", "GROUP", group, ARGV[ARG_CONSUMER], "COUNT",
+  ARGV[ARG_COUNT], "STREAMS", streamKey, ">")
+if not reply then
+  return { 0, {} }
+end
+local entries = reply[1][2]
+local admitted = {}
+for _, entry in ipairs(entries) do
+  local msgId, fields = entry[1], entry[2]
+  local taskId = type(fields) == "table" and messageTaskId(fields)
+  if not taskId or admitOne(taskPrefix .. taskId, taskId, msgId) == ADMITTED then
+    admitted[#admitted + 1] = entry
+  end
+end
+admissionDone()
+return { #entries, admitted }
