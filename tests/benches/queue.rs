@@ -24,7 +24,11 @@
 //! 5. **limits that do not bind**: `DTQ_BENCH_LIMIT_PAIRS` (default 3)
 //!    pairs of drains as in 1., the second of each under a rate limit of
 //!    1,000,000 starts per second, far above the drain rate: the ratio of
-//!    the two rates, per pair, and its median (run between 1. and 3.).
+//!    the two rates, per pair, and its median, beside what each drain cost
+//!    Redis and this process in CPU per task, which the machine's noise
+//!    moves less than the rates (run between 1. and 3.).
+//!    `DTQ_BENCH_LIMIT_CONTROL=1` runs both drains of each pair free: what
+//!    the second drain's place in a pair alone does to the ratio.
 //!
 //! **CPUs.** With two or more CPUs, Redis gets the first one to itself and
 //! this process (API, worker, clients) and redis-benchmark the others, so
@@ -463,24 +467,45 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
         }),
         group_concurrency: None,
     };
+    // Beside the rates, what each drain cost per task (µs of CPU, free →
+    // limited), Redis's and this process's: those hold still where the
+    // machine's noise moves the rates.
+    // `DTQ_BENCH_LIMIT_CONTROL=1`: both drains of each pair free, to see
+    // what the second drain of a pair gives or loses by its place alone.
+    let control = env_usize("DTQ_BENCH_LIMIT_CONTROL", 0)? == 1;
     let mut limit_ratios = Vec::with_capacity(pairs);
+    let mut limit_costs = Vec::with_capacity(pairs);
     if pairs > 0 {
         println!();
         println!(
-            "{:>5} {:>14} {:>16} {:>8}",
-            "pair", "drain/s", "limited drain/s", "ratio"
+            "{:>5} {:>14} {:>16} {:>8} {:>18} {:>18}",
+            "pair", "drain/s", "limited drain/s", "ratio", "Redis µs/task", "worker µs/task"
         );
     }
+    let per_task = |r: &Round| {
+        (
+            (r.after.cpu() - r.before.cpu()) / r.tasks as f64 * 1e6,
+            r.worker_cpu / r.tasks as f64 * 1e6,
+        )
+    };
     for i in 1..=pairs {
         dtq.store.delete_limits(QUEUE).await?;
-        let free = round(&mut dtq, &mut probe, tasks, false).await?.rate();
-        dtq.store.set_limits(QUEUE, &limit).await?;
-        let limited = round(&mut dtq, &mut probe, tasks, false).await?.rate();
+        let free = round(&mut dtq, &mut probe, tasks, false).await?;
+        if !control {
+            dtq.store.set_limits(QUEUE, &limit).await?;
+        }
+        let limited = round(&mut dtq, &mut probe, tasks, false).await?;
+        let ratio = limited.rate() / free.rate();
+        let (cost, limited_cost) = (per_task(&free), per_task(&limited));
         println!(
-            "{i:>5} {free:>14.0} {limited:>16.0} {:>8.3}",
-            limited / free
+            "{i:>5} {:>14.0} {:>16.0} {ratio:>8.3} {:>18} {:>18}",
+            free.rate(),
+            limited.rate(),
+            format!("{:.1} → {:.1}", cost.0, limited_cost.0),
+            format!("{:.1} → {:.1}", cost.1, limited_cost.1),
         );
-        limit_ratios.push(limited / free);
+        limit_ratios.push(ratio);
+        limit_costs.push((limited_cost.0 / cost.0, limited_cost.1 / cost.1));
     }
     dtq.store.delete_limits(QUEUE).await?;
 
@@ -544,11 +569,27 @@ async fn bench(pinning: Option<Pinning>) -> Result<()> {
     );
     if !limit_ratios.is_empty() {
         let ratio = median(&limit_ratios);
-        row(
-            &format!("drain under a 1,000,000/s rate limit ÷ without, median of {pairs}"),
-            r(ratio),
-            "≥ 0.95",
-            verdict(ratio >= 0.95),
+        if control {
+            row(
+                &format!("control: a free drain ÷ the free one before it, median of {pairs}"),
+                r(ratio),
+                "",
+                "",
+            );
+        } else {
+            row(
+                &format!("drain under a 1,000,000/s rate limit ÷ without, median of {pairs}"),
+                r(ratio),
+                "≥ 0.95",
+                verdict(ratio >= 0.95),
+            );
+        }
+        let redis = median(&limit_costs.iter().map(|c| c.0).collect::<Vec<_>>());
+        let worker = median(&limit_costs.iter().map(|c| c.1).collect::<Vec<_>>());
+        info("  Redis CPU per task, limited ÷ free, median", r(redis));
+        info(
+            "  this process's CPU per task, limited ÷ free, median",
+            r(worker),
         );
     }
     row(

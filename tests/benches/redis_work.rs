@@ -13,8 +13,10 @@
 //! 3. **complete**: a success completion of each, in the same batches;
 //! 4. the same three steps with an idempotency key per task, then without
 //!    one under `--events all` (every attempt through `start`, with its
-//!    RUNNING event: the path every task took before carried tasks) and
-//!    under `--events none` (no lifecycle events).
+//!    RUNNING event: the path every task took before carried tasks), under
+//!    `--events none` (no lifecycle events), and under a rate limit that
+//!    does not bind (each read a `read_admit` script, as the worker reads
+//!    a queue with limits).
 //!
 //! "Drained" is what a queue's backlog costs Redis per task once submitted:
 //! read, start and complete.
@@ -44,7 +46,8 @@ use anyhow::{Context, Result, bail, ensure};
 use dtq_host::Config;
 use dtq_host::ingest::{self, SubmitRequest};
 use dtq_host::store::{
-    CompleteOutcome, Completion, CompletionKind, Delivery, StartDecision, StartedTask, Store,
+    CompleteOutcome, Completion, CompletionKind, Delivery, Limits, Rate, StartDecision,
+    StartedTask, Store,
 };
 use dtq_tests::{RedisServer, TempDir, echo_request};
 use futures::StreamExt;
@@ -108,8 +111,8 @@ async fn bench() -> Result<()> {
         }
     );
     println!(
-        "{:<34} {:>12} {:>12} {:>14} {:>14}",
-        "step", "no key", "with key", "--events all", "--events none"
+        "{:<34} {:>12} {:>12} {:>14} {:>14} {:>14}",
+        "step", "no key", "with key", "--events all", "--events none", "rate limit"
     );
     let mut rows: Vec<(&str, [f64; COLUMNS.len()])> = vec![
         ("submit (one ingest script)", [0.0; COLUMNS.len()]),
@@ -119,7 +122,7 @@ async fn bench() -> Result<()> {
         ("drained (read + start + complete)", [0.0; COLUMNS.len()]),
     ];
     let mut files = Vec::new();
-    for (column, (name, keyed, events)) in COLUMNS.into_iter().enumerate() {
+    for (column, (name, keyed, events, limited)) in COLUMNS.into_iter().enumerate() {
         let config = Config::from_args([
             "--redis",
             &redis.url(),
@@ -135,7 +138,14 @@ async fn bench() -> Result<()> {
         submit(&store, &settings, tasks, keyed, &pad).await?;
         let (submitted, file) = counter.step()?;
         files.push((rows[0].0, name, file));
-        let batches = read_and_start(&store, tasks).await?;
+        let limits = limited.then_some(Limits {
+            rate: Some(Rate {
+                limit: 1_000_000,
+                per_ms: 1_000,
+            }),
+            group_concurrency: None,
+        });
+        let batches = read_and_start(&store, tasks, limits.as_ref()).await?;
         let (started, file) = counter.step()?;
         files.push((rows[1].0, name, file));
         complete(&store, &batches).await?;
@@ -148,8 +158,8 @@ async fn bench() -> Result<()> {
         rows[3].1[column] = per_task(submitted + started + completed);
         rows[4].1[column] = per_task(started + completed);
     }
-    for (name, [plain, keyed, all, none]) in rows {
-        println!("{name:<34} {plain:>12.0} {keyed:>12.0} {all:>14.0} {none:>14.0}");
+    for (name, [plain, keyed, all, none, limited]) in rows {
+        println!("{name:<34} {plain:>12.0} {keyed:>12.0} {all:>14.0} {none:>14.0} {limited:>14.0}");
     }
     if kept.is_some() {
         println!("callgrind dumps, kept:");
@@ -161,12 +171,14 @@ async fn bench() -> Result<()> {
 }
 
 /// The bench's columns: name, whether each task has an idempotency key,
-/// and `--events`. `terminal` is the default.
-const COLUMNS: [(&str, bool, &str); 4] = [
-    ("no key", false, "terminal"),
-    ("with key", true, "terminal"),
-    ("no key, --events all", false, "all"),
-    ("no key, --events none", false, "none"),
+/// `--events` (`terminal` is the default), and whether the queue has a
+/// limit (a rate far above what the bench starts: it never binds).
+const COLUMNS: [(&str, bool, &str, bool); 5] = [
+    ("no key", false, "terminal", false),
+    ("with key", true, "terminal", false),
+    ("no key, --events all", false, "all", false),
+    ("no key, --events none", false, "none", false),
+    ("no key, rate limit", false, "terminal", true),
 ];
 
 /// Submit `tasks` echo tasks, each with its own key when `keyed`, their
@@ -201,15 +213,36 @@ async fn submit(
 }
 
 /// Read every queued message in batches and start each batch, as the
-/// worker does; the batches of started tasks.
-async fn read_and_start(store: &Store, tasks: usize) -> Result<Vec<Vec<(Delivery, StartedTask)>>> {
+/// worker does (a queue with `limits` read through its admission); the
+/// batches of started tasks.
+async fn read_and_start(
+    store: &Store,
+    tasks: usize,
+    limits: Option<&Limits>,
+) -> Result<Vec<Vec<(Delivery, StartedTask)>>> {
     let mut conn = store.dedicated_connection(Duration::from_secs(30)).await?;
     let mut batches = Vec::new();
     let mut read = 0;
     while read < tasks {
-        let mut deliveries = store
-            .read(&mut conn, QUEUE, "bench", BATCH, Duration::from_millis(100))
-            .await?;
+        let mut deliveries = match limits {
+            None => {
+                store
+                    .read(&mut conn, QUEUE, "bench", BATCH, Duration::from_millis(100))
+                    .await?
+            }
+            Some(limits) => {
+                let grace = Duration::from_secs(30);
+                let now = dtq_host::base::now_ms();
+                let read = store
+                    .read_admitted(&mut conn, QUEUE, "bench", BATCH, limits, 1, grace, now)
+                    .await?;
+                ensure!(
+                    read.deliveries.len() == read.read,
+                    "a limit that does not bind held tasks"
+                );
+                read.deliveries
+            }
+        };
         ensure!(
             !deliveries.is_empty(),
             "only {read} of {tasks} tasks were read"

@@ -114,6 +114,37 @@ pub(super) fn parse(
     Ok(())
 }
 
+/// The deliveries of a flat reply, read fresh from `queue`'s group: per
+/// entry its id, the number of values of its fields, then those values
+/// (`lua/read_admit.lua`). As [`parse`], an entry naming no task is
+/// skipped, and so is a field whose name or value is not UTF-8.
+pub(super) fn flat_deliveries(
+    queue: &str,
+    values: impl IntoIterator<Item = Value>,
+) -> Result<Vec<Delivery>, StoreError> {
+    let mut values = values.into_iter();
+    let mut out = Vec::new();
+    while let Some(id) = values.next() {
+        let msg_id = text(id).ok_or_else(|| malformed("entry id"))?;
+        // Two values per field: an odd count is no entry's.
+        let count = match values.next() {
+            Some(Value::Int(n)) if n >= 0 && n % 2 == 0 => n as usize,
+            _ => return Err(malformed("field count")),
+        };
+        let mut pairs = Vec::with_capacity(count / 2);
+        for _ in 0..count / 2 {
+            let (Some(name), Some(value)) = (values.next(), values.next()) else {
+                return Err(malformed("entry fields"));
+            };
+            if let (Some(name), Some(value)) = (text(name), text(value)) {
+                pairs.push((name, value));
+            }
+        }
+        out.extend(carried::fresh_delivery(queue, msg_id, Fields::from(pairs)));
+    }
+    Ok(out)
+}
+
 /// An entry's body: `[field, value, ...]`, or nil for a deleted entry.
 fn fields(body: Value) -> Result<Fields, StoreError> {
     let flat = match body {
@@ -207,6 +238,51 @@ mod tests {
             assert!(read[1].carried.is_none());
         }
         assert!(fresh_deliveries("q", Value::Nil).expect("nil").is_empty());
+    }
+
+    #[test]
+    fn a_flat_reply_gives_the_same_deliveries_and_a_cut_one_is_an_error() {
+        let count = |n: i64| Value::Int(n);
+        let flat = vec![
+            bulk("1-0"),
+            count(2),
+            bulk("run"),
+            bulk("t1\n3\n\n\necho\n{}"),
+            bulk("2-0"),
+            count(2),
+            bulk("id"),
+            bulk("t2"),
+            // Not one of ours: no task id.
+            bulk("4-0"),
+            count(2),
+            bulk("other"),
+            bulk("x"),
+            bulk("5-0"),
+            count(0),
+        ];
+        let read = flat_deliveries("q", flat.clone()).expect("parsed");
+        let ids: Vec<_> = read
+            .iter()
+            .map(|d| (d.msg_id.as_str(), d.task_id.as_str()))
+            .collect();
+        assert_eq!(ids, [("1-0", "t1"), ("2-0", "t2")]);
+        let carried = read[0].carried.as_deref().expect("carried");
+        assert_eq!((carried.task.as_str(), carried.max_attempts), ("echo", 3));
+        assert!(read[1].carried.is_none());
+
+        // Cut inside an entry's fields, or before its count: malformed.
+        for cut in [3, 6, 9] {
+            let err = flat_deliveries("q", flat[..cut].to_vec()).expect_err("cut");
+            assert!(matches!(err, StoreError::Protocol(_)), "{cut}: {err}");
+        }
+        for bad in [
+            vec![bulk("1-0"), count(1), bulk("id")],
+            vec![bulk("1-0"), count(-2)],
+            vec![bulk("1-0"), bulk("two")],
+        ] {
+            let err = flat_deliveries("q", bad.clone()).expect_err("a bad count");
+            assert!(matches!(err, StoreError::Protocol(_)), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -319,12 +319,16 @@ impl Store {
         .put("CONSUMER", consumer)
         .put("COUNT", count)
         .done();
-        let reply: (usize, Value) = self.trip("read_admit", inv.invoke_async(conn)).await?;
-        let mut deliveries = Vec::new();
-        entries::parse(reply.1, Some(queue), &mut deliveries)?;
+        let reply: Vec<Value> = self.trip("read_admit", inv.invoke_async(conn)).await?;
+        let mut reply = reply.into_iter();
+        let read = match reply.next() {
+            Some(Value::Int(n)) => usize::try_from(n).ok(),
+            _ => None,
+        }
+        .ok_or_else(|| StoreError::Protocol("read_admit answered no count".into()))?;
         Ok(ReadAdmitted {
-            read: reply.0,
-            deliveries,
+            read,
+            deliveries: entries::flat_deliveries(queue, reply)?,
         })
     }
 }

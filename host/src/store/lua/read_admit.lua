@@ -9,10 +9,15 @@
 
   Each message is decided as `admit.lua` decides it: the admitted ones are
   returned, pending on the consumer as any message read; the held ones
-  are out of the stream already. A message that names no task is returned
-  as read, neither counted nor held (the worker skips it, as from any
-  read). Its task id is read as the worker reads it (store/carried.rs,
-  `task_id`): an `id` field, else the first line of `run`.
+  are out of the stream already. Its task is named only when the
+  decision needs it (not within a rate window's count): as the worker
+  names it (store/carried.rs, `task_id`), by an `id` field, else by the
+  first line of `run`. A message that names none is returned as read and
+  never held (the worker skips it, as from any read).
+
+  The reply is one flat array: Redis converts each table of a script's
+  reply on its own, a cost per table, so the entries are not returned as
+  XREADGROUP's nested ones.
 
   If the reply is lost, the admitted messages are pending on the consumer
   with the rate window charged for them; the worker reads them back and
@@ -27,8 +32,9 @@
     ARG_CONSUMER  the consumer (worker) reading
     ARG_COUNT     how many messages to read at most
 
-  Output: { read, admitted }: how many messages the read delivered, and
-  the admitted ones as XREADGROUP gives its entries, each { id, fields }.
+  Output: one flat array: how many messages the read delivered, then per
+  admitted message its id, the number of values of its fields (two per
+  field), and those values (name, value, ...).
 ]]
 local ARG_CONSUMER = 10
 local ARG_COUNT = 11
@@ -55,16 +61,27 @@ end
 local reply = redis.call("XREADGROUP", "GROUP", group, ARGV[ARG_CONSUMER], "COUNT",
   ARGV[ARG_COUNT], "STREAMS", streamKey, ">")
 if not reply then
-  return { 0, {} }
+  return { 0 }
 end
 local entries = reply[1][2]
-local admitted = {}
+local out, n = { #entries }, 1
 for _, entry in ipairs(entries) do
   local msgId, fields = entry[1], entry[2]
-  local taskId = type(fields) == "table" and messageTaskId(fields)
-  if not taskId or admitOne(taskPrefix .. taskId, taskId, msgId) == ADMITTED then
-    admitted[#admitted + 1] = entry
+  if type(fields) ~= "table" then
+    fields = {}
+  end
+  local admitted = admittedByCount()
+  if not admitted then
+    local taskId = messageTaskId(fields)
+    admitted = not taskId or admitOne(taskPrefix .. taskId, taskId, msgId) == ADMITTED
+  end
+  if admitted then
+    out[n + 1], out[n + 2] = msgId, #fields
+    for j = 1, #fields do
+      out[n + 2 + j] = fields[j]
+    end
+    n = n + 2 + #fields
   end
 end
 admissionDone()
-return { #entries, admitted }
+return out

@@ -47,8 +47,9 @@
     ARG_ADMIT_GRACE_MS  how long an admitted task may take to start
 
   A script decides each message with `admitOne` (ADMITTED, HELD_RATE or
-  HELD_GROUP), then calls `admissionDone` once, which writes the rate
-  window's count. Task hashes and group sets are built from the prefixes;
+  HELD_GROUP), or first asks `admittedByCount` whether it is admitted
+  without a look at its task, then calls `admissionDone` once, which
+  writes the rate window's count. Task hashes and group sets are built from the prefixes;
   they share the queue's hash tag, so they are in the script's slot.
 ]]
 local ARG_GROUP = 1
@@ -125,12 +126,21 @@ local function hold(taskKey, taskId, msgId, by, untilMs, count)
 end
 
 -- Under a rate limit alone, a message within the window's count is
--- admitted without reading its task: a batch costs the window's read and
--- write, not a read per task. Only one past the count is read, to hold it
--- if it waits (QUEUED).
-local function admitByRate(taskKey, taskId, msgId)
-  if counted < rateLimit then
+-- admitted without reading its task, or even naming it: a batch costs the
+-- window's read and write, not a read per task. Whether the next message
+-- is, counting it if so.
+local function admittedByCount()
+  if groupLimit == 0 and counted < rateLimit then
     counted = counted + 1
+    return true
+  end
+  return false
+end
+
+-- Under a rate limit alone: past the window's count, the task is read, to
+-- hold it if it waits (QUEUED).
+local function admitByRate(taskKey, taskId, msgId)
+  if admittedByCount() then
     return ADMITTED
   end
   local f = redis.pcall("HMGET", taskKey, "status", "held_count")
