@@ -323,12 +323,12 @@ pub(super) async fn get_task(
 ) -> ApiResult {
     authorized(&shared.auth, &headers, Scope::Read, &queue)?;
     let (store, q, i) = (shared.state.store.clone(), queue.clone(), id.clone());
+    // The task and its children read at once: one wait for Redis, not two
+    // (a task without a flow has none; its flow's read finds no key).
     let read = async move {
-        let Some(task) = store.task(&q, &i).await? else {
-            return Ok(None);
-        };
-        let children = store.children(&q, &i).await?;
-        Ok::<_, StoreError>(Some((task, children)))
+        let (task, children) =
+            futures::future::try_join(store.task(&q, &i), store.children(&q, &i)).await?;
+        Ok::<_, StoreError>(task.map(|task| (task, children)))
     };
     match store_call(&shared, read).await? {
         Some((task, children)) => {
