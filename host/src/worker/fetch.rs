@@ -63,8 +63,9 @@
 //! A queue with limits (`flow.rs`) is read by a script that admits what
 //! it reads in the same round trip ([`crate::store::Store::read_admitted`]):
 //! a read then an `admit` kept each batch's slots idle for a second round
-//! trip before it started, which cost a drain under a limit that does not
-//! bind about a seventh of its rate (`docs/queue-bench.md`). The wait's
+//! trip before it started: a drain under a limit that does not bind ran at
+//! 0.77 of a free one's rate that way, 0.99 this way (`docs/queue-bench.md`,
+//! "Limits that do not bind"). The wait's
 //! blocking read cannot be a script; what it delivers is admitted on its
 //! own, as are messages reclaimed or read back.
 //!
