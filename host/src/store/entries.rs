@@ -206,6 +206,23 @@ mod tests {
         ])
     }
 
+    /// What the read tests' entries give: task `t1` on `1-0`, carrying an
+    /// `echo` of `{}` with 3 attempts, and `t2` on `2-0`, carrying nothing.
+    fn assert_t1_carried_and_t2(read: &[Delivery]) {
+        let ids: Vec<_> = read
+            .iter()
+            .map(|d| (d.msg_id.as_str(), d.task_id.as_str()))
+            .collect();
+        assert_eq!(ids, [("1-0", "t1"), ("2-0", "t2")]);
+        let carried = read[0].carried.as_deref().expect("carried");
+        assert_eq!(
+            (carried.task.as_str(), carried.payload.as_str()),
+            ("echo", "{}")
+        );
+        assert_eq!(carried.max_attempts, 3);
+        assert!(read[1].carried.is_none());
+    }
+
     #[test]
     fn a_read_gives_each_entrys_task_and_what_it_carries() {
         let entries = Value::Array(vec![
@@ -223,19 +240,7 @@ mod tests {
             ])]),
             Value::Map(vec![(bulk("dtq:stream:{q}"), entries)]),
         ] {
-            let read = fresh_deliveries("q", reply).expect("parsed");
-            let ids: Vec<_> = read
-                .iter()
-                .map(|d| (d.msg_id.as_str(), d.task_id.as_str()))
-                .collect();
-            assert_eq!(ids, [("1-0", "t1"), ("2-0", "t2")]);
-            let carried = read[0].carried.as_deref().expect("carried");
-            assert_eq!(
-                (carried.task.as_str(), carried.payload.as_str()),
-                ("echo", "{}")
-            );
-            assert_eq!(carried.max_attempts, 3);
-            assert!(read[1].carried.is_none());
+            assert_t1_carried_and_t2(&fresh_deliveries("q", reply).expect("parsed"));
         }
         assert!(fresh_deliveries("q", Value::Nil).expect("nil").is_empty());
     }
@@ -260,15 +265,7 @@ mod tests {
             bulk("5-0"),
             count(0),
         ];
-        let read = flat_deliveries("q", flat.clone()).expect("parsed");
-        let ids: Vec<_> = read
-            .iter()
-            .map(|d| (d.msg_id.as_str(), d.task_id.as_str()))
-            .collect();
-        assert_eq!(ids, [("1-0", "t1"), ("2-0", "t2")]);
-        let carried = read[0].carried.as_deref().expect("carried");
-        assert_eq!((carried.task.as_str(), carried.max_attempts), ("echo", 3));
-        assert!(read[1].carried.is_none());
+        assert_t1_carried_and_t2(&flat_deliveries("q", flat.clone()).expect("parsed"));
 
         // Cut inside an entry's fields, or before its count: malformed.
         for cut in [3, 6, 9] {
