@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use dtq_host::base::now_ms;
-use dtq_host::store::{Limits, QueueKeys, Rate};
+use dtq_host::store::{Admission, Limits, QueueKeys, Rate};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -462,27 +462,29 @@ async fn trips_of(dtq: &Dtq, operation: &str) -> Result<u64> {
         .unwrap_or(0))
 }
 
-/// A busy queue under a limit that does not bind, drained four slots at a
-/// time: its batches are admitted by the reads that deliver them, with no
-/// `admit` round trip of their own (one at most, for a wait that delivered
-/// as the queue was paused).
+/// A busy queue under a limit that does not bind, its backlog drained four
+/// slots at a time by a worker started after it: every batch is admitted
+/// by the read that delivers it, with no `admit` round trip of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_busy_limited_queue_is_admitted_by_its_reads() -> Result<()> {
     let q = "busy-limited";
     let dtq = Dtq::start(
-        true,
+        false,
         &["--queues", q, "--concurrency", "4", "--admin-token", ADMIN],
     )
     .await?;
-    set_limits(
-        &dtq,
-        q,
-        json!({"rate": {"limit": 1_000_000, "per_ms": 1000}}),
-    )
-    .await?;
-    set_paused(&dtq, q, true).await?;
-    // Every worker has stopped reading the queue, its wait included.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    dtq.store
+        .set_limits(
+            q,
+            &Limits {
+                rate: Some(Rate {
+                    limit: 1_000_000,
+                    per_ms: 1_000,
+                }),
+                group_concurrency: None,
+            },
+        )
+        .await?;
     let mut ids = Vec::new();
     for i in 0..100 {
         ids.push(
@@ -490,7 +492,9 @@ async fn a_busy_limited_queue_is_admitted_by_its_reads() -> Result<()> {
                 .await?,
         );
     }
-    set_paused(&dtq, q, false).await?;
+    // A worker reads its queues' limits before its first fetch.
+    let stop = CancellationToken::new();
+    let worker = spawn_worker(&dtq, &stop);
     succeeded(&dtq, q, &ids).await?;
     let (admits, reads) = (
         trips_of(&dtq, "admit").await?,
@@ -501,8 +505,70 @@ async fn a_busy_limited_queue_is_admitted_by_its_reads() -> Result<()> {
         "100 tasks four at a time in {reads} admitting reads"
     );
     ensure!(
-        admits <= 1,
+        admits == 0,
         "{admits} admit round trips beside {reads} reads"
+    );
+    stop.cancel();
+    worker.await?;
+    Ok(())
+}
+
+/// A read whose reply is lost: its worker reads the messages back and
+/// admits them again (`admit.lua`), which counts them in the rate window a
+/// second time but never takes a second group slot. Two tasks of one group
+/// under `group_concurrency: 1`: the first is admitted by the read, the
+/// second held; admitted again, the first keeps its one slot, and the
+/// window has counted it twice (it admits fewer, never more).
+#[tokio::test]
+async fn a_read_whose_reply_is_lost_is_admitted_again_in_the_same_slot() -> Result<()> {
+    let q = "lost-read";
+    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let store = &dtq.store;
+    store.ensure_group(q).await?;
+    let keys = QueueKeys::new(q);
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let body = json!({"task": "echo", "payload": i, "group": "g"});
+        ids.push(dtq.submit_new(q, body, None).await?);
+    }
+    let limits = Limits {
+        rate: Some(Rate {
+            limit: 10,
+            per_ms: 1_000_000_000_000,
+        }),
+        group_concurrency: Some(1),
+    };
+    let grace = Duration::from_secs(30);
+    let mut conn = store.dedicated_connection(WAIT).await?;
+    let read = store
+        .read_admitted(&mut conn, q, "reader", 10, &limits, 1, grace, now_ms())
+        .await?;
+    let admitted: Vec<&str> = read.deliveries.iter().map(|d| d.task_id.as_str()).collect();
+    assert_eq!((read.read, admitted), (2, vec![ids[0].as_str()]));
+
+    // The reply lost: the same messages, read back, admitted again.
+    let again = store
+        .admit(q, &read.deliveries, &limits, 1, grace, now_ms())
+        .await?;
+    assert_eq!(again, [Admission::Admitted]);
+    let mut redis = dtq.redis.conn().await?;
+    let slots: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{}g", keys.group_prefix()))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(slots, [ids[0].clone()], "one slot, taken once");
+    let counted: Option<u64> = redis::cmd("HGET")
+        .arg(keys.rate())
+        .arg("n")
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(counted, Some(2), "the window counted the start twice");
+    let held = dtq.task(q, &ids[1]).await?;
+    ensure!(
+        held["status"] == "SCHEDULED" && held["held"]["by"] == "group",
+        "{held}"
     );
     Ok(())
 }

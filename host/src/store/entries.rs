@@ -131,16 +131,15 @@ pub(super) fn flat_deliveries(
             Some(Value::Int(n)) if n >= 0 && n % 2 == 0 => n as usize,
             _ => return Err(malformed("field count")),
         };
-        let mut pairs = Vec::with_capacity(count / 2);
-        for _ in 0..count / 2 {
-            let (Some(name), Some(value)) = (values.next(), values.next()) else {
-                return Err(malformed("entry fields"));
-            };
-            if let (Some(name), Some(value)) = (text(name), text(value)) {
-                pairs.push((name, value));
-            }
+        let body: Vec<Value> = values.by_ref().take(count).collect();
+        if body.len() < count {
+            return Err(malformed("entry fields"));
         }
-        out.extend(carried::fresh_delivery(queue, msg_id, Fields::from(pairs)));
+        out.extend(carried::fresh_delivery(
+            queue,
+            msg_id,
+            fields(Value::Array(body))?,
+        ));
     }
     Ok(out)
 }

@@ -144,13 +144,14 @@ pub(super) static READ_ADMIT_ARGV: ArgvLayout = ArgvLayout {
     rest: None,
 };
 
-/// What [`Store::read_admitted`] read: how many messages, and the admitted
-/// ones.
+/// What a read of new messages gave ([`Store::read_admitted`], or a plain
+/// read): how many messages, and those to start.
 #[derive(Debug, Default)]
 pub struct ReadAdmitted {
     /// Messages the read delivered, admitted or held.
     pub read: usize,
-    /// The admitted ones, to start (those naming no task left out).
+    /// Those to start: for [`Store::read_admitted`], the admitted ones
+    /// (those naming no task left out).
     pub deliveries: Vec<Delivery>,
 }
 

@@ -190,7 +190,7 @@ impl Scripts {
             idem_forward: script!("idem_forward"),
             queue_register: script!("queue_register"),
             admit: script!("admit", "clock", "admission"),
-            read_admit: script!("read_admit", "clock", "admission"),
+            read_admit: script!("read_admit", "clock", "carried", "admission"),
         }
     }
 

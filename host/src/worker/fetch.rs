@@ -93,7 +93,8 @@ use super::flow::Flow;
 use super::shared::Admit;
 use super::{Backoff, MAX_BATCH, READ_BLOCK, Shared, supervise, wait};
 use crate::store::{
-    Conn, Delivery, GROUP, PAUSE_POLL, StoreError, fresh_deliveries, logical_queue, own_pending,
+    Conn, Delivery, GROUP, PAUSE_POLL, ReadAdmitted, StoreError, fresh_deliveries, logical_queue,
+    own_pending,
 };
 
 /// Pending messages read back per `XREADGROUP`.
@@ -379,34 +380,8 @@ async fn read_queue(
         }
     }
     let asked = asked.min(permits.len());
-    // A queue with limits is admitted in the read's own round trip.
-    let (read, admit) = match shared.limits_of(queue) {
-        None => (
-            read_now(conn, queue, stream, &shared.consumer, asked)
-                .await
-                .map(|deliveries| (deliveries.len(), deliveries)),
-            Admit::Due,
-        ),
-        Some((limits, partitions)) => (
-            shared
-                .feed
-                .read_admitted(
-                    conn,
-                    queue,
-                    &shared.consumer,
-                    asked,
-                    &limits,
-                    partitions,
-                    shared.config.visibility_timeout(),
-                    crate::base::now_ms(),
-                )
-                .await
-                .map(|read| (read.read, read.deliveries)),
-            Admit::Done,
-        ),
-    };
-    match read {
-        Ok((read, deliveries)) => {
+    match read_now(shared, conn, queue, stream, asked).await {
+        Ok((ReadAdmitted { read, deliveries }, admit)) => {
             let filled = read >= asked;
             round.found |= read > 0;
             if !deliveries.is_empty() {
@@ -510,20 +485,40 @@ async fn read_back(
     }
 }
 
-/// Read up to `count` new messages of `queue`'s `stream` for `consumer`,
-/// without blocking. Not to be cancelled: the messages a read delivers are
-/// pending on this consumer, and until reclaimed nobody else runs them.
+/// Read up to `count` new messages of `queue`'s `stream` for this worker,
+/// without blocking: how many were read, those to start, and whether they
+/// are admitted yet. A queue with limits is read by
+/// [`crate::store::Store::read_admitted`], which admits what it reads in
+/// the same round trip. Not to be cancelled: the messages a read delivers
+/// are pending on this consumer, and until reclaimed nobody else runs them.
 async fn read_now(
+    shared: &Shared,
     conn: &mut Conn,
     queue: &str,
     stream: &str,
-    consumer: &str,
     count: usize,
-) -> Result<Vec<Delivery>, StoreError> {
+) -> Result<(ReadAdmitted, Admit), StoreError> {
+    if let Some((limits, partitions)) = shared.limits_of(queue) {
+        let grace = shared.config.visibility_timeout();
+        let read = shared
+            .feed
+            .read_admitted(
+                conn,
+                queue,
+                &shared.consumer,
+                count,
+                &limits,
+                partitions,
+                grace,
+                crate::base::now_ms(),
+            )
+            .await?;
+        return Ok((read, Admit::Done));
+    }
     let reply: Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(GROUP)
-        .arg(consumer)
+        .arg(&shared.consumer)
         .arg("COUNT")
         .arg(count)
         .arg("STREAMS")
@@ -531,5 +526,10 @@ async fn read_now(
         .arg(">")
         .query_async(conn)
         .await?;
-    fresh_deliveries(queue, reply)
+    let deliveries = fresh_deliveries(queue, reply)?;
+    let read = ReadAdmitted {
+        read: deliveries.len(),
+        deliveries,
+    };
+    Ok((read, Admit::Due))
 }

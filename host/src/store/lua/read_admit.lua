@@ -10,10 +10,10 @@
   Each message is decided as `admit.lua` decides it: the admitted ones are
   returned, pending on the consumer as any message read; the held ones
   are out of the stream already. Its task is named only when the
-  decision needs it (not within a rate window's count): as the worker
-  names it (store/carried.rs, `task_id`), by an `id` field, else by the
-  first line of `run`. A message that names none is returned as read and
-  never held (the worker skips it, as from any read).
+  decision needs it (not within a rate window's count), by
+  `messageTaskId` (include/carried.lua), as the worker names it. A
+  message that names none is returned as read and never held (the worker
+  skips it, as from any read).
 
   The reply is one flat array: Redis converts each table of a script's
   reply on its own, a cost per table, so the entries are not returned as
@@ -39,25 +39,6 @@
 local ARG_CONSUMER = 10
 local ARG_COUNT = 11
 
--- The task id of a message's fields (flat: name, value, ...), or nil.
-local function messageTaskId(fields)
-  local run
-  for j = 1, #fields, 2 do
-    if fields[j] == "id" then
-      return fields[j + 1]
-    elseif fields[j] == "run" and not run then
-      run = fields[j + 1]
-    end
-  end
-  if run then
-    local newline = string.find(run, "\n", 1, true)
-    if newline and newline > 1 then
-      return string.sub(run, 1, newline - 1)
-    end
-  end
-  return nil
-end
-
 local reply = redis.call("XREADGROUP", "GROUP", group, ARGV[ARG_CONSUMER], "COUNT",
   ARGV[ARG_COUNT], "STREAMS", streamKey, ">")
 if not reply then
@@ -66,10 +47,7 @@ end
 local entries = reply[1][2]
 local out, n = { #entries }, 1
 for _, entry in ipairs(entries) do
-  local msgId, fields = entry[1], entry[2]
-  if type(fields) ~= "table" then
-    fields = {}
-  end
+  local msgId, fields = entry[1], entry[2] or {}
   local admitted = admittedByCount()
   if not admitted then
     local taskId = messageTaskId(fields)

@@ -103,19 +103,11 @@ end
 -- worker; `owners` maps message id to the consumer it was claimed from.
 local function archiveLost(entries, owners)
   for _, e in ipairs(entries) do
-    -- The task id: the `id` field, or else the first line of `run`, the
-    -- one field of a message that carries its task (store/carried.rs).
     -- Any field but `id` means the message carries its task.
-    local msgId, body, taskId, carries = e[1], e[2] or {}, nil, false
+    local msgId, body, carries = e[1], e[2] or {}, false
+    local taskId = messageTaskId(body)
     for i = 1, #body, 2 do
-      if body[i] == "id" then
-        taskId = body[i + 1]
-      else
-        carries = true
-      end
-    end
-    if not taskId and body[1] == "run" then
-      taskId = string.match(body[2], "^([^\n]+)\n")
+      carries = carries or body[i] ~= "id"
     end
     if taskId then
       local taskKey = taskPrefix .. taskId

@@ -1,6 +1,7 @@
 --[[
   Shared fragment: the one statement of whether a carried first attempt
-  runs (store/carried.rs). No `start` wrote it, so two things say it
+  runs (store/carried.rs), and of which task a stream message names
+  (`messageTaskId`). No `start` wrote it, so two things say it
   together: the task hash is QUEUED with no attempt counted and names the
   message (`carriedFirst`), and that message is pending in the group, on
   the consumer that runs it (`pendingConsumer`).
@@ -21,4 +22,19 @@ local function pendingConsumer(streamKey, group, msgId)
     return p[1][2]
   end
   return false
+end
+
+-- The task a stream message names, from its body (name, value, ...), as
+-- the worker reads it (store/carried.rs, `task_id`): its `id` field, else
+-- the first line of its `run` field; nil for a message that names none.
+local function messageTaskId(body)
+  local run
+  for i = 1, #body, 2 do
+    if body[i] == "id" then
+      return body[i + 1]
+    elseif body[i] == "run" and not run then
+      run = body[i + 1]
+    end
+  end
+  return run and string.match(run, "^([^\n]+)\n")
 end
