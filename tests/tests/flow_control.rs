@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use dtq_host::base::now_ms;
-use dtq_host::store::{Admission, Limits, QueueKeys, Rate};
+use dtq_host::store::{Admission, Conn, Limits, QueueKeys, Rate};
 use dtq_tests::{Dtq, assert_error};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -327,6 +327,31 @@ async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
     Ok(())
 }
 
+/// A rate limit of `limit` starts in a window longer than any test (a
+/// window is counted from the epoch), and `group` running tasks per group.
+fn one_window(limit: u32, group: Option<u32>) -> Limits {
+    Limits {
+        rate: Some(Rate {
+            limit,
+            per_ms: 1_000_000_000_000,
+        }),
+        group_concurrency: group,
+    }
+}
+
+/// A dtq with no worker whose queue `q` holds a task of each of `bodies`,
+/// their ids, and a connection to read `q` on, as the fetch loop's.
+async fn backlog(q: &str, bodies: Vec<Value>) -> Result<(Dtq, Vec<String>, Conn)> {
+    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    dtq.store.ensure_group(q).await?;
+    let mut ids = Vec::with_capacity(bodies.len());
+    for body in bodies {
+        ids.push(dtq.submit_new(q, body, None).await?);
+    }
+    let conn = dtq.store.dedicated_connection(WAIT).await?;
+    Ok((dtq, ids, conn))
+}
+
 /// One read of a queue whose rate limit admits 3 in a window, with 5
 /// tasks and a message naming no task in its stream: the read and its
 /// admission are one round trip, which returns the first 3 tasks admitted
@@ -337,17 +362,10 @@ async fn a_rate_limit_bounds_the_starts_of_the_whole_fleet() -> Result<()> {
 #[tokio::test]
 async fn a_read_of_a_limited_queue_admits_what_it_reads_in_one_round_trip() -> Result<()> {
     let q = "read-admit";
-    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let echoes = (0..5).map(|i| json!({"task": "echo", "payload": i}));
+    let (dtq, ids, mut conn) = backlog(q, echoes.collect()).await?;
     let store = &dtq.store;
-    store.ensure_group(q).await?;
     let keys = QueueKeys::new(q);
-    let mut ids = Vec::new();
-    for i in 0..5 {
-        ids.push(
-            dtq.submit_new(q, json!({"task": "echo", "payload": i}), None)
-                .await?,
-        );
-    }
     let mut redis = dtq.redis.conn().await?;
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
@@ -356,16 +374,8 @@ async fn a_read_of_a_limited_queue_admits_what_it_reads_in_one_round_trip() -> R
         .arg("x")
         .query_async(&mut redis)
         .await?;
-    // One window for the whole test (a window is counted from the epoch).
-    let limits = Limits {
-        rate: Some(Rate {
-            limit: 3,
-            per_ms: 1_000_000_000_000,
-        }),
-        group_concurrency: None,
-    };
+    let limits = one_window(3, None);
     let grace = Duration::from_secs(30);
-    let mut conn = store.dedicated_connection(WAIT).await?;
     let trips = store.round_trips();
     let read = store
         .read_admitted(&mut conn, q, "reader", 10, &limits, 1, grace, now_ms())
@@ -522,24 +532,12 @@ async fn a_busy_limited_queue_is_admitted_by_its_reads() -> Result<()> {
 #[tokio::test]
 async fn a_read_whose_reply_is_lost_is_admitted_again_in_the_same_slot() -> Result<()> {
     let q = "lost-read";
-    let dtq = Dtq::start(false, &["--admin-token", ADMIN]).await?;
+    let grouped = (0..2).map(|i| json!({"task": "echo", "payload": i, "group": "g"}));
+    let (dtq, ids, mut conn) = backlog(q, grouped.collect()).await?;
     let store = &dtq.store;
-    store.ensure_group(q).await?;
     let keys = QueueKeys::new(q);
-    let mut ids = Vec::new();
-    for i in 0..2 {
-        let body = json!({"task": "echo", "payload": i, "group": "g"});
-        ids.push(dtq.submit_new(q, body, None).await?);
-    }
-    let limits = Limits {
-        rate: Some(Rate {
-            limit: 10,
-            per_ms: 1_000_000_000_000,
-        }),
-        group_concurrency: Some(1),
-    };
+    let limits = one_window(10, Some(1));
     let grace = Duration::from_secs(30);
-    let mut conn = store.dedicated_connection(WAIT).await?;
     let read = store
         .read_admitted(&mut conn, q, "reader", 10, &limits, 1, grace, now_ms())
         .await?;
