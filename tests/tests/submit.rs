@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use dtq_host::ingest::{self, SubmitRequest};
+use dtq_host::store::{Store, StoreSettings};
 use dtq_tests::{Dtq, assert_error};
 use serde_json::{Value, json};
 
@@ -402,5 +404,34 @@ async fn a_submission_is_one_round_trip() -> Result<()> {
             "submission {i} ({key:?})"
         );
     }
+    Ok(())
+}
+
+/// A process's first burst of submissions to a queue, all in flight before
+/// any has its answer, reads the queue's partition count once: the first
+/// reads it and the others wait for that read, where each used to send its
+/// own (a herd of reads on every API restart under load).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_burst_of_submissions_reads_the_partition_count_once() -> Result<()> {
+    const BURST: u64 = 64;
+    let dtq = Dtq::start(false, &[]).await?;
+    let settings = dtq.config.ingest_settings();
+    // A process of its own: nothing of the queue known yet.
+    let cold = Store::connect(&dtq.redis.url(), StoreSettings::default()).await?;
+    let before = cold.round_trips();
+    let submissions = (0..BURST).map(|n| {
+        let req: SubmitRequest = serde_json::from_value(echo(n)).expect("a valid request");
+        ingest::submit(&cold, &settings, "burst", None, req, |_| true)
+    });
+    for submitted in futures::future::join_all(submissions).await {
+        submitted.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    // One ingest per task, the queue's registration, one partition read.
+    assert_eq!(cold.round_trips() - before, BURST + 2);
+    let (status, stats) = dtq
+        .call(reqwest::Method::GET, "/v1/queues/burst", None, &[])
+        .await?;
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["ready"], json!(BURST), "{stats}");
     Ok(())
 }

@@ -204,6 +204,10 @@ pub struct Store {
     /// The partitioning of each queue as this process last read it; what
     /// its submissions route by (see `partitions.rs`).
     partitionings: Arc<Mutex<HashMap<String, Partitioning>>>,
+    /// A gate per queue whose partitioning is being read because none was
+    /// known: concurrent first submissions wait for one read instead of
+    /// each sending its own (see `submit/route.rs`).
+    partition_reads: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Round-robin counter of unkeyed submissions over partitions.
     spread: Arc<AtomicU64>,
 }
@@ -225,6 +229,7 @@ impl Store {
             registered: Arc::new(Mutex::new(HashSet::new())),
             index_trims: Arc::new(Mutex::new(HashMap::new())),
             partitionings: Arc::new(Mutex::new(HashMap::new())),
+            partition_reads: Arc::new(Mutex::new(HashMap::new())),
             spread: Arc::new(AtomicU64::new(0)),
         };
         store.load_scripts().await?;
@@ -346,6 +351,7 @@ impl Store {
             .len()
             .max(lock(&self.index_trims).len())
             .max(lock(&self.partitionings).len())
+            .max(lock(&self.partition_reads).len())
     }
 
     /// The members of the time-ordered sorted set `key` due at `now` (score

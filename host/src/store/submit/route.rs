@@ -4,6 +4,7 @@
 //! left its key's records; and routing again when `ingest.lua` finds that
 //! the count it was routed by is no longer the count.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -27,12 +28,36 @@ impl Store {
     /// The partitioning this process last read for `queue`; read when it
     /// has none. Submissions route by it: `ingest.lua` tells when it is
     /// out of date.
+    ///
+    /// A process's first burst of submissions to a queue finds none known
+    /// all at once: the first reads it and the others wait for that read
+    /// behind the queue's gate, so that a burst costs one read, not one per
+    /// submission in flight. A read that fails leaves the next waiter to
+    /// read for itself.
     pub(super) async fn known_partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
-        let known = lock(&self.partitionings).get(queue).cloned();
-        match known {
-            Some(part) => Ok(part),
-            None => self.partitioning(queue).await,
+        let known = || lock(&self.partitionings).get(queue).cloned();
+        if let Some(part) = known() {
+            return Ok(part);
         }
+        let gate =
+            crate::store::bounded(&self.partition_reads, self.settings.max_queues, |reads| {
+                Arc::clone(reads.entry(queue.to_owned()).or_default())
+            });
+        let _reading = gate.lock().await;
+        if let Some(part) = known() {
+            return Ok(part);
+        }
+        let read = self.partitioning(queue).await;
+        // The gate is done with once the partitioning is known (or the read
+        // failed); a waiter still holding it finds the answer behind it.
+        let mut reads = lock(&self.partition_reads);
+        if reads
+            .get(queue)
+            .is_some_and(|open| Arc::ptr_eq(open, &gate))
+        {
+            reads.remove(queue);
+        }
+        read
     }
 
     /// Route `new` by `part`: choose its partition and give it the id that
