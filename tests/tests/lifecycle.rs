@@ -436,6 +436,121 @@ async fn completion_never_creates_a_record_and_keeps_its_ttl() -> Result<()> {
     Ok(())
 }
 
+/// The name of the idempotency record of `key` in `default`.
+fn record_key(key: &str) -> String {
+    format!("dtq:idempotency:{{default}}:{key}")
+}
+
+/// The idempotency record of `key` in `default`, as it is stored.
+async fn raw_record(conn: &mut dtq_host::store::Conn, key: &str) -> Result<String> {
+    Ok(redis::cmd("GET")
+        .arg(record_key(key))
+        .query_async(conn)
+        .await?)
+}
+
+/// The fingerprint of the idempotency record of `key` in `default`.
+async fn fingerprint(dtq: &Dtq, key: &str) -> Result<Value> {
+    let rec = dtq.idem_record("default", key).await?.context("a record")?;
+    Ok(rec["fingerprint"].clone())
+}
+
+/// A completion moves its record to its terminal state whatever the
+/// record's layout: the one submission writes (its state and time
+/// rewritten in place, the state padded to one width), and any other valid
+/// JSON (a record written by cjson, in Lua's key order), which is read and
+/// rewritten whole; a record that names another task is left alone in
+/// either layout. Readers (the key's lookup, a replay) read the padded
+/// state as the plain one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completion_moves_a_record_of_any_layout_and_no_other_tasks() -> Result<()> {
+    let dtq = Dtq::start(true, &[]).await?;
+    let mut conn = dtq.redis.conn().await?;
+    let sleeper = json!({"task": "sleep", "payload": {"ms": 1500}});
+    let mut ids = Vec::new();
+    for key in ["in-place", "reordered", "taken", "taken-reordered"] {
+        ids.push(submit_ok(&dtq, sleeper.clone(), Some(key)).await?);
+    }
+    for id in &ids {
+        dtq.wait_for("default", id, &["RUNNING"], WAIT).await?;
+    }
+    let raw = raw_record(&mut conn, "in-place").await?;
+    let head = format!(
+        r#"{{"task_id":"{}","state":"processing","updated_at":"#,
+        ids[0]
+    );
+    assert!(raw.starts_with(&head), "{raw}");
+
+    // While the tasks run, rewrite three records as another writer might.
+    let reordered = json!({
+        "updated_at": 1, "fingerprint": fingerprint(&dtq, "reordered").await?,
+        "state": "processing", "task_id": ids[1],
+    });
+    let other = "00000000-0000-0000-0000-000000000000";
+    let taken = format!(
+        r#"{{"task_id":"{other}","state":"processing","updated_at":1765000000000,"fingerprint":{}}}"#,
+        fingerprint(&dtq, "taken").await?
+    );
+    let taken_reordered = json!({"state": "processing", "task_id": other, "updated_at": 1});
+    for (key, record) in [
+        ("reordered", reordered.to_string()),
+        ("taken", taken.clone()),
+        ("taken-reordered", taken_reordered.to_string()),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(record_key(key))
+            .arg(&record)
+            .arg("KEEPTTL")
+            .query_async(&mut conn)
+            .await?;
+    }
+    // Only records rewritten before the completions test anything.
+    for id in &ids {
+        assert_eq!(dtq.task("default", id).await?["status"], "RUNNING");
+    }
+    for id in &ids {
+        dtq.wait_for("default", id, &["SUCCEEDED"], WAIT).await?;
+    }
+
+    let raw = raw_record(&mut conn, "in-place").await?;
+    let head = format!(
+        r#"{{"task_id":"{}","state":"completed" ,"updated_at":"#,
+        ids[0]
+    );
+    assert!(raw.starts_with(&head), "{raw}");
+    for (key, id) in [("in-place", &ids[0]), ("reordered", &ids[1])] {
+        let rec = dtq.idem_record("default", key).await?.context("a record")?;
+        assert_eq!(rec["state"], "completed", "{key}: {rec}");
+        assert_eq!(rec["task_id"], json!(id), "{key}: {rec}");
+        assert!(rec["updated_at"].as_u64() > Some(1), "{key}: {rec}");
+        let (status, looked_up) = dtq
+            .call(
+                Method::GET,
+                &format!("/v1/queues/default/idempotency/{key}"),
+                None,
+                &[],
+            )
+            .await?;
+        assert_eq!(
+            (status, &looked_up["state"]),
+            (200, &json!("completed")),
+            "{looked_up}"
+        );
+        let (status, replay) = dtq.submit("default", sleeper.clone(), Some(key)).await?;
+        assert_eq!(status, 200, "{replay}");
+        assert_eq!(replay["duplicate"], true, "{replay}");
+        assert_eq!(replay["task_id"], json!(id), "{replay}");
+    }
+    assert_eq!(
+        raw_record(&mut conn, "taken").await?,
+        taken,
+        "a record naming another task was rewritten"
+    );
+    let rec = dtq.idem_record("default", "taken-reordered").await?;
+    assert_eq!(rec, Some(taken_reordered));
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stale_completion_writes_nothing() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;

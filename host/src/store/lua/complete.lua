@@ -5,7 +5,8 @@
     1. task hash to its new status (with result or error, and the log)
     2. lifecycle event
     3. follow-up write: retry schedule (delayed set) or DLQ entry
-    4. idempotency record state (SET XX KEEPTTL; none for keyless tasks)
+    4. idempotency record state (`setIdemState`: in place, or SET XX KEEPTTL; none for
+       keyless tasks)
     5. ACK (and removal) of the stream message: one XACK for the batch,
        after every other write
   No reader sees a task half-completed: the whole batch is one script.

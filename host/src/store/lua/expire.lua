@@ -14,7 +14,7 @@
        the retention TTL
     2. lifecycle event EXPIRED
     3. out of the delayed set (a scheduled task waits there)
-    4. idempotency record "failed" (SET XX KEEPTTL; none for keyless tasks)
+    4. idempotency record "failed" (`setIdemState`; none for keyless tasks)
     5. its stream message deleted, when the hash names it (`msg_id`, kept
        by ingest.lua for a task with an expiry that went straight to the
        stream; no task in the index has started, so it is that message):

@@ -130,7 +130,9 @@ local idemKey, taskKey, streamKey, delayedKey, eventsKey, indexKey =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local expiryKey, partitionsKey = KEYS[7], KEYS[8]
 local taskId, now, hasKey = ARGV[TASK_ID], ARGV[NOW], ARGV[HAS_KEY] == "1"
-local fingerprint, idemTtl = ARGV[FINGERPRINT], tonumber(ARGV[IDEM_TTL])
+-- Values Redis takes as they came: a number passed to `redis.call` is
+-- turned back into a string with `sprintf`.
+local fingerprint, idemTtl = ARGV[FINGERPRINT], ARGV[IDEM_TTL]
 local maxDepth, runAt = tonumber(ARGV[MAX_DEPTH]), tonumber(ARGV[RUN_AT])
 local eventsMaxLen, taskPrefix = ARGV[EVENTS_MAX_LEN], ARGV[TASK_PREFIX]
 local indexMinId, expiresAt = ARGV[INDEX_MIN_ID], ARGV[EXPIRES_AT]
@@ -173,10 +175,7 @@ if maxDepth > 0 then
 end
 
 if hasKey then
-  local rec = cjson.encode({
-    task_id = taskId, state = "processing",
-    updated_at = tonumber(now), fingerprint = fingerprint })
-  rcall("SET", idemKey, rec, "NX", "EX", idemTtl)
+  rcall("SET", idemKey, idemRecord(taskId, "processing", now, fingerprint), "NX", "EX", idemTtl)
 end
 
 local status = "QUEUED"
@@ -201,7 +200,7 @@ end
 if expiresAt ~= "" then
   rcall("ZADD", expiryKey, expiresAt, taskId)
 end
-addEvent(eventsKey, eventsMaxLen, taskId, status, 0, now)
+addEvent(eventsKey, eventsMaxLen, taskId, status, "0", now)
 if indexMinId ~= "" then
   rcall("XADD", indexKey, "MINID", "~", indexMinId, "*", "id", taskId)
 else

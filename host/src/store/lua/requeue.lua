@@ -122,9 +122,7 @@ local function requeueOne(taskKey, idemKey, taskId, hasKey)
   -- Not taken (above): a record not rewritten is absent or stale.
   if hasKey and setIdemState(idemKey, taskId, "processing", now) == 0 then
     local fingerprint = redis.call("HGET", taskKey, "fingerprint") or ""
-    redis.call("SET", idemKey, cjson.encode({
-      task_id = taskId, state = "processing",
-      updated_at = tonumber(now), fingerprint = fingerprint }), "EX", idemTtl)
+    redis.call("SET", idemKey, idemRecord(taskId, "processing", now, fingerprint), "EX", idemTtl)
   end
   return 1, "QUEUED"
 end
