@@ -352,11 +352,18 @@ impl Submission for Parent {
     }
 }
 
-/// GET `path` of the API until it answers 200 (retrying what may be a
-/// passing failure); the body.
+/// How long a read of the outcome is retried: twice the longest a
+/// process's cluster connection may stall after a primary's restart before
+/// it is replaced (30 s, README "Redis Cluster"), during which the API
+/// answers 503 `STORE_UNAVAILABLE`.
+const READ_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// GET `path` of the API until it answers 200 (retrying, for up to
+/// [`READ_RETRY_FOR`], what may be a passing failure); the body.
 async fn get_json(api: &ApiClient, path: &str) -> Result<Value> {
     let mut last = String::new();
-    for _ in 0..20 {
+    let deadline = Instant::now() + READ_RETRY_FOR;
+    while Instant::now() < deadline {
         let answer = tokio::time::timeout(
             REQUEST_TIMEOUT,
             api.call(reqwest::Method::GET, path, None, &[]),
