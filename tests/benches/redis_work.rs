@@ -12,11 +12,13 @@
 //!    the `start` script for each batch;
 //! 3. **complete**: a success completion of each, in the same batches;
 //! 4. the same three steps with an idempotency key per task, then without
-//!    one under `--events all` (every attempt through `start`, with its
-//!    RUNNING event: the path every task took before carried tasks), under
-//!    `--events none` (no lifecycle events), and under a rate limit that
+//!    one under `--events all` (a RUNNING event for every attempt: the
+//!    carried ones' written for each read batch in one entry), under
+//!    `--events none` (no lifecycle events), under a rate limit that
 //!    does not bind (each read a `read_admit` script, as the worker reads
-//!    a queue with limits).
+//!    a queue with limits), and with an expiry on each task (not carried:
+//!    every attempt through `start`, the path of a retry, a scheduled or a
+//!    requeued task, and of every task before carried tasks).
 //!
 //! "Drained" is what a queue's backlog costs Redis per task once submitted:
 //! read, start and complete.
@@ -111,8 +113,8 @@ async fn bench() -> Result<()> {
         }
     );
     println!(
-        "{:<34} {:>12} {:>12} {:>14} {:>14} {:>14}",
-        "step", "no key", "with key", "--events all", "--events none", "rate limit"
+        "{:<34} {:>12} {:>12} {:>14} {:>14} {:>14} {:>12}",
+        "step", "no key", "with key", "--events all", "--events none", "rate limit", "an expiry"
     );
     let mut rows: Vec<(&str, [f64; COLUMNS.len()])> = vec![
         ("submit (one ingest script)", [0.0; COLUMNS.len()]),
@@ -122,7 +124,14 @@ async fn bench() -> Result<()> {
         ("drained (read + start + complete)", [0.0; COLUMNS.len()]),
     ];
     let mut files = Vec::new();
-    for (column, (name, keyed, events, limited)) in COLUMNS.into_iter().enumerate() {
+    for (i, column) in COLUMNS.iter().enumerate() {
+        let Column {
+            name,
+            keyed,
+            events,
+            limited,
+            expiring,
+        } = *column;
         let config = Config::from_args([
             "--redis",
             &redis.url(),
@@ -135,7 +144,7 @@ async fn bench() -> Result<()> {
         store.ensure_group(QUEUE).await?;
         let settings = config.ingest_settings();
         counter.step()?;
-        submit(&store, &settings, tasks, keyed, &pad).await?;
+        submit(&store, &settings, tasks, keyed, expiring, &pad).await?;
         let (submitted, file) = counter.step()?;
         files.push((rows[0].0, name, file));
         let limits = limited.then_some(Limits {
@@ -152,14 +161,17 @@ async fn bench() -> Result<()> {
         let (completed, file) = counter.step()?;
         files.push((rows[2].0, name, file));
         let per_task = |n: u64| n as f64 / tasks as f64;
-        rows[0].1[column] = per_task(submitted);
-        rows[1].1[column] = per_task(started);
-        rows[2].1[column] = per_task(completed);
-        rows[3].1[column] = per_task(submitted + started + completed);
-        rows[4].1[column] = per_task(started + completed);
+        rows[0].1[i] = per_task(submitted);
+        rows[1].1[i] = per_task(started);
+        rows[2].1[i] = per_task(completed);
+        rows[3].1[i] = per_task(submitted + started + completed);
+        rows[4].1[i] = per_task(started + completed);
     }
-    for (name, [plain, keyed, all, none, limited]) in rows {
-        println!("{name:<34} {plain:>12.0} {keyed:>12.0} {all:>14.0} {none:>14.0} {limited:>14.0}");
+    for (name, [plain, keyed, all, none, limited, expiring]) in rows {
+        println!(
+            "{name:<34} {plain:>12.0} {keyed:>12.0} {all:>14.0} {none:>14.0} {limited:>14.0} \
+             {expiring:>12.0}"
+        );
     }
     if kept.is_some() {
         println!("callgrind dumps, kept:");
@@ -170,24 +182,67 @@ async fn bench() -> Result<()> {
     Ok(())
 }
 
-/// The bench's columns: name, whether each task has an idempotency key,
-/// `--events` (`terminal` is the default), and whether the queue has a
-/// limit (a rate far above what the bench starts: it never binds).
-const COLUMNS: [(&str, bool, &str, bool); 5] = [
-    ("no key", false, "terminal", false),
-    ("with key", true, "terminal", false),
-    ("no key, --events all", false, "all", false),
-    ("no key, --events none", false, "none", false),
-    ("no key, rate limit", false, "terminal", true),
+/// A column of the bench: its tasks, and the settings they run under.
+struct Column {
+    name: &'static str,
+    /// Each task with an idempotency key of its own.
+    keyed: bool,
+    /// `--events` (`terminal` is the default).
+    events: &'static str,
+    /// The queue under a rate limit far above what the bench starts: it
+    /// never binds.
+    limited: bool,
+    /// Each task with an expiry: not carried, so every attempt starts
+    /// through `start`.
+    expiring: bool,
+}
+
+const PLAIN: Column = Column {
+    name: "no key",
+    keyed: false,
+    events: "terminal",
+    limited: false,
+    expiring: false,
+};
+
+const COLUMNS: [Column; 6] = [
+    PLAIN,
+    Column {
+        name: "with key",
+        keyed: true,
+        ..PLAIN
+    },
+    Column {
+        name: "no key, --events all",
+        events: "all",
+        ..PLAIN
+    },
+    Column {
+        name: "no key, --events none",
+        events: "none",
+        ..PLAIN
+    },
+    Column {
+        name: "no key, rate limit",
+        limited: true,
+        ..PLAIN
+    },
+    Column {
+        name: "no key, an expiry",
+        expiring: true,
+        ..PLAIN
+    },
 ];
 
-/// Submit `tasks` echo tasks, each with its own key when `keyed`, their
-/// payloads padded by `pad` when it is not empty.
+/// Submit `tasks` echo tasks, each with its own key when `keyed` and an
+/// expiry an hour off when `expiring`, their payloads padded by `pad` when
+/// it is not empty.
 async fn submit(
     store: &Store,
     settings: &ingest::IngestSettings,
     tasks: usize,
     keyed: bool,
+    expiring: bool,
     pad: &str,
 ) -> Result<()> {
     let run = uuid::Uuid::now_v7().simple().to_string();
@@ -195,6 +250,7 @@ async fn submit(
         .map(|n| {
             let req = SubmitRequest {
                 idempotency_key: keyed.then(|| format!("{run}-{n}")),
+                expires_in_ms: expiring.then_some(3_600_000),
                 ..echo_request(if pad.is_empty() {
                     json!({"n": n})
                 } else {

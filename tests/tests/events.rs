@@ -176,6 +176,54 @@ async fn running_events_show_every_attempt_start() -> Result<()> {
     Ok(())
 }
 
+/// With `--events all` a carried first attempt still starts without the
+/// `start` script: the store writes the RUNNING events of a read's carried
+/// deliveries as one entry, beside the script's call for the others (whose
+/// events the script writes, in an entry of its own), before any of them
+/// runs. With the default, a carried attempt has no RUNNING event.
+#[tokio::test(flavor = "multi_thread")]
+async fn carried_attempts_get_their_running_events_in_one_entry_without_start() -> Result<()> {
+    for (flags, written) in [(&["--events", "all"][..], true), (&[][..], false)] {
+        let dtq = Dtq::start(false, flags).await?;
+        let mut carried = Vec::new();
+        for n in 0..3 {
+            carried.push(submit(&dtq, json!({"task": "echo", "payload": n})).await?);
+        }
+        // An expiry: not carried, started by the script.
+        let scripted = submit(
+            &dtq,
+            json!({"task": "echo", "payload": 3, "expires_in_ms": 600_000}),
+        )
+        .await?;
+        let runs = dtq.read_and_start("tester", 10).await?;
+        for (delivery, task) in &runs {
+            let by_script = delivery.task_id == scripted;
+            assert_eq!(task.carried_at.is_none(), by_script, "{task:?}");
+        }
+        assert_eq!(runs.len(), 4);
+
+        let events = dtq.redis.queue_events("default").await?;
+        let running = |id: &String| {
+            events
+                .iter()
+                .find(|e| &e.task_id == id && e.status == "RUNNING")
+                .map(|e| (e.attempt, e.id.entry))
+        };
+        let script_entry = running(&scripted).context("the script's RUNNING event")?;
+        assert_eq!(script_entry.0, Some(1));
+        let entries: Vec<_> = carried.iter().map(running).collect();
+        if written {
+            let first = entries[0].context("a carried attempt's RUNNING event")?;
+            assert_eq!(first.0, Some(1));
+            assert!(entries.iter().all(|e| *e == Some(first)), "{entries:?}");
+            assert_ne!(first.1, script_entry.1, "the script writes its own entry");
+        } else {
+            assert!(entries.iter().all(Option::is_none), "{entries:?}");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_events_off_nothing_is_written_and_the_route_says_so() -> Result<()> {
     let dtq = Dtq::start(true, &["--events", "none"]).await?;

@@ -14,6 +14,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
+/// An expiry no test reaches: a task with one is not carried, so its
+/// attempts go through `start`.
+const LATER_MS: u64 = 600_000;
 
 /// Retries a minute apart, so a failed task sits in RETRYING while a test
 /// looks at it.
@@ -1198,25 +1201,41 @@ async fn a_completion_batch_spans_queues_and_keeps_its_order() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Result<()> {
-    // Every message through `start`, carried ones too: this is its test.
-    let dtq = Dtq::start(false, &["--events", "all"]).await?;
+    // Tasks with an expiry are not carried: every message goes through
+    // `start`, which is what this tests.
+    let dtq = Dtq::start(false, &[]).await?;
     let keys = QueueKeys::new("default");
     let full = submit_ok(
         &dtq,
         json!({"task": "echo", "payload": {"x": [1, "two"]}, "max_attempts": 4,
-               "timeout_ms": 1500}),
+               "timeout_ms": 1500, "expires_in_ms": LATER_MS}),
         Some("start-key"),
     )
     .await?;
-    let gone = submit_ok(&dtq, json!({"task": "echo", "payload": 2}), None).await?;
+    let gone = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 2, "expires_in_ms": LATER_MS}),
+        None,
+    )
+    .await?;
     let late = submit_ok(
         &dtq,
         json!({"task": "echo", "payload": 3, "max_attempts": 2, "expires_in_ms": 50}),
         None,
     )
     .await?;
-    let plain = submit_ok(&dtq, json!({"task": "echo", "payload": "4"}), None).await?;
-    let done = submit_ok(&dtq, json!({"task": "echo", "payload": 5}), None).await?;
+    let plain = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": "4", "expires_in_ms": LATER_MS}),
+        None,
+    )
+    .await?;
+    let done = submit_ok(
+        &dtq,
+        json!({"task": "echo", "payload": 5, "expires_in_ms": LATER_MS}),
+        None,
+    )
+    .await?;
     let mut conn = dtq.redis.conn().await?;
     let () = redis::cmd("DEL")
         .arg(keys.task(&gone))
@@ -1315,8 +1334,9 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
 
 #[tokio::test(flavor = "multi_thread")]
 async fn start_counts_the_attempt_across_every_digit_boundary() -> Result<()> {
-    // Every message through `start`, as a promoted or requeued task's is.
-    let dtq = Dtq::start(false, &["--events", "all"]).await?;
+    // Every message through `start` (an expiry: not carried), as a
+    // promoted or requeued task's is.
+    let dtq = Dtq::start(false, &[]).await?;
     let keys = QueueKeys::new("default");
     let mut conn = dtq.redis.conn().await?;
     let mut ids = Vec::new();
@@ -1326,7 +1346,8 @@ async fn start_counts_the_attempt_across_every_digit_boundary() -> Result<()> {
     for attempts in before {
         let id = submit_ok(
             &dtq,
-            json!({"task": "echo", "payload": 1, "max_attempts": 100}),
+            json!({"task": "echo", "payload": 1, "max_attempts": 100,
+                   "expires_in_ms": LATER_MS}),
             None,
         )
         .await?;

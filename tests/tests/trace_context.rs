@@ -8,19 +8,27 @@
 use anyhow::{Context as _, Result, ensure};
 use dtq_host::store::QueueKeys;
 use dtq_tests::Dtq;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A valid W3C traceparent.
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// Submit an `echo` task with `headers`; its id.
-async fn submit(dtq: &Dtq, headers: &[(&str, &str)]) -> Result<String> {
-    let body = json!({"task": "echo", "payload": {"n": 1}});
+/// An `echo` task, carried unless it has an expiry (which sends its
+/// attempts through `start`).
+fn echo(carried: bool) -> Value {
+    match carried {
+        true => json!({"task": "echo", "payload": {"n": 1}}),
+        false => json!({"task": "echo", "payload": {"n": 1}, "expires_in_ms": 600_000}),
+    }
+}
+
+/// Submit `body` with `headers`; its id.
+async fn submit(dtq: &Dtq, body: &Value, headers: &[(&str, &str)]) -> Result<String> {
     let (status, answer) = dtq
         .call(
             reqwest::Method::POST,
             "/v1/queues/default/tasks",
-            Some(body),
+            Some(body.clone()),
             headers,
         )
         .await?;
@@ -54,12 +62,12 @@ async fn message_fields(dtq: &Dtq) -> Result<Vec<Vec<String>>> {
         .collect())
 }
 
-/// Three tasks: without a traceparent, with one, with a malformed one;
-/// their ids, after checking what each stored.
-async fn submit_three(dtq: &Dtq) -> Result<[String; 3]> {
-    let plain = submit(dtq, &[]).await?;
-    let traced = submit(dtq, &[("traceparent", TRACEPARENT)]).await?;
-    let junk = submit(dtq, &[("traceparent", "00-not-a-trace-01")]).await?;
+/// Three tasks of `body`: without a traceparent, with one, with a
+/// malformed one; their ids, after checking what each stored.
+async fn submit_three(dtq: &Dtq, body: &Value) -> Result<[String; 3]> {
+    let plain = submit(dtq, body, &[]).await?;
+    let traced = submit(dtq, body, &[("traceparent", TRACEPARENT)]).await?;
+    let junk = submit(dtq, body, &[("traceparent", "00-not-a-trace-01")]).await?;
     assert_eq!(stored(dtq, &plain).await?, None);
     assert_eq!(stored(dtq, &traced).await?.as_deref(), Some(TRACEPARENT));
     assert_eq!(stored(dtq, &junk).await?, None);
@@ -82,7 +90,7 @@ async fn started(dtq: &Dtq, ids: &[String]) -> Result<Vec<Option<String>>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sent_traceparent_rides_the_carried_message_to_the_attempt() -> Result<()> {
     let dtq = Dtq::start(false, &[]).await?;
-    let ids = submit_three(&dtq).await?;
+    let ids = submit_three(&dtq, &echo(true)).await?;
     // Only the traced task's message has a second field.
     let run = || vec!["run".to_owned()];
     assert_eq!(
@@ -96,10 +104,10 @@ async fn a_sent_traceparent_rides_the_carried_message_to_the_attempt() -> Result
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sent_traceparent_reaches_an_attempt_that_start_begins() -> Result<()> {
-    // Every delivery through `start` (RUNNING events): the task hash's
-    // field, returned by the script.
-    let dtq = Dtq::start(false, &["--events", "all"]).await?;
-    let ids = submit_three(&dtq).await?;
+    // Tasks with an expiry start through `start`: the task hash's field,
+    // returned by the script.
+    let dtq = Dtq::start(false, &[]).await?;
+    let ids = submit_three(&dtq, &echo(false)).await?;
     let handed = started(&dtq, &ids).await?;
     assert_eq!(handed, [None, Some(TRACEPARENT.to_owned()), None]);
     Ok(())

@@ -44,8 +44,9 @@
 //! waits for that worker to go. Upgrading the workers first avoids it.
 //!
 //! What a task gives up by this: no RUNNING event for its first attempt
-//! (unless the worker runs with `--events all`, which sends every
-//! delivery through `start`), no `started_at` shown while the first attempt
+//! (unless the worker runs with `--events all`: then the worker writes a
+//! read batch's RUNNING events, one entry, before running it, see
+//! [`Store::start`]), no `started_at` shown while the first attempt
 //! runs (the completion writes it), and its payload held twice (hash and
 //! message) while it waits. It is sent once: the host sends the field's
 //! head and `ingest.lua` appends the payload it also writes to the hash.

@@ -31,6 +31,10 @@ use serde_json::{Value as Json, json};
 use super::stream_id::{InvalidStreamId, StreamId, decimal};
 use super::{Conn, QueueKeys, Store, StoreError, from_value};
 
+/// Most events in one entry of a batch's (`EVENTS_PER_ENTRY` in
+/// `lua/include/idem.lua`, which writes the scripts' entries).
+pub(super) const EVENTS_PER_ENTRY: usize = 128;
+
 /// Where an event is: its entry in the events stream and, in an entry of
 /// several events, its place there. Written `<entry>` for an entry's last
 /// (or only) event and `<entry>.<k>` for its `k`-th (from 0) when more
@@ -446,6 +450,13 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_holds_as_many_events_as_the_scripts_write() {
+        let idem = include_str!("lua/include/idem.lua");
+        let stated = format!("local EVENTS_PER_ENTRY = {EVENTS_PER_ENTRY}\n");
+        assert!(idem.contains(&stated), "idem.lua does not say {stated:?}");
+    }
 
     #[test]
     fn a_gap_is_a_trim_past_the_id_asked_for() {

@@ -157,9 +157,9 @@ pub struct StoreSettings {
     /// Approximate cap of each queue's events stream; 0 writes no events
     /// (`--events none`).
     pub events_max_len: u64,
-    /// Start every delivery with the `start` script, carried ones too (see
-    /// `carried.rs`), so that every attempt has a RUNNING event
-    /// (`--events all`).
+    /// Write a RUNNING event for every attempt, a carried first attempt's
+    /// too (see `carried.rs`): the worker writes a read batch's as one
+    /// events entry before running it (`--events all`).
     pub running_events: bool,
     /// Most queue names the registry ([`QUEUES`]) holds, and each
     /// process's per-queue maps (`--max-queues`): any submitter may name a

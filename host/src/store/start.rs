@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::events::EVENTS_PER_ENTRY;
 use super::scripts::{Argv, ArgvLayout};
 use super::{
     Code, Conn, Delivery, GROUP, QueueKeys, StartDecision, StartedTask, Store, StoreError, code_of,
@@ -91,11 +92,15 @@ impl Store {
     }
 
     /// Start a batch of deliveries of `queue`: a carried one (see
-    /// `carried.rs`) runs as its message says, from `now`, with no round
-    /// trip, unless the settings ask for RUNNING events; the others in one
-    /// `start` script call for the batch. Decisions in the order of
-    /// `deliveries`; the carried tasks are taken out of them (moved into
-    /// the decisions, not copied).
+    /// `carried.rs`) runs as its message says, from `now`, with no script;
+    /// the others in one `start` script call for the batch. With RUNNING
+    /// events asked for (`--events all`), the carried ones' are written
+    /// meanwhile, as one events entry for the batch ([`running_events`]),
+    /// before any of them runs. Decisions in the order of `deliveries`;
+    /// the carried tasks are taken out of them (moved into the decisions,
+    /// not copied).
+    ///
+    /// [`running_events`]: Store::running_events
     pub async fn start(
         &self,
         queue: &str,
@@ -103,18 +108,20 @@ impl Store {
         deliveries: &mut [Delivery],
         now: u64,
     ) -> Result<Vec<StartDecision>, StoreError> {
-        let every = self.settings.running_events;
-        let scripted: Vec<&Delivery> = deliveries
-            .iter()
-            .filter(|d| every || d.carried.is_none())
-            .collect();
-        let mut started = self
-            .start_script(queue, consumer, &scripted, now)
-            .await?
-            .into_iter();
+        let (carried, scripted): (Vec<&Delivery>, Vec<&Delivery>) =
+            deliveries.iter().partition(|d| d.carried.is_some());
+        let running: Vec<&str> = match self.settings.running_events {
+            true => carried.iter().map(|d| d.task_id.as_str()).collect(),
+            false => Vec::new(),
+        };
+        let (started, ()) = tokio::try_join!(
+            self.start_script(queue, consumer, &scripted, now),
+            self.running_events(queue, &running, now),
+        )?;
+        let mut started = started.into_iter();
         deliveries
             .iter_mut()
-            .map(|d| match d.carried.take().filter(|_| !every) {
+            .map(|d| match d.carried.take() {
                 Some(task) => Ok(StartDecision::Run(StartedTask {
                     carried_at: Some(now),
                     ..*task
@@ -124,6 +131,42 @@ impl Store {
                     .ok_or_else(|| StoreError::Protocol("start answered too few decisions".into())),
             })
             .collect()
+    }
+
+    /// The RUNNING events of the carried first attempts of `tasks` of
+    /// `queue`, begun at `now`: one round trip, an events entry per
+    /// [`EVENTS_PER_ENTRY`] of them, a pair per event, as `start.lua`
+    /// writes its batch's (`flushEvents`, `lua/include/idem.lua`). None
+    /// with events off.
+    async fn running_events(
+        &self,
+        queue: &str,
+        tasks: &[&str],
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let max_len = self.settings.events_max_len;
+        if tasks.is_empty() || max_len == 0 {
+            return Ok(());
+        }
+        let events = QueueKeys::new(queue).events;
+        let event = format!("RUNNING 1 {now}");
+        let mut pipe = redis::pipe();
+        for entry in tasks.chunks(EVENTS_PER_ENTRY) {
+            let add = pipe
+                .cmd("XADD")
+                .arg(&events)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(max_len)
+                .arg("*");
+            for id in entry {
+                add.arg(*id).arg(&event);
+            }
+            add.ignore();
+        }
+        self.trip("running_events", pipe.query_async(&mut self.conn.clone()))
+            .await
+            .map_err(StoreError::from)
     }
 
     /// The `start` script for `deliveries` (one round trip for the batch).
