@@ -452,6 +452,20 @@ async fn raw_record(conn: &mut dtq_host::store::Conn, key: &str) -> Result<Strin
         .await?)
 }
 
+/// Check that the record of `key` in `default` starts as submission
+/// writes it, naming `id`, its state written as `token`.
+async fn assert_head(
+    conn: &mut dtq_host::store::Conn,
+    key: &str,
+    id: &str,
+    token: &str,
+) -> Result<()> {
+    let raw = raw_record(conn, key).await?;
+    let head = format!(r#"{{"task_id":"{id}","state":{token},"updated_at":"#);
+    assert!(raw.starts_with(&head), "{raw} does not start with {head}");
+    Ok(())
+}
+
 /// The fingerprint of the idempotency record of `key` in `default`.
 async fn fingerprint(dtq: &Dtq, key: &str) -> Result<Value> {
     let rec = dtq.idem_record("default", key).await?.context("a record")?;
@@ -477,12 +491,7 @@ async fn a_completion_moves_a_record_of_any_layout_and_no_other_tasks() -> Resul
     for id in &ids {
         dtq.wait_for("default", id, &["RUNNING"], WAIT).await?;
     }
-    let raw = raw_record(&mut conn, "in-place").await?;
-    let head = format!(
-        r#"{{"task_id":"{}","state":"processing","updated_at":"#,
-        ids[0]
-    );
-    assert!(raw.starts_with(&head), "{raw}");
+    assert_head(&mut conn, "in-place", &ids[0], r#""processing""#).await?;
 
     // While the tasks run, rewrite three records as another writer might.
     let reordered = json!({
@@ -515,12 +524,7 @@ async fn a_completion_moves_a_record_of_any_layout_and_no_other_tasks() -> Resul
         dtq.wait_for("default", id, &["SUCCEEDED"], WAIT).await?;
     }
 
-    let raw = raw_record(&mut conn, "in-place").await?;
-    let head = format!(
-        r#"{{"task_id":"{}","state":"completed" ,"updated_at":"#,
-        ids[0]
-    );
-    assert!(raw.starts_with(&head), "{raw}");
+    assert_head(&mut conn, "in-place", &ids[0], r#""completed" "#).await?;
     for (key, id) in [("in-place", &ids[0]), ("reordered", &ids[1])] {
         let rec = dtq.idem_record("default", key).await?.context("a record")?;
         assert_eq!(rec["state"], "completed", "{key}: {rec}");
@@ -1212,30 +1216,17 @@ async fn one_start_batch_decides_each_message_and_hands_over_each_field() -> Res
         Some("start-key"),
     )
     .await?;
-    let gone = submit_ok(
-        &dtq,
-        json!({"task": "echo", "payload": 2, "expires_in_ms": LATER_MS}),
-        None,
-    )
-    .await?;
+    let echo =
+        |payload: Value| json!({"task": "echo", "payload": payload, "expires_in_ms": LATER_MS});
+    let gone = submit_ok(&dtq, echo(json!(2)), None).await?;
     let late = submit_ok(
         &dtq,
         json!({"task": "echo", "payload": 3, "max_attempts": 2, "expires_in_ms": 50}),
         None,
     )
     .await?;
-    let plain = submit_ok(
-        &dtq,
-        json!({"task": "echo", "payload": "4", "expires_in_ms": LATER_MS}),
-        None,
-    )
-    .await?;
-    let done = submit_ok(
-        &dtq,
-        json!({"task": "echo", "payload": 5, "expires_in_ms": LATER_MS}),
-        None,
-    )
-    .await?;
+    let plain = submit_ok(&dtq, echo(json!("4")), None).await?;
+    let done = submit_ok(&dtq, echo(json!(5)), None).await?;
     let mut conn = dtq.redis.conn().await?;
     let () = redis::cmd("DEL")
         .arg(keys.task(&gone))
