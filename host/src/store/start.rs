@@ -95,12 +95,10 @@ impl Store {
     /// `carried.rs`) runs as its message says, from `now`, with no script;
     /// the others in one `start` script call for the batch. With RUNNING
     /// events asked for (`--events all`), the carried ones' are written
-    /// meanwhile, as one events entry for the batch ([`running_events`]),
+    /// meanwhile, as one events entry for the batch (`running_events`),
     /// before any of them runs. Decisions in the order of `deliveries`;
     /// the carried tasks are taken out of them (moved into the decisions,
     /// not copied).
-    ///
-    /// [`running_events`]: Store::running_events
     pub async fn start(
         &self,
         queue: &str,
