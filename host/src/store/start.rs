@@ -108,9 +108,10 @@ impl Store {
     ) -> Result<Vec<StartDecision>, StoreError> {
         let (carried, scripted): (Vec<&Delivery>, Vec<&Delivery>) =
             deliveries.iter().partition(|d| d.carried.is_some());
-        let running: Vec<&str> = match self.settings.running_events {
-            true => carried.iter().map(|d| d.task_id.as_str()).collect(),
-            false => Vec::new(),
+        let running: Vec<&str> = if self.settings.running_events {
+            carried.iter().map(|d| d.task_id.as_str()).collect()
+        } else {
+            Vec::new()
         };
         let (started, ()) = tokio::try_join!(
             self.start_script(queue, consumer, &scripted, now),
