@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use dtq_host::store::{GROUP, QueueKeys, Store};
 use dtq_tests::{Dtq, RedisServer};
 use serde_json::{Value, json};
@@ -505,10 +505,37 @@ async fn a_worker_beats_on_every_queue_it_consumes_by_redis_clock_even_when_idle
     Ok(())
 }
 
+/// Make message `msg_id`, pending on another consumer, pending on the
+/// harness's worker (started here) instead, as if that worker had read it
+/// and never started it; the worker's consumer name.
+async fn hand_to_worker(dtq: &mut Dtq, msg_id: &str) -> Result<String> {
+    dtq.start_worker();
+    let keys = QueueKeys::new("default");
+    let consumer = wait_until(WAIT, "the worker's first beat", || async {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.workers)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut dtq.redis.conn().await?)
+            .await?;
+        Ok(members.into_iter().next())
+    })
+    .await?;
+    let _: redis::Value = redis::cmd("XCLAIM")
+        .arg(&keys.stream)
+        .arg(GROUP)
+        .arg(&consumer)
+        .arg(0)
+        .arg(msg_id)
+        .arg("JUSTID")
+        .query_async(&mut dtq.redis.conn().await?)
+        .await?;
+    Ok(consumer)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_a_worker_was_given_but_never_started_comes_back_to_it() -> Result<()> {
     let mut dtq = start(false, &["--concurrency", "1"]).await?;
-    let keys = QueueKeys::new("default");
     let id = dtq
         .submit_new("default", json!({"task": "echo", "payload": 5}), None)
         .await?;
@@ -525,27 +552,7 @@ async fn a_message_a_worker_was_given_but_never_started_comes_back_to_it() -> Re
         .await?;
     assert_eq!(delivered.len(), 1);
     // ...and that consumer is the live worker itself.
-    dtq.start_worker();
-    let mut conn = dtq.redis.conn().await?;
-    let consumer = wait_until(WAIT, "the worker's first beat", || async {
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.workers)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut dtq.redis.conn().await?)
-            .await?;
-        Ok(members.into_iter().next())
-    })
-    .await?;
-    let _: redis::Value = redis::cmd("XCLAIM")
-        .arg(&keys.stream)
-        .arg(GROUP)
-        .arg(&consumer)
-        .arg(0)
-        .arg(&delivered[0].msg_id)
-        .arg("JUSTID")
-        .query_async(&mut conn)
-        .await?;
+    let consumer = hand_to_worker(&mut dtq, &delivered[0].msg_id).await?;
     let handed = Instant::now();
 
     // The worker holds no such message: it reclaims it from itself once it
@@ -558,5 +565,43 @@ async fn a_message_a_worker_was_given_but_never_started_comes_back_to_it() -> Re
         handed.elapsed()
     );
     assert_eq!(task_field(&dtq, &id, "worker").await?, Some(consumer));
+    Ok(())
+}
+
+/// With `--events all`, a worker's read batch has its RUNNING events
+/// written before it runs. When that write runs but its reply is lost, the
+/// worker does not run the batch: it stays pending on the worker, which
+/// takes it back and starts it through `start`. The attempt is counted
+/// once and shows RUNNING twice (README, "Carried tasks").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_whose_running_events_reply_was_lost_runs_once_and_shows_running_twice()
+-> Result<()> {
+    let mut dtq = start(false, &["--concurrency", "1", "--events", "all"]).await?;
+    let id = dtq
+        .submit_new("default", json!({"task": "echo", "payload": 6}), None)
+        .await?;
+    // The read and the RUNNING write the worker makes, then nothing: what
+    // a worker whose write's reply was lost holds.
+    let runs = dtq.read_and_start("nobody", 1).await?;
+    let [(delivery, task)] = &runs[..] else {
+        bail!("expected one delivery, got {runs:?}");
+    };
+    assert!(task.carried_at.is_some(), "a carried attempt: {task:?}");
+    let queued = ("QUEUED".to_string(), "0".to_string());
+    let running = ("RUNNING".to_string(), "1".to_string());
+    assert_eq!(events(&dtq, &id).await?, [queued.clone(), running.clone()]);
+    hand_to_worker(&mut dtq, &delivery.msg_id).await?;
+
+    let done = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(done["attempts"], 1, "{done:#}");
+    assert_eq!(
+        events(&dtq, &id).await?,
+        [
+            queued,
+            running.clone(),
+            running,
+            ("SUCCEEDED".into(), "1".into())
+        ]
+    );
     Ok(())
 }
