@@ -590,10 +590,12 @@ async fn a_batch_whose_running_events_reply_was_lost_runs_once_and_shows_running
     let queued = ("QUEUED".to_string(), "0".to_string());
     let running = ("RUNNING".to_string(), "1".to_string());
     assert_eq!(events(&dtq, &id).await?, [queued.clone(), running.clone()]);
-    hand_to_worker(&mut dtq, &delivery.msg_id).await?;
+    let consumer = hand_to_worker(&mut dtq, &delivery.msg_id).await?;
 
     let done = dtq.wait_for("default", &id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(done["attempts"], 1, "{done:#}");
+    // `start` names the worker in the hash; a carried attempt does not.
+    assert_eq!(task_field(&dtq, &id, "worker").await?, Some(consumer));
     assert_eq!(
         events(&dtq, &id).await?,
         [
