@@ -572,7 +572,9 @@ async fn a_message_a_worker_was_given_but_never_started_comes_back_to_it() -> Re
 /// written before it runs. When that write runs but its reply is lost, the
 /// worker does not run the batch: it stays pending on the worker, which
 /// takes it back and starts it through `start`. The attempt is counted
-/// once and shows RUNNING twice (README, "Carried tasks").
+/// once and shows RUNNING twice (README, "Carried tasks"). This builds
+/// that state: `host/tests/netcut.rs` cuts connections under `--events
+/// all` too, but its random cuts seldom land on that small write.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_whose_running_events_reply_was_lost_runs_once_and_shows_running_twice()
 -> Result<()> {
