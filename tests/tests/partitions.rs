@@ -2,7 +2,8 @@
 //! submissions routed by their key so that one key stays one task, unkeyed
 //! ones spread, workers consuming every partition (new ones without a
 //! restart), counts, listing and the DLQ over all partitions, and a raise
-//! of the count that loses no task and splits no key. On one Redis here;
+//! of the count that loses no task and splits no key; and a handler's
+//! submission given the id of the task it becomes, partition included. On one Redis here;
 //! `scripts/test` runs this file on a three-primary cluster too
 //! (`DTQ_TEST_REDIS=cluster`), where each partition is a slot of its own.
 
@@ -621,5 +622,185 @@ async fn a_requeue_after_a_raise_keeps_the_key_where_submissions_look() -> Resul
     }
     // The refused one is still dead-lettered, unchanged.
     assert_eq!(dtq.task(Q, &ids[1]).await?["status"], "DEAD_LETTERED");
+    Ok(())
+}
+
+/// Submit to `default` a `flows` task that submits one task to `kids`
+/// with `key` (a derived one when `None`), and wait for it: the id the
+/// handler was given.
+async fn handler_submits(dtq: &Dtq, n: u64, key: Option<&str>) -> Result<String> {
+    let mut submit = json!({"queue": "kids", "task": "flows", "payload": {"n": n}});
+    if let Some(key) = key {
+        submit["key"] = json!(key);
+    }
+    let parent = dtq
+        .submit_new(
+            "default",
+            json!({"task": "flows", "payload": {"submit": submit}}),
+            None,
+        )
+        .await?;
+    let done = dtq
+        .wait_for(
+            "default",
+            &parent,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
+    ensure!(done["status"] == "SUCCEEDED", "{done:#}");
+    Ok(done["result"]["id"]
+        .as_str()
+        .context("the id the handler was given")?
+        .to_owned())
+}
+
+/// Wait for task `id` of `queue`, submitted after its parent's
+/// completion (so perhaps not there yet), to succeed with result `{"n":
+/// n}`: the id names the task the handler submitted.
+async fn applied(dtq: &Dtq, queue: &str, id: &str, n: u64) -> Result<()> {
+    let started = std::time::Instant::now();
+    while dtq.task(queue, id).await.is_err() {
+        ensure!(started.elapsed() < WAIT, "no task {id} in {queue}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let done = dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?;
+    assert_eq!(done["result"], json!({"n": n}), "{id}: {done:#}");
+    Ok(())
+}
+
+/// The worker of the partition tests with flows: it runs `default` and
+/// `kids`, and the `flows` guest may submit to `kids`.
+async fn start_flows() -> Result<Dtq> {
+    let flags = [
+        "--admin-token",
+        ADMIN,
+        "--queues",
+        "default,kids",
+        "--submit-to",
+        "flows=kids:flows",
+    ];
+    Dtq::start(true, &flags).await
+}
+
+/// A handler's submission to a partitioned queue is given the id of the
+/// task it becomes, partition included: with its own key, routed by the
+/// key's hash; with a derived key; and after a raise, both for a key whose
+/// record stayed in the partition the old count gave it (the handler is
+/// given that task's id) and for a new key (the new count's partition).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handlers_submission_to_a_partitioned_queue_is_given_its_tasks_id() -> Result<()> {
+    let dtq = start_flows().await?;
+    let (status, body) = raise(&dtq, "kids", 4).await?;
+    ensure!(status == 200, "{status} {body}");
+    let keys: Vec<String> = (0..8).map(|i| format!("child-{i}")).collect();
+    ensure!(
+        keys.iter().any(|k| home(k, 4) != 0),
+        "no key outside partition 0"
+    );
+    let mut given = BTreeMap::new();
+    for (n, key) in (0..).zip(&keys) {
+        let id = handler_submits(&dtq, n, Some(key)).await?;
+        assert_eq!(partition_of_id(&id), home(key, 4), "{key}: {id}");
+        applied(&dtq, "kids", &id, n).await?;
+        given.insert(key.clone(), id);
+    }
+    let mut partitions = BTreeSet::new();
+    for n in 100..108 {
+        let id = handler_submits(&dtq, n, None).await?;
+        applied(&dtq, "kids", &id, n).await?;
+        partitions.insert(partition_of_id(&id));
+    }
+    ensure!(
+        partitions.iter().any(|&p| p != 0),
+        "eight derived keys all in partition 0: {partitions:?}"
+    );
+
+    let (status, body) = raise(&dtq, "kids", 8).await?;
+    ensure!(status == 200, "{status} {body}");
+    let moved = keys
+        .iter()
+        .find(|k| home(k, 8) != home(k, 4))
+        .context("no key the raise moves")?;
+    let again = handler_submits(&dtq, 0, Some(moved)).await?;
+    assert_eq!(again, given[moved], "{moved}: the task its record names");
+    let fresh: String = (0..)
+        .map(|i| format!("after-raise-{i}"))
+        .find(|k| home(k, 8) != home(k, 4) && home(k, 8) != 0)
+        .context("a key of a new partition")?;
+    let id = handler_submits(&dtq, 200, Some(&fresh)).await?;
+    assert_eq!(partition_of_id(&id), home(&fresh, 8), "{fresh}: {id}");
+    applied(&dtq, "kids", &id, 200).await?;
+    Ok(())
+}
+
+/// A raise of the count between a handler's submission and its
+/// application (after the handler returns) does not change where the task
+/// goes: the handler was given the id of the partition the old count
+/// routes its key to, and the task is there, where keyed submissions look
+/// for it until the idempotency TTL after the raise has passed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given() -> Result<()> {
+    let dtq = start_flows().await?;
+    let (status, body) = raise(&dtq, "kids", 4).await?;
+    ensure!(status == 200, "{status} {body}");
+    let key: String = (0..)
+        .map(|i| format!("held-{i}"))
+        .find(|k| home(k, 8) != home(k, 4))
+        .context("a key the raise moves")?;
+    let submit = json!({"queue": "kids", "task": "flows", "payload": {"n": 5},
+                        "key": key, "hold_ms": 4000});
+    let parent = dtq
+        .submit_new(
+            "default",
+            json!({"task": "flows", "payload": {"submit": submit}}),
+            None,
+        )
+        .await?;
+    // The handler has been given its id, and holds on before returning.
+    let mut conn = dtq.redis.conn().await?;
+    let started = std::time::Instant::now();
+    let given = loop {
+        let given: Option<String> = redis::cmd("GET")
+            .arg(format!("dtq:guest:{{flows}}:submitted:{parent}"))
+            .query_async(&mut conn)
+            .await?;
+        if let Some(given) = given {
+            break given;
+        }
+        ensure!(started.elapsed() < WAIT, "the handler never submitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(partition_of_id(&given), home(&key, 4), "{key}: {given}");
+    let (status, body) = raise(&dtq, "kids", 8).await?;
+    ensure!(status == 200, "{status} {body}");
+    let done = dtq
+        .wait_for(
+            "default",
+            &parent,
+            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
+            WAIT,
+        )
+        .await?;
+    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    assert_eq!(done["result"]["id"], json!(given), "{done:#}");
+    ensure!(
+        dtq.task("default", &parent).await?["attempts"] == 1,
+        "the raise came before the handler returned only on its first attempt"
+    );
+    applied(&dtq, "kids", &given, 5).await?;
+    let (status, record) = dtq
+        .call(
+            Method::GET,
+            &format!("/v1/queues/kids/idempotency/{key}"),
+            None,
+            &[],
+        )
+        .await?;
+    assert_eq!(
+        (status, &record["task_id"]),
+        (200, &json!(given)),
+        "{record}"
+    );
     Ok(())
 }

@@ -163,10 +163,13 @@ async fn submit_staged(
     // fails past the defer limit).
     let mut new =
         prepare(settings, &staged.queue, None, req, |_| true).map_err(Refused::Invalid)?;
+    // The partition the sandbox gave the id it returned to the handler:
+    // the task goes there unless the key's record is in another.
+    let preferred = crate::store::partition_of_id(&staged.id);
     new.id = staged.id;
     new.parent = staged.parent;
     let outcome = store
-        .submit(&mut new, settings.max_queue_depth)
+        .submit_preferring(&mut new, settings.max_queue_depth, Some(preferred))
         .await
         .map_err(Refused::Store)?;
     Ok((new.id, outcome))

@@ -10,7 +10,11 @@
 //! running task and its position: among the call's submissions, after
 //! those its flow already holds (a run after a wait submits at new
 //! positions), so that a re-run stages the same tasks, and its id from its
-//! queue and key: a re-run gets the same ids back.
+//! queue and key: a re-run gets the same ids back. On a partitioned queue
+//! the id also names the partition the key is routed to when it is staged,
+//! where the task is then submitted (unless a raise of the count moved the
+//! key's record meanwhile, see `store/submit/route.rs`), so that the id
+//! the handler is given finds the task.
 //!
 //! Inside an idempotent operation a submission belongs to the operation:
 //! it is staged into the task's outbox when the operation commits (before
@@ -29,7 +33,7 @@ use crate::ingest::{
     MAX_ATTEMPTS_LIMIT, MAX_BATCH_BODY_BYTES, MAX_BATCH_ITEMS, MAX_DELAY_MS, validate_group,
     validate_idempotency_key, validate_queue_name, validate_task_name,
 };
-use crate::store::{Staged, task_ref};
+use crate::store::{Partitioning, Staged, StoreError, partitioned_id, task_ref};
 
 /// The queues, and the tasks in each, a handler may submit to: the
 /// operator's grant (`dtq deploy --submit-to`, the worker's `--submit-to
@@ -128,6 +132,9 @@ pub(crate) struct FlowCall {
     pub(crate) wait: bool,
     /// Whether an operation staged submissions into the task's outbox.
     pub(crate) op_staged: bool,
+    /// The partitioning of each queue submitted to, as read on the call's
+    /// first submission to it.
+    pub(crate) partitionings: Vec<(String, Partitioning)>,
 }
 
 impl tasks::Host for HostCtx {
@@ -145,12 +152,11 @@ impl tasks::Host for HostCtx {
             let base = crate::store::flow_positions(self.redis(), &queue, &id).await;
             let base = match base {
                 Ok(base) => base,
-                Err(crate::store::StoreError::Redis(e)) => return Ok(Err(host_error(e, false))),
-                Err(e) => return Ok(Err(HostError::Unavailable(e.to_string()))),
+                Err(e) => return Ok(Err(store_error(e))),
             };
             self.flow.get_or_insert_with(Default::default).base = Some(base);
         }
-        Ok(self.stage_submission(queue, task, payload, options))
+        Ok(self.stage_submission(queue, task, payload, options).await)
     }
 
     async fn children(&mut self) -> HostResult<Vec<tasks::Child>> {
@@ -174,8 +180,7 @@ impl tasks::Host for HostCtx {
                     error: c.error,
                 })
                 .collect()),
-            Err(crate::store::StoreError::Redis(e)) => Err(host_error(e, false)),
-            Err(e) => Err(HostError::Unavailable(e.to_string())),
+            Err(e) => Err(store_error(e)),
         })
     }
 
@@ -188,7 +193,7 @@ impl tasks::Host for HostCtx {
 
 impl HostCtx {
     /// Check a submission and stage it; its id, or why it is refused.
-    fn stage_submission(
+    async fn stage_submission(
         &mut self,
         queue: String,
         task: String,
@@ -216,7 +221,8 @@ impl HostCtx {
         }
         check_options(&options)?;
         let key = self.submission_key(options.key)?;
-        let id = crate::base::derived_task_id(&queue, &key);
+        let partition = self.partition_of(&queue, &key).await?;
+        let id = partitioned_id(&crate::base::derived_task_id(&queue, &key), partition);
         let parent = options
             .child
             .then(|| task_ref(&self.caller.queue, &self.caller.task_id));
@@ -252,6 +258,32 @@ impl HostCtx {
 }
 
 impl HostCtx {
+    /// The partition of `queue` a submission keyed `key` goes to, as
+    /// `ingest` would route it now: its id names it, so that the id the
+    /// handler is given finds the task. The queue's partitioning is read
+    /// once per call.
+    async fn partition_of(&mut self, queue: &str, key: &str) -> Result<u32, HostError> {
+        let known = self.flow.as_ref().and_then(|f| {
+            let found = f.partitionings.iter().find(|(q, _)| q == queue);
+            found.map(|(_, part)| part.clone())
+        });
+        let part = match known {
+            Some(part) => part,
+            None => {
+                let part = crate::store::read_partitioning(self.redis(), queue)
+                    .await
+                    .map_err(store_error)?;
+                let flow = self.flow.get_or_insert_with(Default::default);
+                flow.partitionings.push((queue.to_owned(), part.clone()));
+                part
+            }
+        };
+        let now = crate::base::now_ms();
+        crate::store::place_of_key(self.redis(), queue, &part, key, now, None)
+            .await
+            .map_err(store_error)
+    }
+
     /// The key of the next submission: the handler's `given` one, checked,
     /// or one derived from the task and the position (the operation's own
     /// positions under its key, inside one).
@@ -287,6 +319,14 @@ impl HostCtx {
                 base + position as u64
             )),
         }
+    }
+}
+
+/// What a handler is told of a failed read of the store.
+fn store_error(e: StoreError) -> HostError {
+    match e {
+        StoreError::Redis(e) => host_error(e, false),
+        e => HostError::Unavailable(e.to_string()),
     }
 }
 

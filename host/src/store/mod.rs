@@ -88,7 +88,7 @@ pub use keys::{
 pub use limits::{Admission, Limits, MAX_GROUP_BYTES, Rate, ReadAdmitted};
 pub use listing::{INDEX_TRIM_EVERY, LIST_SCAN_BUDGET, ListCursor, TaskPage, TaskSummary};
 pub use lookup::IdempotencyRecord;
-pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash};
+pub use partitions::{MAX_PARTITIONS, Partitioning, key_hash, read_partitioning};
 pub use pause::PAUSE_POLL;
 pub use progress::{ProgressReport, ReportingAttempt, TaskProgress, write_progress};
 pub use reclaim::Reclaimed;
@@ -98,6 +98,7 @@ pub use schedules::{
 };
 pub use scripts::Code;
 pub use stream_id::{InvalidStreamId, StreamId};
+pub use submit::place_of_key;
 pub use task::{
     ARCHIVED_LOG_MAX_BYTES, AttemptRecord, MAX_ATTEMPT_HISTORY, TaskRecord, TaskStatus,
 };

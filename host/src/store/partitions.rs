@@ -13,7 +13,11 @@
 //! later call on the task (status, cancel, requeue) finds its slot from
 //! the id alone. `ingest.lua` refuses a submission routed by another count
 //! than its slot holds ([`Code::Repartitioned`](super::Code)); the
-//! submitter reads the count again and routes again.
+//! submitter reads the count again and routes again. A handler's
+//! submission is routed when the sandbox stages it, so that the id the
+//! handler is given names the partition; it is applied there, the
+//! partition preferred over a count raised meanwhile while the key's
+//! places still include it ([`place_of_key`](super::place_of_key)).
 //!
 //! **Raising the count** ([`Store::raise_partitions`]) writes the new count
 //! into every partition's slot, partition 0's last, and records the
@@ -31,7 +35,7 @@
 //! of the partitions it drops.
 
 use super::scripts::{Argv, ArgvLayout};
-use super::{QueueKeys, Store, StoreError};
+use super::{Conn, QueueKeys, Store, StoreError};
 use crate::store::keys::{logical_queue, partition_queue};
 
 /// `partitions_raise.lua`'s ARGV by name.
@@ -100,30 +104,37 @@ pub fn key_hash(key: &str) -> u64 {
     })
 }
 
+/// The partitioning of `queue` as Redis holds it now (partition 0's slot,
+/// one round trip).
+pub async fn read_partitioning(conn: &Conn, queue: &str) -> Result<Partitioning, StoreError> {
+    let keys = QueueKeys::new(queue);
+    let mut pipe = redis::pipe();
+    pipe.get(&keys.partitions)
+        .cmd("ZRANGE")
+        .arg(&keys.partition_history)
+        .arg("+inf")
+        .arg(crate::base::now_ms())
+        .arg("BYSCORE")
+        .arg("REV")
+        .arg("WITHSCORES");
+    let (count, replaced): (Option<u32>, Vec<(u32, f64)>) =
+        pipe.query_async(&mut conn.clone()).await?;
+    Ok(Partitioning {
+        count: count.unwrap_or(1).max(1),
+        replaced: replaced
+            .into_iter()
+            .map(|(count, until)| (count, until as u64))
+            .collect(),
+    })
+}
+
 impl Store {
     /// The partitioning of `queue`, read from Redis (partition 0's slot,
     /// one round trip), and remembered for this process's submissions.
     pub async fn partitioning(&self, queue: &str) -> Result<Partitioning, StoreError> {
-        let keys = QueueKeys::new(queue);
-        let mut pipe = redis::pipe();
-        pipe.get(&keys.partitions)
-            .cmd("ZRANGE")
-            .arg(&keys.partition_history)
-            .arg("+inf")
-            .arg(crate::base::now_ms())
-            .arg("BYSCORE")
-            .arg("REV")
-            .arg("WITHSCORES");
-        let (count, replaced): (Option<u32>, Vec<(u32, f64)>) = self
-            .trip("partitions", pipe.query_async(&mut self.conn.clone()))
+        let part = self
+            .trip("partitions", read_partitioning(&self.conn, queue))
             .await?;
-        let part = Partitioning {
-            count: count.unwrap_or(1).max(1),
-            replaced: replaced
-                .into_iter()
-                .map(|(count, until)| (count, until as u64))
-                .collect(),
-        };
         super::bounded(&self.partitionings, self.settings.max_queues, |known| {
             known.insert(queue.to_owned(), part.clone())
         });

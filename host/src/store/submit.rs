@@ -17,6 +17,8 @@
 mod batch;
 mod route;
 
+pub use route::place_of_key;
+
 use std::borrow::Cow;
 
 use redis::Value;
@@ -93,11 +95,24 @@ impl Store {
         new: &mut NewTask,
         max_depth: u64,
     ) -> Result<SubmitOutcome, StoreError> {
+        self.submit_preferring(new, max_depth, None).await
+    }
+
+    /// [`Store::submit`], routing a keyed task to partition `preferred`
+    /// while the key's places include it and its record is not in another
+    /// (see [`place_of_key`]): how a handler's staged submission keeps the
+    /// id the sandbox gave it.
+    pub async fn submit_preferring(
+        &self,
+        new: &mut NewTask,
+        max_depth: u64,
+        preferred: Option<u32>,
+    ) -> Result<SubmitOutcome, StoreError> {
         self.register_queue(&new.queue).await?;
         let mut part = self.known_partitioning(&new.queue).await?;
         let (mut pinned, mut forwards) = (None, 0);
         for round in 0.. {
-            self.route(new, &part, pinned).await?;
+            self.route(new, &part, pinned, preferred).await?;
             let inv = self.ingest_call(new, part.count, max_depth);
             let reply: Vec<Value> = self
                 .trip("submit", inv.invoke_async(&mut self.conn.clone()))

@@ -64,7 +64,7 @@ impl Store {
         let mut forwards = vec![0; tasks.len()];
         for round in 0.. {
             for &i in &pending {
-                self.route(&mut tasks[i], &part, pinned[i]).await?;
+                self.route(&mut tasks[i], &part, pinned[i], None).await?;
             }
             let calls: Vec<ScriptInvocation<'_>> = pending
                 .iter()

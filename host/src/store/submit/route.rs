@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::store::keys::{partition_queue, partitioned_id};
-use crate::store::{NewTask, Partitioning, QueueKeys, Store, StoreError, lock};
+use crate::store::{Conn, NewTask, Partitioning, QueueKeys, Store, StoreError, lock};
 
 /// How many times a submission is routed again after `ingest.lua` found
 /// another partition count than it was routed by, pausing
@@ -61,16 +61,18 @@ impl Store {
     }
 
     /// Route `new` by `part`: choose its partition and give it the id that
-    /// says so. A keyed task goes where its key's record already is, if a
-    /// replaced count put it elsewhere (one read per replaced count that
-    /// moved the key), else to its key's partition; an unkeyed one goes
-    /// round-robin. A submission `pinned` to a partition (a forward sent it
-    /// there, see `dlq.rs`) goes there.
+    /// says so. A keyed task goes where its key's record already is, else
+    /// to `preferred` while `part` still places its key there (the
+    /// partition a handler's submission was given when it was staged),
+    /// else to its key's partition (see [`place_of_key`]); an unkeyed one
+    /// goes round-robin. A submission `pinned` to a partition (a forward
+    /// sent it there, see `dlq.rs`) goes there.
     pub(super) async fn route(
         &self,
         new: &mut NewTask,
         part: &Partitioning,
         pinned: Option<u32>,
+        preferred: Option<u32>,
     ) -> Result<(), StoreError> {
         let partition = match (pinned, new.idempotency_key.as_deref()) {
             (Some(partition), _) => partition,
@@ -78,24 +80,13 @@ impl Store {
                 (self.spread.fetch_add(1, Ordering::Relaxed) % u64::from(part.count)) as u32
             }
             (None, Some(key)) => {
-                let places = part.places_of_key(key, new.now);
-                let mut chosen = places[0];
-                for &old in &places[1..] {
-                    let keys = QueueKeys::new(&partition_queue(&new.queue, old));
-                    let exists: bool = self
-                        .trip(
-                            "route_lookup",
-                            redis::cmd("EXISTS")
-                                .arg(keys.idempotency(Some(key)))
-                                .query_async(&mut self.conn.clone()),
-                        )
-                        .await?;
-                    if exists {
-                        chosen = old;
-                        break;
-                    }
+                let place = place_of_key(&self.conn, &new.queue, part, key, new.now, preferred);
+                // No lookup is made unless a raise replaced a count.
+                if part.replaced.is_empty() {
+                    place.await?
+                } else {
+                    self.trip("route_lookup", place).await?
                 }
-                chosen
             }
         };
         let uuid = new.id.split('.').next().unwrap_or_default().to_owned();
@@ -140,4 +131,37 @@ impl Store {
         tokio::time::sleep(REROUTE_PAUSE).await;
         self.partitioning(queue).await
     }
+}
+
+/// The partition a submission with idempotency key `key` goes to in
+/// `queue` by `part` at `now`: where the key's record already is, when a
+/// replaced count put it in another of the key's places; else `preferred`,
+/// when it is one of those places; else the key's partition by the count
+/// now. One `EXISTS` per place looked at: none while no replaced count is
+/// recorded. The sandbox gives a handler's submission its id by this when
+/// it is staged (`sandbox/tasks.rs`), and the submission is routed by it
+/// again, `preferred` there, when it is applied.
+pub async fn place_of_key(
+    conn: &Conn,
+    queue: &str,
+    part: &Partitioning,
+    key: &str,
+    now: u64,
+    preferred: Option<u32>,
+) -> Result<u32, StoreError> {
+    let places = part.places_of_key(key, now);
+    let chosen = preferred
+        .filter(|p| places.contains(p))
+        .unwrap_or(places[0]);
+    for &other in places.iter().filter(|&&p| p != chosen) {
+        let keys = QueueKeys::new(&partition_queue(queue, other));
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(keys.idempotency(Some(key)))
+            .query_async(&mut conn.clone())
+            .await?;
+        if exists {
+            return Ok(other);
+        }
+    }
+    Ok(chosen)
 }

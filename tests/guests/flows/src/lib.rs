@@ -11,6 +11,9 @@
 //! | `{"denied": {"queue": Q, "task": T}}` | tries to submit where it is not granted | `{"refused": <message>}`, or `{"refused": null}` |
 //!
 //! And, for the Rust tests only:
+//! - `"hold_ms": M` in `submit`: after the submission, records the id it
+//!   was given under kv `submitted:<task id>`, then sleeps M ms before
+//!   returning (a test changes the target queue meanwhile);
 //! - `"fail": [i, ...]` with `fan_out`: those children get `"fail": true`;
 //! - `"crash_first": true` with `fan_out`: attempt 1 submits the children,
 //!   records their ids under kv `ids:<task id>`, then fails (retryable);
@@ -50,7 +53,12 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
         if let Some(key) = s.get("key").and_then(Value::as_str) {
             submit = submit.key(key);
         }
-        return Ok(json!({ "id": submit.send()? }));
+        let id = submit.send()?;
+        if let Some(ms) = s.get("hold_ms").and_then(Value::as_u64) {
+            kv::set(format!("submitted:{}", ctx.task_id), &id)?;
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        return Ok(json!({ "id": id }));
     }
     if let Some(s) = payload.get("submit_then_fail") {
         tasks::submit(text(s, "queue")?, text(s, "task")?, &json!({}))?;
