@@ -43,7 +43,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use dtq_host::store::QueueKeys;
+use dtq_host::store::{QueueKeys, TaskStatus, finished_at};
 use dtq_tests::process::DtqProcess;
 use dtq_tests::proxy::CuttingProxy;
 use dtq_tests::{Dtq, TempDir, env_usize, guests};
@@ -113,7 +113,8 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// What the task hashes say: status, attempts, created_at, finished_at,
 /// error, updated_at; read straight from Redis. A carried attempt's
-/// success writes no `finished_at`: its `updated_at` is that time.
+/// success writes no `finished_at`: its `updated_at` is that time
+/// ([`finished_at`] reads it so).
 type Row = (
     Option<String>,
     Option<u64>,
@@ -260,7 +261,11 @@ async fn run(
     }
     let waits: Vec<u64> = rows
         .iter()
-        .map(|r| r.3.or(r.5).unwrap_or(0).saturating_sub(r.2.unwrap_or(0)))
+        .map(|r| {
+            let status = r.0.as_deref().and_then(|s| s.parse::<TaskStatus>().ok());
+            let finished = status.and_then(|s| finished_at(s, r.3, r.5.unwrap_or(0)));
+            finished.unwrap_or(0).saturating_sub(r.2.unwrap_or(0))
+        })
         .collect();
     let longest = waits.iter().copied().max().unwrap_or(0);
     let read_backs: usize = workers

@@ -100,7 +100,7 @@ pub use scripts::Code;
 pub use stream_id::{InvalidStreamId, StreamId};
 pub use submit::place_of_key;
 pub use task::{
-    ARCHIVED_LOG_MAX_BYTES, AttemptRecord, MAX_ATTEMPT_HISTORY, TaskRecord, TaskStatus,
+    ARCHIVED_LOG_MAX_BYTES, AttemptRecord, MAX_ATTEMPT_HISTORY, TaskRecord, TaskStatus, finished_at,
 };
 pub use types::{
     CancelOutcome, CompleteOutcome, Completion, CompletionKind, Delivery, NewTask, QueueStats,

@@ -254,11 +254,7 @@ pub(super) fn number(value: Option<String>, name: &str) -> Result<Option<u64>, S
 /// success (`complete.lua`) writes only `updated_at`, with the time
 /// `finished_at` would hold: one field less to add to every hash, and
 /// nothing changes a succeeded task's `updated_at` after.
-pub(super) fn finished_at(
-    status: TaskStatus,
-    finished_at: Option<u64>,
-    updated_at: u64,
-) -> Option<u64> {
+pub fn finished_at(status: TaskStatus, finished_at: Option<u64>, updated_at: u64) -> Option<u64> {
     match finished_at {
         None if status == TaskStatus::Succeeded => Some(updated_at),
         finished_at => finished_at,
