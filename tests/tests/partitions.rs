@@ -625,6 +625,22 @@ async fn a_requeue_after_a_raise_keeps_the_key_where_submissions_look() -> Resul
     Ok(())
 }
 
+/// Submit to `default` a `flows` task whose payload's `submit` is
+/// `submit`: the parent's id.
+async fn submit_parent(dtq: &Dtq, submit: Value) -> Result<String> {
+    let parent = json!({"task": "flows", "payload": {"submit": submit}});
+    dtq.submit_new("default", parent, None).await
+}
+
+/// Wait for parent `parent` to succeed: its task, whose result holds the
+/// id its handler was given.
+async fn parent_done(dtq: &Dtq, parent: &str) -> Result<Value> {
+    let ended = ["SUCCEEDED", "FAILED", "DEAD_LETTERED"];
+    let done = dtq.wait_for("default", parent, &ended, WAIT).await?;
+    ensure!(done["status"] == "SUCCEEDED", "{done:#}");
+    Ok(done)
+}
+
 /// Submit to `default` a `flows` task that submits one task to `kids`
 /// with `key` (a derived one when `None`), and wait for it: the id the
 /// handler was given.
@@ -633,22 +649,8 @@ async fn handler_submits(dtq: &Dtq, n: u64, key: Option<&str>) -> Result<String>
     if let Some(key) = key {
         submit["key"] = json!(key);
     }
-    let parent = dtq
-        .submit_new(
-            "default",
-            json!({"task": "flows", "payload": {"submit": submit}}),
-            None,
-        )
-        .await?;
-    let done = dtq
-        .wait_for(
-            "default",
-            &parent,
-            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
-            WAIT,
-        )
-        .await?;
-    ensure!(done["status"] == "SUCCEEDED", "{done:#}");
+    let parent = submit_parent(dtq, submit).await?;
+    let done = parent_done(dtq, &parent).await?;
     Ok(done["result"]["id"]
         .as_str()
         .context("the id the handler was given")?
@@ -750,13 +752,7 @@ async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given(
         .context("a key the raise moves")?;
     let submit = json!({"queue": "kids", "task": "flows", "payload": {"n": 5},
                         "key": key, "hold_ms": 4000});
-    let parent = dtq
-        .submit_new(
-            "default",
-            json!({"task": "flows", "payload": {"submit": submit}}),
-            None,
-        )
-        .await?;
+    let parent = submit_parent(&dtq, submit).await?;
     // The handler has been given its id, and holds on before returning.
     let mut conn = dtq.redis.conn().await?;
     let started = std::time::Instant::now();
@@ -774,19 +770,11 @@ async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given(
     assert_eq!(partition_of_id(&given), home(&key, 4), "{key}: {given}");
     let (status, body) = raise(&dtq, "kids", 8).await?;
     ensure!(status == 200, "{status} {body}");
-    let done = dtq
-        .wait_for(
-            "default",
-            &parent,
-            &["SUCCEEDED", "FAILED", "DEAD_LETTERED"],
-            WAIT,
-        )
-        .await?;
-    assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
+    let done = parent_done(&dtq, &parent).await?;
     assert_eq!(done["result"]["id"], json!(given), "{done:#}");
     ensure!(
-        dtq.task("default", &parent).await?["attempts"] == 1,
-        "the raise came before the handler returned only on its first attempt"
+        done["attempts"] == 1,
+        "the raise came before the handler returned only on its first attempt: {done:#}"
     );
     applied(&dtq, "kids", &given, 5).await?;
     let (status, record) = dtq
