@@ -15,10 +15,11 @@
 //! reply is lost leaves its batch to be read back, and must not count an
 //! attempt twice (README, "Carried tasks"). The run prints how many
 //! attempts showed RUNNING twice: the cuts seldom land on that small write
-//! (none in runs of 2 400 and 8 000 tasks), so it is not required, and
-//! `tests/tests/liveness.rs` builds that state directly. Each task runs an idempotent operation (the test
-//! guest `operations`) that increments a kv key of its own and a shared
-//! total. At the end, while the cuts go on:
+//! (one attempt in a handful of runs of 2 400 to 8 000 tasks), so it is
+//! not required, and `tests/tests/liveness.rs` builds that state directly.
+//! Each task runs an idempotent operation (the test guest `operations`)
+//! that increments a kv key of its own and a shared total. At the end,
+//! while the cuts go on:
 //!
 //! - every task SUCCEEDED, with one attempt;
 //! - each task's key is 1 and the total is the number of tasks: every

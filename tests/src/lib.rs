@@ -406,6 +406,26 @@ impl ApiClient {
         Ok(body)
     }
 
+    /// [`Dtq::wait_for`] a task that may not exist yet: one a handler
+    /// submitted, which is created once the handler's attempt completes.
+    /// Fails after `timeout` if it never appears.
+    pub async fn wait_for_new(
+        &self,
+        queue: &str,
+        id: &str,
+        statuses: &[&str],
+        timeout: Duration,
+    ) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        while self.task(queue, id).await.is_err() {
+            if start.elapsed() > timeout {
+                bail!("no task {id} in queue {queue} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.wait_for(queue, id, statuses, timeout).await
+    }
+
     /// Poll the task until its status is one of `statuses`; fail after
     /// `timeout` with the last record seen.
     pub async fn wait_for(

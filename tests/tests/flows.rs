@@ -56,20 +56,6 @@ async fn tasks_of(dtq: &Dtq, queue: &str) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-/// Wait for task `id` of `queue`, applied after its parent's completion
-/// (so perhaps not there yet), to reach one of `statuses`.
-async fn wait_applied(dtq: &Dtq, queue: &str, id: &str, statuses: &[&str]) -> Result<Value> {
-    let start = Instant::now();
-    while dtq.task(queue, id).await.is_err() {
-        ensure!(
-            start.elapsed() < WAIT,
-            "task {id} of {queue} was never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    dtq.wait_for(queue, id, statuses, WAIT).await
-}
-
 /// Whether Redis has `key`.
 async fn exists(dtq: &Dtq, key: &str) -> Result<bool> {
     let n: i64 = redis::cmd("EXISTS")
@@ -308,7 +294,8 @@ async fn a_failing_attempt_submits_nothing() -> Result<()> {
     .await?;
     let ok = dtq.wait_for("default", &ok, &TERMINAL, WAIT).await?;
     let child = ok["result"]["id"].as_str().context("the child's id")?;
-    wait_applied(&dtq, "kids", child, &["SUCCEEDED"]).await?;
+    dtq.wait_for_new("kids", child, &["SUCCEEDED"], WAIT)
+        .await?;
     // At the source: the failed attempts' completions staged nothing, so
     // the task has no outbox for anyone to apply, now or later.
     assert!(
@@ -374,7 +361,7 @@ async fn a_submission_follows_the_submission_contract() -> Result<()> {
     assert_eq!(a["status"], "SUCCEEDED");
     assert_eq!(a["result"]["id"], b["result"]["id"], "{a:#} {b:#}");
     let id = a["result"]["id"].as_str().context("id")?;
-    wait_applied(&dtq, "kids", id, &["SUCCEEDED"]).await?;
+    dtq.wait_for_new("kids", id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(tasks_of(&dtq, "kids").await?, [id.to_owned()]);
     assert_eq!(
         dtq.redis

@@ -3,9 +3,10 @@
 //! ones spread, workers consuming every partition (new ones without a
 //! restart), counts, listing and the DLQ over all partitions, and a raise
 //! of the count that loses no task and splits no key; and a handler's
-//! submission given the id of the task it becomes, partition included. On one Redis here;
-//! `scripts/test` runs this file on a three-primary cluster too
-//! (`DTQ_TEST_REDIS=cluster`), where each partition is a slot of its own.
+//! submission given the id of the task it becomes, partition included.
+//! On one Redis here; `scripts/test` runs this file on a three-primary
+//! cluster too (`DTQ_TEST_REDIS=cluster`), where each partition is a slot
+//! of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -661,12 +662,7 @@ async fn handler_submits(dtq: &Dtq, n: u64, key: Option<&str>) -> Result<String>
 /// completion (so perhaps not there yet), to succeed with result `{"n":
 /// n}`: the id names the task the handler submitted.
 async fn applied(dtq: &Dtq, queue: &str, id: &str, n: u64) -> Result<()> {
-    let started = std::time::Instant::now();
-    while dtq.task(queue, id).await.is_err() {
-        ensure!(started.elapsed() < WAIT, "no task {id} in {queue}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let done = dtq.wait_for(queue, id, &["SUCCEEDED"], WAIT).await?;
+    let done = dtq.wait_for_new(queue, id, &["SUCCEEDED"], WAIT).await?;
     assert_eq!(done["result"], json!({"n": n}), "{id}: {done:#}");
     Ok(())
 }
@@ -751,9 +747,9 @@ async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given(
         .find(|k| home(k, 8) != home(k, 4))
         .context("a key the raise moves")?;
     let submit = json!({"queue": "kids", "task": "flows", "payload": {"n": 5},
-                        "key": key, "hold_ms": 4000});
+                        "key": key, "hold": true});
     let parent = submit_parent(&dtq, submit).await?;
-    // The handler has been given its id, and holds on before returning.
+    // The handler has been given its id, and holds on until released.
     let mut conn = dtq.redis.conn().await?;
     let started = std::time::Instant::now();
     let given = loop {
@@ -770,11 +766,16 @@ async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given(
     assert_eq!(partition_of_id(&given), home(&key, 4), "{key}: {given}");
     let (status, body) = raise(&dtq, "kids", 8).await?;
     ensure!(status == 200, "{status} {body}");
+    let () = redis::cmd("SET")
+        .arg(format!("dtq:guest:{{flows}}:release:{parent}"))
+        .arg("1")
+        .query_async(&mut conn)
+        .await?;
     let done = parent_done(&dtq, &parent).await?;
     assert_eq!(done["result"]["id"], json!(given), "{done:#}");
     ensure!(
         done["attempts"] == 1,
-        "the raise came before the handler returned only on its first attempt: {done:#}"
+        "a second attempt staged after the raise: {done:#}"
     );
     applied(&dtq, "kids", &given, 5).await?;
     let (status, record) = dtq
@@ -790,5 +791,49 @@ async fn a_raise_before_a_handlers_submission_applies_keeps_the_id_it_was_given(
         (200, &json!(given)),
         "{record}"
     );
+    Ok(())
+}
+
+/// A queue's partition count that is not a count (a record not as the
+/// host wrote it) makes a handler's submission to it fail with
+/// `unavailable`, rather than give an id that may name no task, and
+/// creates nothing; once the record is mended, the same submission goes
+/// through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handlers_submission_to_a_queue_whose_count_is_unreadable_is_refused() -> Result<()> {
+    let dtq = start_flows().await?;
+    let mut conn = dtq.redis.conn().await?;
+    let count_key = dtq_host::store::QueueKeys::new("kids").partitions;
+    let () = redis::cmd("SET")
+        .arg(&count_key)
+        .arg("not a count")
+        .query_async(&mut conn)
+        .await?;
+    let submit = json!({"queue": "kids", "task": "flows", "payload": {"n": 1}, "key": "k"});
+    let body = json!({"task": "flows", "payload": {"submit": submit}, "max_attempts": 1});
+    let parent = dtq.submit_new("default", body, None).await?;
+    let ended = ["SUCCEEDED", "FAILED", "DEAD_LETTERED"];
+    let done = dtq.wait_for("default", &parent, &ended, WAIT).await?;
+    ensure!(done["status"] != "SUCCEEDED", "{done:#}");
+    let error = done["error"].as_str().unwrap_or_default();
+    ensure!(
+        error.contains("tasks.submit: storage unavailable"),
+        "{done:#}"
+    );
+    let kids: Vec<String> = dtq
+        .redis
+        .keys()
+        .await?
+        .into_iter()
+        .filter(|k| k.starts_with("dtq:task:{kids"))
+        .collect();
+    assert_eq!(kids, Vec::<String>::new(), "a task was created");
+
+    let () = redis::cmd("DEL")
+        .arg(&count_key)
+        .query_async(&mut conn)
+        .await?;
+    let id = handler_submits(&dtq, 1, Some("k")).await?;
+    applied(&dtq, "kids", &id, 1).await?;
     Ok(())
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::imports::bindings::dtq::handler::tasks::{self, SubmitOptions};
 use super::imports::bindings::dtq::handler::types::HostError;
-use super::imports::{HostCtx, HostResult, host_error};
+use super::imports::{HostCtx, HostResult};
 use crate::ingest::{
     MAX_ATTEMPTS_LIMIT, MAX_BATCH_BODY_BYTES, MAX_BATCH_ITEMS, MAX_DELAY_MS, validate_group,
     validate_idempotency_key, validate_queue_name, validate_task_name,
@@ -263,23 +263,20 @@ impl HostCtx {
     /// handler is given finds the task. The queue's partitioning is read
     /// once per call.
     async fn partition_of(&mut self, queue: &str, key: &str) -> Result<u32, HostError> {
-        let known = self.flow.as_ref().and_then(|f| {
-            let found = f.partitionings.iter().find(|(q, _)| q == queue);
-            found.map(|(_, part)| part.clone())
-        });
-        let part = match known {
-            Some(part) => part,
+        let conn = self.redis().clone();
+        let known = &mut self.flow.get_or_insert_with(Default::default).partitionings;
+        let at = match known.iter().position(|(q, _)| q == queue) {
+            Some(at) => at,
             None => {
-                let part = crate::store::read_partitioning(self.redis(), queue)
+                let part = crate::store::read_partitioning(&conn, queue)
                     .await
                     .map_err(store_error)?;
-                let flow = self.flow.get_or_insert_with(Default::default);
-                flow.partitionings.push((queue.to_owned(), part.clone()));
-                part
+                known.push((queue.to_owned(), part));
+                known.len() - 1
             }
         };
         let now = crate::base::now_ms();
-        crate::store::place_of_key(self.redis(), queue, &part, key, now, None)
+        crate::store::place_of_key(&conn, queue, &known[at].1, key, now, None)
             .await
             .map_err(store_error)
     }
@@ -322,12 +319,11 @@ impl HostCtx {
     }
 }
 
-/// What a handler is told of a failed read of the store.
+/// What a handler is told of a failed read of the host's own records
+/// (its flow, its children, a queue's partitioning): `unavailable`, also
+/// for a record of the wrong type, which is no value of the handler's.
 fn store_error(e: StoreError) -> HostError {
-    match e {
-        StoreError::Redis(e) => host_error(e, false),
-        e => HostError::Unavailable(e.to_string()),
-    }
+    HostError::Unavailable(e.to_string())
 }
 
 /// The first 16 hex digits of the SHA-256 of an operation's key: a

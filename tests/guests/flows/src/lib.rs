@@ -11,9 +11,10 @@
 //! | `{"denied": {"queue": Q, "task": T}}` | tries to submit where it is not granted | `{"refused": <message>}`, or `{"refused": null}` |
 //!
 //! And, for the Rust tests only:
-//! - `"hold_ms": M` in `submit`: after the submission, records the id it
-//!   was given under kv `submitted:<task id>`, then sleeps M ms before
-//!   returning (a test changes the target queue meanwhile);
+//! - `"hold": true` in `submit`: after the submission, records the id it
+//!   was given under kv `submitted:<task id>`, then returns only once kv
+//!   `release:<task id>` exists (looked at every 10 ms; failing fatally
+//!   after 20 s), so that a test changes the target queue in between;
 //! - `"fail": [i, ...]` with `fan_out`: those children get `"fail": true`;
 //! - `"crash_first": true` with `fan_out`: attempt 1 submits the children,
 //!   records their ids under kv `ids:<task id>`, then fails (retryable);
@@ -54,9 +55,9 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
             submit = submit.key(key);
         }
         let id = submit.send()?;
-        if let Some(ms) = s.get("hold_ms").and_then(Value::as_u64) {
+        if s.get("hold") == Some(&Value::Bool(true)) {
             kv::set(format!("submitted:{}", ctx.task_id), &id)?;
-            std::thread::sleep(Duration::from_millis(ms));
+            hold_until_released(&ctx)?;
         }
         return Ok(json!({ "id": id }));
     }
@@ -98,6 +99,18 @@ fn flows(ctx: Context, payload: Value) -> Result<Value> {
         return Ok(json!({ "n": n }));
     }
     Err(Error::fatal(format!("unknown payload {payload}")))
+}
+
+/// Return once kv `release:<task id>` exists; fail fatally after 20 s.
+fn hold_until_released(ctx: &Context) -> Result<()> {
+    let release = format!("release:{}", ctx.task_id);
+    for _ in 0..2_000 {
+        if kv::get(&release)?.is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(Error::fatal("never released"))
 }
 
 fn fan_out(ctx: &Context, payload: &Value, n: u64) -> Result<Value> {
