@@ -406,7 +406,7 @@ impl ApiClient {
         Ok(body)
     }
 
-    /// [`Dtq::wait_for`] a task that may not exist yet: one a handler
+    /// [`ApiClient::wait_for`] a task that may not exist yet: one a handler
     /// submitted, which is created once the handler's attempt completes.
     /// Fails after `timeout` if it never appears.
     pub async fn wait_for_new(
