@@ -449,6 +449,61 @@ async fn task_ids_in_redis(conn: &mut Conn, queue: &str) -> Result<Vec<String>> 
     Ok(ids)
 }
 
+/// Where the stream message of task `id` of `queue` stands, for a task
+/// left not terminal: the hash's attempt (worker, message, attempt), the
+/// message's pending entry (its consumer, idle time, deliveries) or its
+/// absence, and when that consumer last beat.
+async fn delivery(conn: &mut Conn, queue: &str, id: &str) -> Result<String> {
+    let (worker, msg_id, attempts): (Option<String>, Option<String>, Option<String>) =
+        redis::cmd("HMGET")
+            .arg(format!("dtq:task:{{{queue}}}:{id}"))
+            .arg(&["worker", "msg_id", "attempts"][..])
+            .query_async(conn)
+            .await?;
+    let attempt = format!(
+        "(worker {}, message {}, attempt {})",
+        worker.as_deref().unwrap_or("-"),
+        msg_id.as_deref().unwrap_or("-"),
+        attempts.as_deref().unwrap_or("-"),
+    );
+    let Some(msg_id) = msg_id else {
+        return Ok(attempt);
+    };
+    let stream = format!("dtq:stream:{{{queue}}}");
+    let in_stream: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg(&msg_id)
+        .arg(&msg_id)
+        .query_async(conn)
+        .await?;
+    let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg(dtq_host::store::GROUP)
+        .arg(&msg_id)
+        .arg(&msg_id)
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    let message = if in_stream.is_empty() {
+        "gone from the stream"
+    } else {
+        "in the stream"
+    };
+    let Some((_, consumer, idle, deliveries)) = pending.into_iter().next() else {
+        return Ok(format!("{attempt}: message {message}, not pending"));
+    };
+    let beat: Option<String> = redis::cmd("ZSCORE")
+        .arg(format!("dtq:workers:{{{queue}}}"))
+        .arg(&consumer)
+        .query_async(conn)
+        .await?;
+    Ok(format!(
+        "{attempt}: message {message}, pending on {consumer} (idle {idle} ms, \
+         {deliveries} deliveries; its last beat {})",
+        beat.as_deref().unwrap_or("none")
+    ))
+}
+
 /// The members of sorted set `key`.
 async fn members(conn: &mut Conn, key: &str) -> Result<Vec<String>> {
     Ok(redis::cmd("ZRANGE")
@@ -539,7 +594,8 @@ impl Leftovers {
                 let Some(row) = row else { continue };
                 if !row.is_terminal() {
                     *live_by_status.entry(row.status.clone()).or_default() += 1;
-                    live.push(format!("{queue}/{id}: {}", row.status));
+                    let delivery = delivery(conn, queue, id).await?;
+                    live.push(format!("{queue}/{id}: {} {delivery}", row.status));
                 }
             }
         }

@@ -327,6 +327,115 @@ async fn run(
     Ok(())
 }
 
+/// A completion whose retries have backed off longer than the link lets a
+/// connection live is still written once Redis is reachable: a try that
+/// finds its connection broken is made again at once, on the new one,
+/// rather than after a backoff that leaves that one idle to be cut too.
+///
+/// One worker, one task that runs 1.5 s. While it runs, Redis becomes
+/// unreachable through the proxy (an outage), long enough for the
+/// completion's backoff to grow past a second. Then connections get
+/// through but live 300 to 400 ms, cut while idle, and stay so: a
+/// completion tried only after each backoff finds its connection cut every
+/// time, and the task stays RUNNING.
+#[tokio::test]
+async fn a_completion_that_backed_off_is_written_on_a_link_that_drops_idle_connections()
+-> Result<()> {
+    const IDLE_CUT: std::ops::Range<Duration> =
+        Duration::from_millis(300)..Duration::from_millis(400);
+    let dir = TempDir::new("netcut-backoff")?;
+    let dtq = Dtq::start(false, &[]).await?;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
+    let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
+    let mut worker = worker(&dir.path, 0, &proxy.redis_url()).await?;
+
+    let body = json!({
+        "task": "adversarial",
+        "payload": {"op": "sleep", "ms": 1_500},
+        "max_attempts": 1,
+    });
+    let id = dtq.submit_new(QUEUE, body, None).await?;
+    // `--events all` writes a carried attempt's RUNNING when it starts.
+    dtq.wait_for(QUEUE, &id, &["RUNNING"], Duration::from_secs(10))
+        .await?;
+    // The start's reply on its way back, and the handler running, before
+    // the outage.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_outage(true);
+    proxy.set_cutting(true);
+    // The handler ends 1.2 s in; its completion's tries then back off
+    // 50 ms, doubling, past 1.6 s within the outage.
+    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    let before = dtq.task(QUEUE, &id).await?;
+    proxy.set_outage(false);
+
+    let done = dtq
+        .wait_for(QUEUE, &id, &["SUCCEEDED"], Duration::from_secs(15))
+        .await;
+    worker.check_alive()?;
+    let log = worker.log_text();
+    if done.is_err() {
+        eprintln!("--- tail of {} ---\n{}", worker.name, tail(&log, 400));
+    }
+    let done = done?;
+    ensure!(
+        before["status"] == "RUNNING",
+        "the completion was written during the outage, which tests nothing: {before}"
+    );
+    ensure!(
+        log.contains("completion write failed; retrying"),
+        "the completion never failed, which tests nothing"
+    );
+    assert_eq!(done["attempts"], 1, "{done}");
+    Ok(())
+}
+
+/// A worker whose reads backed off through an outage still reads new
+/// tasks on a link that drops idle connections: a read that finds its
+/// connection broken is made again at once, on the new one.
+///
+/// One idle worker; Redis unreachable through the proxy for 5 s, long
+/// enough for the read loop's backoff to grow past a second. Then
+/// connections get through but live 300 to 400 ms, cut while idle, and a
+/// task is submitted: a loop that reads only after each backoff finds its
+/// connection cut every time, and the task is never read.
+#[tokio::test]
+async fn a_worker_that_backed_off_reads_on_a_link_that_drops_idle_connections() -> Result<()> {
+    const IDLE_CUT: std::ops::Range<Duration> =
+        Duration::from_millis(300)..Duration::from_millis(400);
+    let dir = TempDir::new("netcut-read")?;
+    let dtq = Dtq::start(false, &[]).await?;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
+    let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
+    let mut worker = worker(&dir.path, 0, &proxy.redis_url()).await?;
+
+    proxy.set_outage(true);
+    proxy.set_cutting(true);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.set_outage(false);
+    let body = json!({
+        "task": "adversarial",
+        "payload": {"op": "sleep", "ms": 10},
+        "max_attempts": 1,
+    });
+    let id = dtq.submit_new(QUEUE, body, None).await?;
+    let done = dtq
+        .wait_for(QUEUE, &id, &["SUCCEEDED"], Duration::from_secs(15))
+        .await;
+    worker.check_alive()?;
+    let log = worker.log_text();
+    if done.is_err() {
+        eprintln!("--- tail of {} ---\n{}", worker.name, tail(&log, 400));
+    }
+    let done = done?;
+    ensure!(
+        log.contains("read failed; retrying") || log.contains("waiting for new messages failed"),
+        "no read ever failed, which tests nothing"
+    );
+    assert_eq!(done["attempts"], 1, "{done}");
+    Ok(())
+}
+
 /// The proxy itself: it forwards, and it cuts.
 #[tokio::test]
 async fn the_proxy_forwards_until_it_cuts() -> Result<()> {
@@ -359,6 +468,23 @@ async fn the_proxy_forwards_until_it_cuts() -> Result<()> {
         .await
         .context("reconnect")?;
     let pong: String = redis::cmd("PING").query_async(&mut fresh).await?;
+    assert_eq!(pong, "PONG");
+    // An outage resets that connection and refuses new ones until it ends.
+    proxy.set_cutting(false);
+    proxy.set_outage(true);
+    let during: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut fresh).await;
+    assert!(during.is_err(), "a connection answered during an outage");
+    let refused = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    assert!(
+        refused.await.is_err(),
+        "a new connection got through an outage"
+    );
+    proxy.set_outage(false);
+    let mut after = client.get_multiplexed_async_connection().await?;
+    let pong: String = redis::cmd("PING").query_async(&mut after).await?;
     assert_eq!(pong, "PONG");
     Ok(())
 }

@@ -11,7 +11,9 @@
 //! happens when a real link breaks. Connections opened while cutting is off
 //! are cut once it is on, at the end of their current lifetime. New
 //! connections are always accepted: a client that reconnects gets through,
-//! until its next cut.
+//! until its next cut. During an outage ([`CuttingProxy::set_outage`])
+//! nothing gets through: every connection is reset at once, and each new
+//! one as soon as it is accepted, as when Redis is down.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -22,6 +24,7 @@ use std::time::Duration;
 use anyhow::Result;
 use rand::Rng;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// A proxy on a loopback port; stopped (every connection closed) on drop.
@@ -35,6 +38,7 @@ struct Shared {
     upstream: SocketAddr,
     lifetime: Range<Duration>,
     cutting: AtomicBool,
+    outage: watch::Sender<bool>,
     cuts: AtomicU64,
     accepted: AtomicU64,
 }
@@ -51,6 +55,7 @@ impl CuttingProxy {
             upstream,
             lifetime,
             cutting: AtomicBool::new(false),
+            outage: watch::Sender::new(false),
             cuts: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
         });
@@ -67,6 +72,12 @@ impl CuttingProxy {
     /// `redis://127.0.0.1:<port>`.
     pub fn redis_url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Start or end an outage: while it lasts, every connection is reset at
+    /// once, and each new one as soon as it is accepted.
+    pub fn set_outage(&self, on: bool) {
+        self.shared.outage.send_replace(on);
     }
 
     /// Start or stop cutting connections.
@@ -105,9 +116,14 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
     }
 }
 
-/// Forward one connection until either side closes it, the proxy stops, or
-/// a lifetime ends while cutting is on.
+/// Forward one connection until either side closes it, the proxy stops, a
+/// lifetime ends while cutting is on, or an outage begins.
 async fn forward(mut client: TcpStream, shared: Arc<Shared>, stop: CancellationToken) {
+    let mut outage = shared.outage.subscribe();
+    if *outage.borrow_and_update() {
+        let _ = client.set_zero_linger();
+        return;
+    }
     let Ok(mut server) = TcpStream::connect(shared.upstream).await else {
         return;
     };
@@ -121,6 +137,10 @@ async fn forward(mut client: TcpStream, shared: Arc<Shared>, stop: CancellationT
             tokio::select! {
                 _ = &mut copy => break false,
                 () = stop.cancelled() => break true,
+                _ = outage.wait_for(|down| *down) => {
+                    shared.cuts.fetch_add(1, Ordering::AcqRel);
+                    break true;
+                }
                 () = tokio::time::sleep(lifetime) => {
                     if shared.cutting.load(Ordering::Acquire) {
                         shared.cuts.fetch_add(1, Ordering::AcqRel);

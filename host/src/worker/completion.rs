@@ -12,7 +12,13 @@
 //! A write that fails to reach Redis is retried with backoff until it
 //! succeeds: a completion is not dropped while the process lives, short of
 //! the shutdown grace period running out. If the process dies first, the
-//! message stays pending and the task is reclaimed and run again.
+//! message stays pending and the task is reclaimed and run again. A write
+//! that finds its connection broken (reset or closed, perhaps while it sat
+//! idle) is tried again at once, on the new connection, before any backoff
+//! (see [`super::connection_dropped`]): otherwise a link that drops
+//! connections sooner than the backoff would break every try, leaving the
+//! completion unwritten and its task RUNNING for as long as the link stays
+//! so.
 //!
 //! A write Redis rejects is another matter: retrying a script that fails on
 //! the data it finds (a task hash of the wrong type, say) fails forever, and
@@ -170,16 +176,25 @@ async fn write_retrying(
 ) -> Written {
     let mut backoff = Backoff::default();
     let mut refusals = 0;
+    // Whether the last try was the one made at once on a new connection.
+    let mut fresh = false;
     let outcomes = loop {
         let e = match store.complete(completions).await {
             Ok(outcomes) => break outcomes,
             Err(e) => e,
         };
         match Failure::of(&e) {
-            Failure::Unreached => {}
+            Failure::Dropped if !fresh => {
+                fresh = true;
+                debug!(error = %e, batch = completions.len(),
+                    "connection found broken; writing the completions again on a new one");
+                continue;
+            }
+            Failure::Dropped | Failure::Unreached => {}
             Failure::Refused if refusals < MAX_REFUSALS => refusals += 1,
             Failure::Refused | Failure::Rejected => return Written::Rejected(e),
         }
+        fresh = false;
         warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
         if !backoff.wait(abandon).await {
             warn!(
@@ -232,8 +247,11 @@ fn rejected(completion: &Completion, e: &StoreError) {
 /// Why a write failed, which decides whether to try it again.
 #[derive(Debug, PartialEq, Eq)]
 enum Failure {
-    /// Redis was not reached, or the connection broke: retried until it
-    /// works (or shutdown), as nothing else could work either.
+    /// The connection was found broken (reset, closed, refused): tried
+    /// again at once on a new one, then as [`Failure::Unreached`].
+    Dropped,
+    /// Redis was not reached (a timeout, say): retried until it works (or
+    /// shutdown), as nothing else could work either.
     Unreached,
     /// Redis answered with an error that means "not now".
     Refused,
@@ -262,6 +280,7 @@ impl Failure {
             StoreError::Protocol(_) | StoreError::Corrupt(_) | StoreError::TooManyQueues { .. } => {
                 Failure::Rejected
             }
+            e if super::connection_dropped(e) => Failure::Dropped,
             // Server error replies, by their code; anything else is the
             // client's or the connection's.
             StoreError::Redis(e) => match e.clone().into_server_errors() {
@@ -329,11 +348,24 @@ mod tests {
         }
     }
 
+    fn io_error(kind: std::io::ErrorKind) -> StoreError {
+        StoreError::Redis(redis::RedisError::from(std::io::Error::from(kind)))
+    }
+
     #[test]
-    fn a_broken_connection_is_not_a_rejection() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+    fn a_broken_connection_is_tried_again_on_a_new_one_and_not_a_rejection() {
+        use std::io::ErrorKind;
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::BrokenPipe,
+            ErrorKind::UnexpectedEof,
+            ErrorKind::ConnectionRefused,
+        ] {
+            assert_eq!(Failure::of(&io_error(kind)), Failure::Dropped, "{kind:?}");
+        }
+        // No answer in time says nothing of the connection: backed off.
         assert_eq!(
-            Failure::of(&StoreError::Redis(redis::RedisError::from(io))),
+            Failure::of(&io_error(ErrorKind::TimedOut)),
             Failure::Unreached
         );
     }

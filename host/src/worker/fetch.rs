@@ -107,6 +107,9 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut keys = Keys::new(&shared);
     let mut conn = None;
     let mut backoff = Backoff::default();
+    // Whether the last round was the one made at once after a round that
+    // found its connection broken.
+    let mut fresh = false;
     while let Some(mut permits) = shared.take_slots(MAX_BATCH, &stop).await {
         keys.refresh(&shared);
         if keys.queues.iter().any(|q| supervise::injected("fetch", q)) {
@@ -129,12 +132,24 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
                 continue;
             }
         };
-        let Round { found, failed } = round(&shared, conn, &mut keys, &mut permits).await;
+        let Round {
+            found,
+            failed,
+            dropped,
+        } = round(&shared, conn, &mut keys, &mut permits).await;
         if failed && !found {
             drop(permits);
+            // Its connection is replaced by now: read again at once, on the
+            // new one, before backing off (see `super::connection_dropped`).
+            if dropped && !fresh {
+                fresh = true;
+                continue;
+            }
+            fresh = false;
             backoff.wait(&stop).await;
             continue;
         }
+        fresh = false;
         backoff.reset();
         if found {
             continue;
@@ -310,6 +325,9 @@ async fn connected<'c>(
 struct Round {
     found: bool,
     failed: bool,
+    /// A read failed on a connection found broken (see
+    /// [`super::connection_dropped`]).
+    dropped: bool,
 }
 
 /// One round: the free slots dealt among the queues ([`Keys::share`]),
@@ -325,6 +343,7 @@ async fn round(
     let mut round = Round {
         found: false,
         failed: false,
+        dropped: false,
     };
     let mut short = vec![false; keys.queues.len()];
     while !permits.is_empty() {
@@ -366,6 +385,7 @@ async fn read_queue(
             }
             Err(e) => {
                 round.failed = true;
+                round.dropped |= super::connection_dropped(&e);
                 // After a Redis restart (the group gone with its pending
                 // messages), made again: nothing to read back.
                 if server_code(&e) == Some("NOGROUP") {
@@ -393,6 +413,7 @@ async fn read_queue(
         }
         Err(e) => {
             round.failed = true;
+            round.dropped |= super::connection_dropped(&e);
             // It may have delivered with its reply lost.
             keys.unread[at] = true;
             if server_code(&e) == Some("NOGROUP") {

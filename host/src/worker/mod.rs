@@ -347,6 +347,17 @@ impl Every {
     }
 }
 
+/// Whether `e` says the connection was found broken (reset, closed or
+/// refused), not that Redis was slow or refused the command. The connection
+/// manager is already making a new connection when the call returns, so a
+/// call Redis may safely see twice is best made again at once, on that
+/// one: waiting first would leave it idle too, and a link that drops idle
+/// connections (a load balancer's idle timeout, a flaky network) could cut
+/// it before every try.
+fn connection_dropped(e: &StoreError) -> bool {
+    matches!(e, StoreError::Redis(e) if e.is_connection_dropped())
+}
+
 /// Exponential backoff for loops that retry Redis: 50 ms doubling to 5 s.
 #[derive(Default)]
 struct Backoff {
