@@ -29,6 +29,12 @@
 //!   transit is read back at once, not left for the cuts to stop;
 //! - every worker is still running.
 //!
+//! Two shorter tests build the fault that backoff alone would not get
+//! through: a worker whose retries backed off through an outage (the proxy
+//! lets nothing through for seconds), on a link that then cuts every
+//! connection within 0.4 s, so that a connection idle through a backoff is
+//! always cut. Its completion must still be written, and a new task read.
+//!
 //! Sizes come from the environment; the defaults are the short form that
 //! `cargo test` (and so CI) runs in well under a minute. `scripts/chaos-network`
 //! runs the long form.
