@@ -333,6 +333,66 @@ async fn run(
     Ok(())
 }
 
+/// How long a connection through the proxy lives in the backed-off worker
+/// tests, once their outage is over: well under the backoff they build.
+const IDLE_CUT: std::ops::Range<Duration> = Duration::from_millis(300)..Duration::from_millis(400);
+
+/// One worker reaching Redis through a proxy that cuts connections after
+/// [`IDLE_CUT`] once it cuts; the API talks to Redis directly.
+struct OneWorker {
+    dtq: Dtq,
+    proxy: CuttingProxy,
+    worker: DtqProcess,
+    _dir: TempDir,
+}
+
+impl OneWorker {
+    async fn start(name: &str) -> Result<OneWorker> {
+        let dir = TempDir::new(name)?;
+        let dtq = Dtq::start(false, &[]).await?;
+        let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
+        let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
+        let worker = worker(&dir.path, 0, &proxy.redis_url()).await?;
+        Ok(OneWorker {
+            dtq,
+            proxy,
+            worker,
+            _dir: dir,
+        })
+    }
+
+    /// Submit an `adversarial` task that spins `ms`, with one attempt.
+    async fn submit_sleep(&self, ms: u64) -> Result<String> {
+        let body = json!({
+            "task": "adversarial",
+            "payload": {"op": "sleep", "ms": ms},
+            "max_attempts": 1,
+        });
+        self.dtq.submit_new(QUEUE, body, None).await
+    }
+
+    /// Task `id` once SUCCEEDED (in its first attempt), and the worker's
+    /// log, which must show `failed` (a retry this test is about).
+    async fn succeeded(&mut self, id: &str, failed: &[&str]) -> Result<serde_json::Value> {
+        let done = self
+            .dtq
+            .wait_for(QUEUE, id, &["SUCCEEDED"], Duration::from_secs(15))
+            .await;
+        self.worker.check_alive()?;
+        let log = self.worker.log_text();
+        if done.is_err() {
+            eprintln!("--- tail of {} ---\n{}", self.worker.name, tail(&log, 400));
+        }
+        let done = done?;
+        ensure!(
+            failed.iter().any(|line| log.contains(line)),
+            "the worker never logged any of {failed:?}, which tests nothing"
+        );
+        assert_eq!(done["attempts"], 1, "{done}");
+        Ok(done)
+    }
+}
+
 /// A completion whose retries have backed off longer than the link lets a
 /// connection live is still written once Redis is reachable: a try that
 /// finds its connection broken is made again at once, on the new one,
@@ -347,52 +407,28 @@ async fn run(
 #[tokio::test]
 async fn a_completion_that_backed_off_is_written_on_a_link_that_drops_idle_connections()
 -> Result<()> {
-    const IDLE_CUT: std::ops::Range<Duration> =
-        Duration::from_millis(300)..Duration::from_millis(400);
-    let dir = TempDir::new("netcut-backoff")?;
-    let dtq = Dtq::start(false, &[]).await?;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
-    let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
-    let mut worker = worker(&dir.path, 0, &proxy.redis_url()).await?;
-
-    let body = json!({
-        "task": "adversarial",
-        "payload": {"op": "sleep", "ms": 1_500},
-        "max_attempts": 1,
-    });
-    let id = dtq.submit_new(QUEUE, body, None).await?;
+    let mut one = OneWorker::start("netcut-backoff").await?;
+    let id = one.submit_sleep(1_500).await?;
     // `--events all` writes a carried attempt's RUNNING when it starts.
-    dtq.wait_for(QUEUE, &id, &["RUNNING"], Duration::from_secs(10))
+    one.dtq
+        .wait_for(QUEUE, &id, &["RUNNING"], Duration::from_secs(10))
         .await?;
     // The start's reply on its way back, and the handler running, before
     // the outage.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.set_outage(true);
-    proxy.set_cutting(true);
+    one.proxy.set_outage(true);
+    one.proxy.set_cutting(true);
     // The handler ends 1.2 s in; its completion's tries then back off
     // 50 ms, doubling, past 1.6 s within the outage.
     tokio::time::sleep(Duration::from_millis(5_200)).await;
-    let before = dtq.task(QUEUE, &id).await?;
-    proxy.set_outage(false);
-
-    let done = dtq
-        .wait_for(QUEUE, &id, &["SUCCEEDED"], Duration::from_secs(15))
-        .await;
-    worker.check_alive()?;
-    let log = worker.log_text();
-    if done.is_err() {
-        eprintln!("--- tail of {} ---\n{}", worker.name, tail(&log, 400));
-    }
-    let done = done?;
+    let before = one.dtq.task(QUEUE, &id).await?;
+    one.proxy.set_outage(false);
+    one.succeeded(&id, &["completion write failed; retrying"])
+        .await?;
     ensure!(
         before["status"] == "RUNNING",
         "the completion was written during the outage, which tests nothing: {before}"
     );
-    ensure!(
-        log.contains("completion write failed; retrying"),
-        "the completion never failed, which tests nothing"
-    );
-    assert_eq!(done["attempts"], 1, "{done}");
     Ok(())
 }
 
@@ -407,38 +443,17 @@ async fn a_completion_that_backed_off_is_written_on_a_link_that_drops_idle_conne
 /// connection cut every time, and the task is never read.
 #[tokio::test]
 async fn a_worker_that_backed_off_reads_on_a_link_that_drops_idle_connections() -> Result<()> {
-    const IDLE_CUT: std::ops::Range<Duration> =
-        Duration::from_millis(300)..Duration::from_millis(400);
-    let dir = TempDir::new("netcut-read")?;
-    let dtq = Dtq::start(false, &[]).await?;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
-    let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
-    let mut worker = worker(&dir.path, 0, &proxy.redis_url()).await?;
-
-    proxy.set_outage(true);
-    proxy.set_cutting(true);
+    let mut one = OneWorker::start("netcut-read").await?;
+    one.proxy.set_outage(true);
+    one.proxy.set_cutting(true);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    proxy.set_outage(false);
-    let body = json!({
-        "task": "adversarial",
-        "payload": {"op": "sleep", "ms": 10},
-        "max_attempts": 1,
-    });
-    let id = dtq.submit_new(QUEUE, body, None).await?;
-    let done = dtq
-        .wait_for(QUEUE, &id, &["SUCCEEDED"], Duration::from_secs(15))
-        .await;
-    worker.check_alive()?;
-    let log = worker.log_text();
-    if done.is_err() {
-        eprintln!("--- tail of {} ---\n{}", worker.name, tail(&log, 400));
-    }
-    let done = done?;
-    ensure!(
-        log.contains("read failed; retrying") || log.contains("waiting for new messages failed"),
-        "no read ever failed, which tests nothing"
-    );
-    assert_eq!(done["attempts"], 1, "{done}");
+    one.proxy.set_outage(false);
+    let id = one.submit_sleep(10).await?;
+    one.succeeded(
+        &id,
+        &["read failed; retrying", "waiting for new messages failed"],
+    )
+    .await?;
     Ok(())
 }
 
