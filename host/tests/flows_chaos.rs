@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use dtq_host::store::Conn;
+use dtq_host::store::{Conn, GROUP, QueueKeys};
 use dtq_tests::chaos::{
     Chaos, ChaosRedis, Figure, REQUEST_TIMEOUT, Servers, Settings, Submission, TERMINAL, Waves,
     env_var, examples, task_fields, wait_terminal,
@@ -454,9 +454,10 @@ async fn task_ids_in_redis(conn: &mut Conn, queue: &str) -> Result<Vec<String>> 
 /// message's pending entry (its consumer, idle time, deliveries) or its
 /// absence, and when that consumer last beat.
 async fn delivery(conn: &mut Conn, queue: &str, id: &str) -> Result<String> {
+    let keys = QueueKeys::new(queue);
     let (worker, msg_id, attempts): (Option<String>, Option<String>, Option<String>) =
         redis::cmd("HMGET")
-            .arg(format!("dtq:task:{{{queue}}}:{id}"))
+            .arg(keys.task(id))
             .arg(&["worker", "msg_id", "attempts"][..])
             .query_async(conn)
             .await?;
@@ -469,16 +470,15 @@ async fn delivery(conn: &mut Conn, queue: &str, id: &str) -> Result<String> {
     let Some(msg_id) = msg_id else {
         return Ok(attempt);
     };
-    let stream = format!("dtq:stream:{{{queue}}}");
     let in_stream: Vec<redis::Value> = redis::cmd("XRANGE")
-        .arg(&stream)
+        .arg(&keys.stream)
         .arg(&msg_id)
         .arg(&msg_id)
         .query_async(conn)
         .await?;
     let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(&stream)
-        .arg(dtq_host::store::GROUP)
+        .arg(&keys.stream)
+        .arg(GROUP)
         .arg(&msg_id)
         .arg(&msg_id)
         .arg(1)
@@ -493,7 +493,7 @@ async fn delivery(conn: &mut Conn, queue: &str, id: &str) -> Result<String> {
         return Ok(format!("{attempt}: message {message}, not pending"));
     };
     let beat: Option<String> = redis::cmd("ZSCORE")
-        .arg(format!("dtq:workers:{{{queue}}}"))
+        .arg(&keys.workers)
         .arg(&consumer)
         .query_async(conn)
         .await?;

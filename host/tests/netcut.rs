@@ -361,100 +361,123 @@ impl OneWorker {
         })
     }
 
-    /// Submit an `adversarial` task that spins `ms`, with one attempt.
-    async fn submit_sleep(&self, ms: u64) -> Result<String> {
-        let body = json!({
-            "task": "adversarial",
-            "payload": {"op": "sleep", "ms": ms},
-            "max_attempts": 1,
-        });
+    /// Submit task `task` with `payload`, with one attempt.
+    async fn submit(&self, task: &str, payload: serde_json::Value) -> Result<String> {
+        let body = json!({"task": task, "payload": payload, "max_attempts": 1});
         self.dtq.submit_new(QUEUE, body, None).await
     }
 
-    /// Task `id` once SUCCEEDED (in its first attempt), and the worker's
-    /// log, which must show `failed` (a retry this test is about).
-    async fn succeeded(&mut self, id: &str, failed: &[&str]) -> Result<serde_json::Value> {
+    /// Wait until the worker has logged `n` lines with any of `failures`:
+    /// that many failed tries, each followed by a longer backoff.
+    async fn wait_failures(&mut self, failures: &[&str], n: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.worker.check_alive()?;
+            let log = self.worker.log_text();
+            let logged = log
+                .lines()
+                .filter(|line| failures.iter().any(|f| line.contains(f)))
+                .count();
+            if logged >= n {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the worker logged {logged} of {n} lines with {failures:?}:\n{}",
+                tail(&log, 100)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Task `id` once SUCCEEDED, in its first attempt.
+    async fn succeeded(&mut self, id: &str) -> Result<()> {
         let done = self
             .dtq
             .wait_for(QUEUE, id, &["SUCCEEDED"], Duration::from_secs(15))
             .await;
         self.worker.check_alive()?;
-        let log = self.worker.log_text();
         if done.is_err() {
+            let log = self.worker.log_text();
             eprintln!("--- tail of {} ---\n{}", self.worker.name, tail(&log, 400));
         }
         let done = done?;
-        ensure!(
-            failed.iter().any(|line| log.contains(line)),
-            "the worker never logged any of {failed:?}, which tests nothing"
-        );
         assert_eq!(done["attempts"], 1, "{done}");
-        Ok(done)
+        Ok(())
     }
 }
+
+/// Backoff waits (50 ms, doubling) after which the next is 1.6 s or more,
+/// well past [`IDLE_CUT`]. A try that finds its connection broken is made
+/// again at once before each wait, so through an outage the worker logs
+/// twice as many failed tries.
+const BACKED_OFF: usize = 6;
 
 /// A completion whose retries have backed off longer than the link lets a
 /// connection live is still written once Redis is reachable: a try that
 /// finds its connection broken is made again at once, on the new one,
 /// rather than after a backoff that leaves that one idle to be cut too.
 ///
-/// One worker, one task that runs 1.5 s. While it runs, Redis becomes
-/// unreachable through the proxy (an outage), long enough for the
-/// completion's backoff to grow past a second. Then connections get
-/// through but live 300 to 400 ms, cut while idle, and stay so: a
-/// completion tried only after each backoff finds its connection cut every
-/// time, and the task stays RUNNING.
+/// One worker, one task that reports its progress, then runs 1.5 s with no
+/// host call. Once the report is seen (the attempt runs), Redis becomes
+/// unreachable through the proxy (an outage) until the completion has
+/// failed twice [`BACKED_OFF`] times. Then connections get through but live 300
+/// to 400 ms, cut while idle, and stay so: a completion tried only after
+/// each backoff finds its connection cut every time, and the task stays
+/// RUNNING.
 #[tokio::test]
 async fn a_completion_that_backed_off_is_written_on_a_link_that_drops_idle_connections()
 -> Result<()> {
     let mut one = OneWorker::start("netcut-backoff").await?;
-    let id = one.submit_sleep(1_500).await?;
-    // `--events all` writes a carried attempt's RUNNING when it starts.
-    one.dtq
-        .wait_for(QUEUE, &id, &["RUNNING"], Duration::from_secs(10))
-        .await?;
-    // The start's reply on its way back, and the handler running, before
-    // the outage.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let payload = json!({"reports": [[0.5, "running"]], "spin_ms": 1_500});
+    let id = one.submit("progress", payload).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while one.dtq.task(QUEUE, &id).await?["progress"].is_null() {
+        ensure!(
+            Instant::now() < deadline,
+            "task {id} never reported progress"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     one.proxy.set_outage(true);
     one.proxy.set_cutting(true);
-    // The handler ends 1.2 s in; its completion's tries then back off
-    // 50 ms, doubling, past 1.6 s within the outage.
-    tokio::time::sleep(Duration::from_millis(5_200)).await;
+    one.wait_failures(&["completion write failed; retrying"], 2 * BACKED_OFF)
+        .await?;
     let before = one.dtq.task(QUEUE, &id).await?;
     one.proxy.set_outage(false);
-    one.succeeded(&id, &["completion write failed; retrying"])
-        .await?;
     ensure!(
         before["status"] == "RUNNING",
         "the completion was written during the outage, which tests nothing: {before}"
     );
-    Ok(())
+    one.succeeded(&id).await
 }
 
 /// A worker whose reads backed off through an outage still reads new
 /// tasks on a link that drops idle connections: a read that finds its
 /// connection broken is made again at once, on the new one.
 ///
-/// One idle worker; Redis unreachable through the proxy for 5 s, long
-/// enough for the read loop's backoff to grow past a second. Then
-/// connections get through but live 300 to 400 ms, cut while idle, and a
-/// task is submitted: a loop that reads only after each backoff finds its
-/// connection cut every time, and the task is never read.
+/// One idle worker; Redis unreachable through the proxy until its read
+/// loop has logged twice [`BACKED_OFF`] failed reads. Then connections get through but live 300
+/// to 400 ms, cut while idle, and a task is submitted: a loop that reads
+/// only after each backoff finds its connection cut every time, and the
+/// task is never read.
 #[tokio::test]
 async fn a_worker_that_backed_off_reads_on_a_link_that_drops_idle_connections() -> Result<()> {
     let mut one = OneWorker::start("netcut-read").await?;
     one.proxy.set_outage(true);
     one.proxy.set_cutting(true);
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let failures = [
+        "read failed; retrying",
+        "reading back pending messages failed",
+        "waiting for new messages failed",
+        "cannot connect for reading",
+    ];
+    one.wait_failures(&failures, 2 * BACKED_OFF).await?;
     one.proxy.set_outage(false);
-    let id = one.submit_sleep(10).await?;
-    one.succeeded(
-        &id,
-        &["read failed; retrying", "waiting for new messages failed"],
-    )
-    .await?;
-    Ok(())
+    let id = one
+        .submit("adversarial", json!({"op": "sleep", "ms": 10}))
+        .await?;
+    one.succeeded(&id).await
 }
 
 /// The proxy itself: it forwards, and it cuts.

@@ -423,7 +423,8 @@ impl ApiClient {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.wait_for(queue, id, statuses, timeout).await
+        let left = timeout.saturating_sub(start.elapsed());
+        self.wait_for(queue, id, statuses, left).await
     }
 
     /// Poll the task until its status is one of `statuses`; fail after

@@ -176,27 +176,22 @@ async fn write_retrying(
 ) -> Written {
     let mut backoff = Backoff::default();
     let mut refusals = 0;
-    // Whether the last try was the one made at once on a new connection.
-    let mut fresh = false;
     let outcomes = loop {
         let e = match store.complete(completions).await {
             Ok(outcomes) => break outcomes,
             Err(e) => e,
         };
-        match Failure::of(&e) {
-            Failure::Dropped if !fresh => {
-                fresh = true;
-                debug!(error = %e, batch = completions.len(),
-                    "connection found broken; writing the completions again on a new one");
-                continue;
-            }
+        let failure = Failure::of(&e);
+        match failure {
             Failure::Dropped | Failure::Unreached => {}
             Failure::Refused if refusals < MAX_REFUSALS => refusals += 1,
             Failure::Refused | Failure::Rejected => return Written::Rejected(e),
         }
-        fresh = false;
         warn!(error = %e, batch = completions.len(), "completion write failed; retrying");
-        if !backoff.wait(abandon).await {
+        if !backoff
+            .wait_after(failure == Failure::Dropped, abandon)
+            .await
+        {
             warn!(
                 batch = completions.len(),
                 "shutting down with completions unwritten; they will be reclaimed"

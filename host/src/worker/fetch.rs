@@ -107,9 +107,6 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut keys = Keys::new(&shared);
     let mut conn = None;
     let mut backoff = Backoff::default();
-    // Whether the last round was the one made at once after a round that
-    // found its connection broken.
-    let mut fresh = false;
     while let Some(mut permits) = shared.take_slots(MAX_BATCH, &stop).await {
         keys.refresh(&shared);
         if keys.queues.iter().any(|q| supervise::injected("fetch", q)) {
@@ -139,17 +136,9 @@ pub(super) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         } = round(&shared, conn, &mut keys, &mut permits).await;
         if failed && !found {
             drop(permits);
-            // Its connection is replaced by now: read again at once, on the
-            // new one, before backing off (see `super::connection_dropped`).
-            if dropped && !fresh {
-                fresh = true;
-                continue;
-            }
-            fresh = false;
-            backoff.wait(&stop).await;
+            backoff.wait_after(dropped, &stop).await;
             continue;
         }
-        fresh = false;
         backoff.reset();
         if found {
             continue;

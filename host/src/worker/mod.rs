@@ -362,11 +362,26 @@ fn connection_dropped(e: &StoreError) -> bool {
 #[derive(Default)]
 struct Backoff {
     failures: u32,
+    /// Whether the last wait was skipped for a broken connection.
+    skipped: bool,
 }
 
 impl Backoff {
     fn reset(&mut self) {
         self.failures = 0;
+        self.skipped = false;
+    }
+
+    /// After a failed try: none at all when it found its connection broken
+    /// (`dropped`, see [`connection_dropped`]) and the try before it did
+    /// not, else the next delay. `false` when `stop` ended it early.
+    async fn wait_after(&mut self, dropped: bool, stop: &CancellationToken) -> bool {
+        if dropped && !self.skipped {
+            self.skipped = true;
+            return !stop.is_cancelled();
+        }
+        self.skipped = false;
+        self.wait(stop).await
     }
 
     /// The next delay; each call doubles the one after it.

@@ -8,6 +8,7 @@
 //! {"reports": [[F, M], [F, M, N], ...]}  →  {"reported": n}
 //! {"loop": N}                            →  {"reported": N}
 //! ... "gate": true                       →  (waits first, see below)
+//! ... "spin_ms": N                       →  (spins N ms first, see below)
 //! ```
 //!
 //! `reports` reports each pair in order: fraction `F` (a number, or
@@ -16,9 +17,12 @@
 //! loop, fraction `i / N` and message `step i`, then `1.0`, `"done"`.
 //! With `"gate": true` the handler then waits until the kv key
 //! `gate:<task id>` exists, polling every 20 ms, before it returns: a test
-//! reads the task while it runs, then opens the gate.
+//! reads the task while it runs, then opens the gate. With `"spin_ms": N`
+//! (this Rust guest only) it then spins N ms on the monotonic clock,
+//! making no host call: a test sees the report (so the attempt runs), then
+//! cuts the host off from Redis while the handler has no need of it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dtq_guest::{Context, Result, kv, progress};
 use serde::Deserialize;
@@ -32,6 +36,8 @@ struct Payload {
     tight_loop: u64,
     #[serde(default)]
     gate: bool,
+    #[serde(default)]
+    spin_ms: u64,
 }
 
 /// A report's fraction: a number, or one of the names of the values JSON
@@ -70,6 +76,10 @@ fn report(ctx: Context, payload: Payload) -> Result<Value> {
         while !kv::exists(&gate)? {
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+    let spin = Instant::now();
+    while spin.elapsed() < Duration::from_millis(payload.spin_ms) {
+        std::hint::spin_loop();
     }
     Ok(json!({"reported": reported}))
 }
