@@ -29,11 +29,12 @@
 //!   transit is read back at once, not left for the cuts to stop;
 //! - every worker is still running.
 //!
-//! Two shorter tests build the fault that backoff alone would not get
-//! through: a worker whose retries backed off through an outage (the proxy
-//! lets nothing through for seconds), on a link that then cuts every
+//! Three shorter tests build the fault that backoff alone would not get
+//! through: a process whose retries backed off through an outage (the
+//! proxy lets nothing through for seconds), on a link that then cuts every
 //! connection within 0.4 s, so that a connection idle through a backoff is
-//! always cut. Its completion must still be written, and a new task read.
+//! always cut. A worker's completion must still be written and a new task
+//! read; an API's subscriber to live events must still get them.
 //!
 //! Sizes come from the environment; the defaults are the short form that
 //! `cargo test` (and so CI) runs in well under a minute. `scripts/chaos-network`
@@ -50,6 +51,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use dtq_host::client::sse::SseReader;
 use dtq_host::store::{QueueKeys, TaskStatus, finished_at};
 use dtq_tests::process::DtqProcess;
 use dtq_tests::proxy::CuttingProxy;
@@ -367,27 +369,9 @@ impl OneWorker {
         self.dtq.submit_new(QUEUE, body, None).await
     }
 
-    /// Wait until the worker has logged `n` lines with any of `failures`:
-    /// that many failed tries, each followed by a longer backoff.
+    /// Wait until the worker has logged `n` lines with any of `failures`.
     async fn wait_failures(&mut self, failures: &[&str], n: usize) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            self.worker.check_alive()?;
-            let log = self.worker.log_text();
-            let logged = log
-                .lines()
-                .filter(|line| failures.iter().any(|f| line.contains(f)))
-                .count();
-            if logged >= n {
-                return Ok(());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the worker logged {logged} of {n} lines with {failures:?}:\n{}",
-                tail(&log, 100)
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_logged(&mut self.worker, failures, n).await
     }
 
     /// Task `id` once SUCCEEDED, in its first attempt.
@@ -404,6 +388,30 @@ impl OneWorker {
         let done = done?;
         assert_eq!(done["attempts"], 1, "{done}");
         Ok(())
+    }
+}
+
+/// Wait until `process` has logged `n` lines with any of `failures`: that
+/// many failed tries, each followed by a longer backoff.
+async fn wait_logged(process: &mut DtqProcess, failures: &[&str], n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        process.check_alive()?;
+        let log = process.log_text();
+        let logged = log
+            .lines()
+            .filter(|line| failures.iter().any(|f| line.contains(f)))
+            .count();
+        if logged >= n {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} logged {logged} of {n} lines with {failures:?}:\n{}",
+            process.name,
+            tail(&log, 100)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -478,6 +486,87 @@ async fn a_worker_that_backed_off_reads_on_a_link_that_drops_idle_connections() 
         .submit("adversarial", json!({"op": "sleep", "ms": 10}))
         .await?;
     one.succeeded(&id).await
+}
+
+/// A subscriber to live events still gets them from an API whose reads
+/// backed off through an outage, on a link that drops idle connections: a
+/// read that finds its connection broken is made again at once, on the
+/// new one.
+///
+/// A `dtq api` process reaches Redis through the proxy; a worker and the
+/// API tasks are submitted to reach it directly. One subscriber of the
+/// process's events sees a first task. Then Redis is unreachable through
+/// the proxy until the subscriber's reader has logged twice
+/// [`BACKED_OFF`] failed reads; then connections get through but live 300
+/// to 400 ms, cut while idle, and a second task is submitted: a reader
+/// that reads only after each backoff finds its connection cut every
+/// time, and the subscriber never sees that task.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_of_an_api_that_backed_off_gets_events_on_a_link_that_drops_idle_connections()
+-> Result<()> {
+    let dir = TempDir::new("netcut-events")?;
+    let dtq = Dtq::start(true, &[]).await?;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", dtq.redis.single().port()).parse()?;
+    let proxy = CuttingProxy::start(upstream, IDLE_CUT).await?;
+    let port = dtq_tests::free_port()?;
+    let mut cmd = dtq_tests::process::dtq_command(DTQ);
+    cmd.env("NO_COLOR", "1")
+        .env("DTQ_LOG", "info,dtq_host::api::events=debug")
+        .arg("api")
+        .args(["--redis", &proxy.redis_url()])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--handlers")
+        .arg(&dir.path);
+    let mut api = DtqProcess::spawn(
+        "api",
+        cmd,
+        dir.path.join("api.log"),
+        format!("http://127.0.0.1:{port}"),
+    )?;
+    api.wait_healthy(STARTUP).await?;
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/queues/{QUEUE}/events", api.api))
+        .header("Accept", "text/event-stream")
+        .send()
+        .await?;
+    ensure!(
+        response.status() == 200,
+        "subscribe: {} {}",
+        response.status(),
+        response.text().await?
+    );
+    let mut events = SseReader::new(response);
+    let body = json!({"task": "echo", "payload": 1});
+    let first = dtq.submit_new(QUEUE, body.clone(), None).await?;
+    sees(&mut events, &first).await?;
+
+    proxy.set_outage(true);
+    proxy.set_cutting(true);
+    wait_logged(&mut api, &["event stream: read failed"], 2 * BACKED_OFF).await?;
+    proxy.set_outage(false);
+    let second = dtq.submit_new(QUEUE, body, None).await?;
+    let seen = sees(&mut events, &second).await;
+    api.check_alive()?;
+    if seen.is_err() {
+        eprintln!("--- tail of api ---\n{}", tail(&api.log_text(), 100));
+    }
+    seen
+}
+
+/// Read `events` until one of task `id`'s, for up to 20 s.
+async fn sees(events: &mut SseReader, id: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let event = match tokio::time::timeout(left, events.next()).await {
+            Ok(event) => event?.context("the stream ended")?,
+            Err(_) => bail!("no event of task {id} within 20 s"),
+        };
+        let data: serde_json::Value = serde_json::from_str(&event.data)?;
+        if data["task_id"] == id {
+            return Ok(());
+        }
+    }
 }
 
 /// The proxy itself: it forwards, and it cuts.

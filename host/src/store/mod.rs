@@ -141,6 +141,19 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether this says the connection was found broken (reset, closed or
+    /// refused), not that Redis was slow or refused the command. The
+    /// connection manager is already making a new connection when the call
+    /// returns, so a call Redis may safely see twice is best made again at
+    /// once, on that one: waiting first would leave it idle too, and a link
+    /// that drops idle connections (a load balancer's idle timeout, a
+    /// flaky network) could cut it before every try.
+    pub fn is_connection_dropped(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.is_connection_dropped())
+    }
+}
+
 impl From<redis::ParsingError> for StoreError {
     fn from(e: redis::ParsingError) -> Self {
         StoreError::Protocol(e.to_string())

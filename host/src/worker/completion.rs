@@ -15,7 +15,7 @@
 //! message stays pending and the task is reclaimed and run again. A write
 //! that finds its connection broken (reset or closed, perhaps while it sat
 //! idle) is tried again at once, on the new connection, before any backoff
-//! (see [`super::connection_dropped`]): otherwise a link that drops
+//! (see [`StoreError::is_connection_dropped`]): otherwise a link that drops
 //! connections sooner than the backoff would break every try, leaving the
 //! completion unwritten and its task RUNNING for as long as the link stays
 //! so.
@@ -275,7 +275,7 @@ impl Failure {
             StoreError::Protocol(_) | StoreError::Corrupt(_) | StoreError::TooManyQueues { .. } => {
                 Failure::Rejected
             }
-            e if super::connection_dropped(e) => Failure::Dropped,
+            e if e.is_connection_dropped() => Failure::Dropped,
             // Server error replies, by their code; anything else is the
             // client's or the connection's.
             StoreError::Redis(e) => match e.clone().into_server_errors() {

@@ -315,7 +315,7 @@ struct Round {
     found: bool,
     failed: bool,
     /// A read failed on a connection found broken (see
-    /// [`super::connection_dropped`]).
+    /// [`StoreError::is_connection_dropped`]).
     dropped: bool,
 }
 
@@ -374,7 +374,7 @@ async fn read_queue(
             }
             Err(e) => {
                 round.failed = true;
-                round.dropped |= super::connection_dropped(&e);
+                round.dropped |= e.is_connection_dropped();
                 // After a Redis restart (the group gone with its pending
                 // messages), made again: nothing to read back.
                 if server_code(&e) == Some("NOGROUP") {
@@ -402,7 +402,7 @@ async fn read_queue(
         }
         Err(e) => {
             round.failed = true;
-            round.dropped |= super::connection_dropped(&e);
+            round.dropped |= e.is_connection_dropped();
             // It may have delivered with its reply lost.
             keys.unread[at] = true;
             if server_code(&e) == Some("NOGROUP") {

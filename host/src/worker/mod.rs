@@ -347,17 +347,6 @@ impl Every {
     }
 }
 
-/// Whether `e` says the connection was found broken (reset, closed or
-/// refused), not that Redis was slow or refused the command. The connection
-/// manager is already making a new connection when the call returns, so a
-/// call Redis may safely see twice is best made again at once, on that
-/// one: waiting first would leave it idle too, and a link that drops idle
-/// connections (a load balancer's idle timeout, a flaky network) could cut
-/// it before every try.
-fn connection_dropped(e: &StoreError) -> bool {
-    matches!(e, StoreError::Redis(e) if e.is_connection_dropped())
-}
-
 /// Exponential backoff for loops that retry Redis: 50 ms doubling to 5 s.
 #[derive(Default)]
 struct Backoff {
@@ -372,9 +361,9 @@ impl Backoff {
         self.skipped = false;
     }
 
-    /// After a failed try: none at all when it found its connection broken
-    /// (`dropped`, see [`connection_dropped`]) and the try before it did
-    /// not, else the next delay. `false` when `stop` ended it early.
+    /// After a failed try: none at all when it found its connection
+    /// broken (`dropped`, see [`StoreError::is_connection_dropped`]) and
+    /// the try before it did not, else the next delay. `false` when `stop` ended it early.
     async fn wait_after(&mut self, dropped: bool, stop: &CancellationToken) -> bool {
         if dropped && !self.skipped {
             self.skipped = true;

@@ -279,6 +279,7 @@ async fn open(
                 queues: queues.to_vec(),
                 after: starts.iter().map(|s| s.after).collect(),
                 failures: 0,
+                skipped: false,
             });
         }
         Ok::<_, crate::store::StoreError>((parts, gaps))

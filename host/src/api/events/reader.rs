@@ -47,8 +47,11 @@ pub(super) struct PartReader {
     pub(super) queues: Vec<String>,
     /// The last event read (sent or filtered out) of each.
     pub(super) after: Vec<EventId>,
-    /// Reads failed in a row.
+    /// Backoff waits since the last good read.
     pub(super) failures: u32,
+    /// Whether the last failed read was followed by another at once, for
+    /// a broken connection, rather than by a backoff.
+    pub(super) skipped: bool,
 }
 
 impl PartReader {
@@ -68,22 +71,34 @@ impl PartReader {
                 .await;
             match read {
                 Ok(events) => {
-                    if self.failures > 0 {
+                    if self.failures > 0 || self.skipped {
                         tracing::info!(queues = ?self.queues, "event stream: Redis read again");
                         self.failures = 0;
+                        self.skipped = false;
                     }
                     if !events.is_empty() {
                         return events;
                     }
                 }
                 Err(e) => {
-                    if self.failures == 0 {
+                    if self.failures == 0 && !self.skipped {
                         tracing::warn!(
                             queues = ?self.queues,
                             error = %e,
                             "event stream: cannot read Redis; retrying"
                         );
                     }
+                    tracing::debug!(queues = ?self.queues, error = %e, "event stream: read failed");
+                    // A read that found its connection broken is made again
+                    // at once, on the new one, unless the one before it was:
+                    // a new connection left idle through the backoff could
+                    // be cut too, on a link that drops idle connections, and
+                    // so could every one after it.
+                    if e.is_connection_dropped() && !self.skipped {
+                        self.skipped = true;
+                        continue;
+                    }
+                    self.skipped = false;
                     self.failures = self.failures.saturating_add(1);
                     tokio::time::sleep(backoff(self.failures)).await;
                 }
