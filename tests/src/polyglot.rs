@@ -73,6 +73,43 @@ pub fn test_guest(lang: Lang, name: &str) -> Result<PathBuf> {
     }
 }
 
+/// Every Python and JavaScript handler the tests may build: each
+/// directory under `examples/python`, `examples/js`, `tests/guests-py` and
+/// `tests/guests-js`, with its language.
+pub fn every_handler() -> Result<Vec<(Lang, PathBuf)>> {
+    let root = repo_root();
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut handlers = Vec::new();
+    for (lang, parent) in [
+        (Lang::Python, root.join("examples/python")),
+        (Lang::Js, root.join("examples/js")),
+        (Lang::Python, tests.join("guests-py")),
+        (Lang::Js, tests.join("guests-js")),
+    ] {
+        let entries = std::fs::read_dir(&parent)
+            .with_context(|| format!("read directory {}", parent.display()))?;
+        let mut dirs = Vec::new();
+        for entry in entries {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            }
+        }
+        dirs.sort();
+        handlers.extend(dirs.into_iter().map(|dir| (lang, dir)));
+    }
+    Ok(handlers)
+}
+
+/// The component of the `lang` handler in `dir`, built if needed (what
+/// [`example`] and [`test_guest`] give, by directory).
+pub fn component(lang: Lang, dir: &Path) -> Result<PathBuf> {
+    match lang {
+        Lang::Rust => bail!("Rust guests are built by build.rs"),
+        Lang::Python | Lang::Js => built(lang, dir),
+    }
+}
+
 /// The bytes of [`example`].
 pub fn example_wasm(lang: Lang, name: &str) -> Result<Vec<u8>> {
     let path = example(lang, name)?;
@@ -149,6 +186,14 @@ fn cache_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"))
         .join("polyglot")
+}
+
+/// Where the polyglot suite keeps the compiled artifacts of the
+/// components it runs (the sandbox's `cache_dir`), shared by its tests and
+/// by `polyglot_prebuild`: an interpreter component takes seconds to
+/// compile, and once per build of the tests is enough.
+pub fn artifact_dir() -> PathBuf {
+    cache_dir().join("artifacts")
 }
 
 /// How one language's handlers are built.

@@ -5,7 +5,7 @@
 //! construction. Non-Rust components are built from source at test time
 //! and cached by input hash (`dtq_tests::polyglot`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -13,7 +13,7 @@ use dtq_host::sandbox::{
     AllowList, Call, CallReport, CancelHandle, HandlerSettings, Limits, Outcome, Sandbox,
     SandboxConfig, TaskContext, Trap,
 };
-use dtq_tests::polyglot::{LANGS, Lang, example_wasm, test_guest_wasm};
+use dtq_tests::polyglot::{self, LANGS, Lang, example_wasm, test_guest_wasm};
 use dtq_tests::services::Service;
 use dtq_tests::{Dtq, RedisServer};
 use dtq_tests::{success, trap};
@@ -21,16 +21,10 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Compiled artifacts shared by the tests of this binary: an 18 MiB
-/// interpreter component compiles in seconds, and once per run is enough.
-fn shared_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("polyglot-artifacts")
-}
-
 async fn sandbox(redis: &RedisServer, limits: Limits) -> Result<Sandbox> {
     let config = SandboxConfig {
         limits,
-        cache_dir: Some(shared_cache()),
+        cache_dir: Some(polyglot::artifact_dir()),
         ..SandboxConfig::default()
     };
     Ok(Sandbox::new(config, redis.manager().await?)?)
