@@ -363,7 +363,8 @@ impl Backoff {
 
     /// After a failed try: none at all when it found its connection
     /// broken (`dropped`, see [`StoreError::is_connection_dropped`]) and
-    /// the try before it did not, else the next delay. `false` when `stop` ended it early.
+    /// the try before it did not, else the next delay. `false` when `stop`
+    /// ended it early.
     async fn wait_after(&mut self, dropped: bool, stop: &CancellationToken) -> bool {
         if dropped && !self.skipped {
             self.skipped = true;

@@ -45,15 +45,19 @@ async fn main() -> ExitCode {
 async fn prebuild() -> Result<usize> {
     let handlers = polyglot::every_handler()?;
     // The polyglot suite's sandbox (its engine settings are the cache's
-    // key), whose calls never run here: the Redis it is given is only
-    // connected to.
-    let redis = RedisServer::start()?;
+    // key). No handler is called here, so the Redis a sandbox needs is only
+    // connected to, then stopped before the builds: a prebuild killed
+    // part-way leaves no redis-server behind.
+    let conn = {
+        let redis = RedisServer::start()?;
+        redis.manager().await?
+    };
     let config = SandboxConfig {
         limits: Limits::default(),
         cache_dir: Some(polyglot::artifact_dir()),
         ..SandboxConfig::default()
     };
-    let sandbox = Sandbox::new(config, redis.manager().await?)?;
+    let sandbox = Sandbox::new(config, conn)?;
     let root = polyglot::repo_root();
     let started = Instant::now();
     let mut failed = 0;
