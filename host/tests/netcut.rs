@@ -415,9 +415,10 @@ async fn wait_logged(process: &mut DtqProcess, failures: &[&str], n: usize) -> R
     }
 }
 
-/// Backoff waits (50 ms, doubling) after which the next is 1.6 s or more,
-/// well past [`IDLE_CUT`]. A try that finds its connection broken is made
-/// again at once before each wait, so through an outage the worker logs
+/// Backoff waits after which the next is 1.6 s or more, well past
+/// [`IDLE_CUT`]: the worker's start at 50 ms, the events reader's at
+/// 100 ms, each doubling. A try that finds its connection broken is made
+/// again at once before each wait, so through an outage a process logs
 /// twice as many failed tries.
 const BACKED_OFF: usize = 6;
 
@@ -493,8 +494,8 @@ async fn a_worker_that_backed_off_reads_on_a_link_that_drops_idle_connections() 
 /// read that finds its connection broken is made again at once, on the
 /// new one.
 ///
-/// A `dtq api` process reaches Redis through the proxy; a worker and the
-/// API tasks are submitted to reach it directly. One subscriber of the
+/// A `dtq api` process reaches Redis through the proxy; the worker, and
+/// the API the tasks are submitted to, reach it directly. One subscriber of the
 /// process's events sees a first task. Then Redis is unreachable through
 /// the proxy until the subscriber's reader has logged twice
 /// [`BACKED_OFF`] failed reads; then connections get through but live 300
